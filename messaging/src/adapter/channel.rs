@@ -1,0 +1,136 @@
+//! Channels: the queue-pair interface every transport implements.
+
+use super::op::Op;
+use super::rx::{RxCompletion, RxError, RxStream};
+use super::tx::{Payload, TxQueue};
+use crate::memory::{DomainId, Registry, SendBufCache};
+use std::io::{self, IoSlice, Read, Write};
+use thiserror::Error;
+
+/// Slices handed to one vectored write.
+const IOV_BATCH: usize = 64;
+
+/// Why a channel stopped.
+#[derive(Debug, Error)]
+pub enum ChannelError {
+    /// The peer closed the channel.
+    #[error("channel closed by peer")]
+    Closed,
+    /// The transport failed.
+    #[error("transport error: {0}")]
+    Io(#[from] io::Error),
+    /// The peer sent something the adapter refuses.
+    #[error(transparent)]
+    Rx(#[from] RxError),
+}
+
+/// A queue pair of the channel adapter: a send queue, a receive queue and their completions.
+///
+/// Posting is free of syscalls; [`Channel::flush`] is the doorbell that hands everything
+/// posted since the last flush to the transport in one batch. A transport over real RDMA
+/// verbs or shared memory implements this trait directly; byte-stream transports (TCP and
+/// the in-process pipe) get it from [`StreamChannel`].
+pub trait Channel {
+    /// Queues an operation whose payload is `prefix` followed by `payload`.
+    fn post(&mut self, op: Op, prefix: &[u8], payload: Payload);
+    /// Pushes posted operations to the transport. `Ok(true)` when all were written,
+    /// `Ok(false)` when the transport would block first.
+    fn flush(&mut self) -> Result<bool, ChannelError>;
+    /// Drives incoming operations, placing RDMA writes through `reg`, until one completes
+    /// (`Some`) or the transport has nothing more (`None`).
+    fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError>;
+    /// Payload of the last [`RxCompletion::Recv`].
+    fn received(&self) -> &[u8];
+    /// Returns the send buffers of completed operations to `cache`.
+    fn reclaim(&mut self, cache: &mut SendBufCache);
+    /// Bytes posted but not yet written.
+    fn pending(&self) -> usize;
+    /// Tears the queue pair down: aborts a write in progress, drops what is queued.
+    fn close(&mut self, reg: &mut Registry);
+}
+
+/// A [`Channel`] over a non-blocking byte stream (a TCP socket, an in-process pipe).
+#[derive(Debug)]
+pub struct StreamChannel<S> {
+    stream: S,
+    rx: RxStream,
+    tx: TxQueue,
+}
+
+impl<S: Read + Write> StreamChannel<S> {
+    /// Wraps a non-blocking stream carrying writes by `domain` and SENDs of up to `max_send`.
+    pub fn new(stream: S, domain: DomainId, max_send: usize) -> StreamChannel<S> {
+        StreamChannel {
+            stream,
+            rx: RxStream::new(domain, max_send),
+            tx: TxQueue::new(),
+        }
+    }
+
+    /// The underlying stream.
+    pub fn stream(&self) -> &S {
+        &self.stream
+    }
+
+    /// The underlying stream, mutably (tests inject raw bytes through it).
+    pub fn stream_mut(&mut self) -> &mut S {
+        &mut self.stream
+    }
+}
+
+impl<S: Read + Write> Channel for StreamChannel<S> {
+    fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
+        self.tx.post(op, prefix, payload);
+    }
+
+    fn flush(&mut self) -> Result<bool, ChannelError> {
+        while !self.tx.is_empty() {
+            let mut iov = [IoSlice::new(&[]); IOV_BATCH];
+            let n = self.tx.gather(&mut iov);
+            match self.stream.write_vectored(&iov[..n]) {
+                Ok(0) => return Err(ChannelError::Closed),
+                Ok(k) => self.tx.advance(k),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(true)
+    }
+
+    fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
+        loop {
+            let buf = self.rx.buffer(reg);
+            match self.stream.read(buf) {
+                Ok(0) => return Err(ChannelError::Closed),
+                Ok(n) => {
+                    if let Some(c) = self.rx.advance(n, reg)? {
+                        return Ok(Some(c));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn received(&self) -> &[u8] {
+        self.rx.received()
+    }
+
+    fn reclaim(&mut self, cache: &mut SendBufCache) {
+        for b in self.tx.take_done() {
+            cache.put(b);
+        }
+    }
+
+    fn pending(&self) -> usize {
+        self.tx.queued_bytes()
+    }
+
+    fn close(&mut self, reg: &mut Registry) {
+        self.rx.abort(reg);
+        self.tx.clear();
+    }
+}

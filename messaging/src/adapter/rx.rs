@@ -1,0 +1,190 @@
+//! Receive side of a byte-stream channel: a sans-IO decoder that places RDMA writes.
+//!
+//! The caller asks [`RxStream::buffer`] where the next bytes from the transport belong,
+//! reads into it, and reports the count with [`RxStream::advance`]. While a header is being
+//! read the buffer is the header; once a write's header has passed every check of the
+//! [`Registry`], the buffer *is* the target element, so the payload goes from the socket
+//! straight into registered memory with no intermediate copy. SEND payloads land in the
+//! receive buffer (the posted receive of a real adapter).
+
+use super::op::{Op, OpError, OpHeader, OP_HEADER_LEN};
+use crate::memory::{DomainId, Handle, Placement, ProtectionError, Registry};
+use thiserror::Error;
+
+/// A completed incoming operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxCompletion {
+    /// A SEND arrived; its bytes are [`RxStream::received`] until the next `advance`.
+    Recv {
+        /// Bytes received.
+        len: usize,
+    },
+    /// An RDMA write was placed.
+    Write {
+        /// Region written.
+        handle: Handle,
+        /// Element written.
+        element: u32,
+        /// Bytes written.
+        len: u32,
+        /// Immediate data, for RDMA WRITE WITH IMMEDIATE.
+        imm: Option<u32>,
+    },
+}
+
+/// Why the incoming stream cannot continue. Each is fatal to the connection.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RxError {
+    /// A malformed operation header.
+    #[error(transparent)]
+    Op(#[from] OpError),
+    /// A write refused by the memory protection checks.
+    #[error("protection error: {0}")]
+    Protection(#[from] ProtectionError),
+    /// A SEND longer than the receive buffer.
+    #[error("SEND of {len} bytes exceeds the receive buffer of {max}")]
+    SendTooLong {
+        /// Declared length.
+        len: u32,
+        /// Receive buffer size.
+        max: usize,
+    },
+}
+
+#[derive(Debug)]
+enum State {
+    Header { filled: usize },
+    Send { len: usize, filled: usize },
+    Write { placement: Placement, imm: Option<u32>, filled: usize },
+}
+
+/// Incremental decoder of one channel's incoming operations.
+#[derive(Debug)]
+pub struct RxStream {
+    domain: DomainId,
+    state: State,
+    header: [u8; OP_HEADER_LEN],
+    recv: Box<[u8]>,
+    received: usize,
+}
+
+impl RxStream {
+    /// A decoder for writes by `domain`, accepting SENDs of up to `max_send` bytes.
+    pub fn new(domain: DomainId, max_send: usize) -> RxStream {
+        RxStream {
+            domain,
+            state: State::Header { filled: 0 },
+            header: [0; OP_HEADER_LEN],
+            recv: vec![0u8; max_send].into_boxed_slice(),
+            received: 0,
+        }
+    }
+
+    /// Where the next bytes read from the transport go. Never empty.
+    pub fn buffer<'a>(&'a mut self, reg: &'a mut Registry) -> &'a mut [u8] {
+        match &self.state {
+            State::Header { filled } => &mut self.header[*filled..],
+            State::Send { len, filled } => &mut self.recv[*filled..*len],
+            State::Write {
+                placement, filled, ..
+            } => {
+                let dst = reg.placement_mut(placement);
+                let filled = (*filled).min(dst.len());
+                &mut dst[filled..]
+            }
+        }
+    }
+
+    /// Accounts for `n` bytes read into [`RxStream::buffer`]; returns the operation that
+    /// completed, if one did.
+    pub fn advance(&mut self, n: usize, reg: &mut Registry) -> Result<Option<RxCompletion>, RxError> {
+        match &mut self.state {
+            State::Header { filled } => {
+                *filled += n;
+                if *filled < OP_HEADER_LEN {
+                    return Ok(None);
+                }
+                self.state = State::Header { filled: 0 };
+                self.start(reg)
+            }
+            State::Send { len, filled } => {
+                *filled += n;
+                if *filled < *len {
+                    return Ok(None);
+                }
+                self.received = *len;
+                self.state = State::Header { filled: 0 };
+                Ok(Some(RxCompletion::Recv { len: self.received }))
+            }
+            State::Write {
+                placement,
+                imm,
+                filled,
+            } => {
+                *filled += n;
+                if *filled < placement.len as usize {
+                    return Ok(None);
+                }
+                let done = Self::finish(reg, placement, *imm);
+                self.state = State::Header { filled: 0 };
+                Ok(Some(done))
+            }
+        }
+    }
+
+    fn finish(reg: &mut Registry, p: &Placement, imm: Option<u32>) -> RxCompletion {
+        reg.finish_write(p);
+        RxCompletion::Write {
+            handle: p.handle,
+            element: p.element,
+            len: p.len,
+            imm,
+        }
+    }
+
+    fn start(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, RxError> {
+        let h = OpHeader::parse(&self.header)?;
+        let (handle, addr, imm) = match h.op {
+            Op::Send => {
+                let len = h.len as usize;
+                if len > self.recv.len() {
+                    return Err(RxError::SendTooLong {
+                        len: h.len,
+                        max: self.recv.len(),
+                    });
+                }
+                if len == 0 {
+                    self.received = 0;
+                    return Ok(Some(RxCompletion::Recv { len: 0 }));
+                }
+                self.state = State::Send { len, filled: 0 };
+                return Ok(None);
+            }
+            Op::Write { handle, addr } => (handle, addr, None),
+            Op::WriteImm { handle, addr, imm } => (handle, addr, Some(imm)),
+        };
+        let placement = reg.begin_write(self.domain, handle, addr, h.len)?;
+        if placement.len == 0 {
+            return Ok(Some(Self::finish(reg, &placement, imm)));
+        }
+        self.state = State::Write {
+            placement,
+            imm,
+            filled: 0,
+        };
+        Ok(None)
+    }
+
+    /// Payload of the last [`RxCompletion::Recv`].
+    pub fn received(&self) -> &[u8] {
+        &self.recv[..self.received]
+    }
+
+    /// Ends the stream: a write cut short is aborted so its region can drain.
+    pub fn abort(&mut self, reg: &mut Registry) {
+        if let State::Write { placement, .. } = &self.state {
+            reg.abort_write(placement);
+        }
+        self.state = State::Header { filled: 0 };
+    }
+}

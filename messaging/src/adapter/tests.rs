@@ -1,0 +1,197 @@
+//! Channel tests over the in-process pipe: placement, framing under partial I/O, errors.
+
+use super::*;
+use crate::memory::{Access, DomainId, Handle, ProtectionError, RegionSpec, Registry, SendBufCache};
+use proptest::prelude::*;
+
+const PD: DomainId = DomainId(7);
+
+fn target_pool(reg: &mut Registry, count: u32, size: u32) -> Handle {
+    let h = reg
+        .register(RegionSpec {
+            domain: PD,
+            access: Access::REMOTE_WRITE,
+            element_size: size,
+            element_count: count,
+            single_use: false,
+        })
+        .unwrap();
+    for e in 0..count {
+        reg.grant(h, e).unwrap();
+    }
+    h
+}
+
+fn pair(cap: usize) -> (StreamChannel<PipeEnd>, StreamChannel<PipeEnd>) {
+    let (a, b) = pipe(cap);
+    (StreamChannel::new(a, PD, 4096), StreamChannel::new(b, PD, 4096))
+}
+
+/// Moves bytes both ways until nothing more completes; returns B's completions.
+fn pump(
+    a: &mut StreamChannel<PipeEnd>,
+    b: &mut StreamChannel<PipeEnd>,
+    reg: &mut Registry,
+) -> Vec<(RxCompletion, Vec<u8>)> {
+    let mut out = Vec::new();
+    loop {
+        let flushed = a.flush().unwrap();
+        let mut progressed = false;
+        while let Some(c) = b.poll_recv(reg).unwrap() {
+            let bytes = match c {
+                RxCompletion::Recv { .. } => b.received().to_vec(),
+                RxCompletion::Write {
+                    handle,
+                    element,
+                    len,
+                    ..
+                } => reg.element(handle, element, len).unwrap().to_vec(),
+            };
+            out.push((c, bytes));
+            progressed = true;
+        }
+        if flushed && !progressed && a.pending() == 0 {
+            return out;
+        }
+    }
+}
+
+#[test]
+fn send_and_writes_arrive_in_order() {
+    let mut reg = Registry::new(1 << 20);
+    let h = target_pool(&mut reg, 4, 64);
+    let base = Registry::base_address(h);
+    let (mut a, mut b) = pair(1 << 16);
+    let mut cache = SendBufCache::new(64, 4);
+    let mut buf = cache.get().unwrap();
+    buf.fill_from(b"frame-one");
+    a.post(
+        Op::WriteImm {
+            handle: h.to_u64(),
+            addr: base + 64,
+            imm: 0xabcd,
+        },
+        &[],
+        Payload::Buf(buf),
+    );
+    a.post(Op::Send, b"hdr:", Payload::Bytes(b"hello".to_vec()));
+    a.post(
+        Op::Write {
+            handle: h.to_u64(),
+            addr: base,
+        },
+        b"p",
+        Payload::Empty,
+    );
+    let got = pump(&mut a, &mut b, &mut reg);
+    assert_eq!(got.len(), 3);
+    assert_eq!(
+        got[0].0,
+        RxCompletion::Write {
+            handle: h,
+            element: 1,
+            len: 9,
+            imm: Some(0xabcd)
+        }
+    );
+    assert_eq!(got[0].1, b"frame-one");
+    assert_eq!(got[1].0, RxCompletion::Recv { len: 9 });
+    assert_eq!(got[1].1, b"hdr:hello");
+    assert_eq!(got[2].1, b"p");
+    a.reclaim(&mut cache);
+    assert_eq!(cache.in_use(), 0, "sent buffer came back to the cache");
+    assert_eq!(reg.in_flight(h).unwrap(), 0);
+}
+
+#[test]
+fn protection_error_stops_the_stream_before_placing() {
+    let mut reg = Registry::new(1 << 20);
+    let h = target_pool(&mut reg, 2, 64);
+    let base = Registry::base_address(h);
+    let (mut a, mut b) = pair(1 << 16);
+    a.post(
+        Op::Write {
+            handle: h.to_u64(),
+            addr: base + 128,
+        },
+        &[],
+        Payload::Bytes(vec![0xee; 8]),
+    );
+    a.flush().unwrap();
+    let e = b.poll_recv(&mut reg).unwrap_err();
+    assert!(matches!(
+        e,
+        ChannelError::Rx(RxError::Protection(ProtectionError::OutOfBounds { .. }))
+    ));
+    assert_eq!(reg.element(h, 1, 64).unwrap(), &[0u8; 64][..]);
+}
+
+#[test]
+fn oversized_send_is_refused() {
+    let mut reg = Registry::new(1 << 20);
+    let (mut a, mut b) = pair(1 << 16);
+    a.post(Op::Send, &[], Payload::Bytes(vec![1; 5000]));
+    a.flush().unwrap();
+    assert!(matches!(
+        b.poll_recv(&mut reg),
+        Err(ChannelError::Rx(RxError::SendTooLong { len: 5000, .. }))
+    ));
+}
+
+#[test]
+fn peer_close_is_reported_and_aborts_in_flight_write() {
+    let mut reg = Registry::new(1 << 20);
+    let h = target_pool(&mut reg, 1, 64);
+    let (mut a, mut b) = pair(1 << 16);
+    // A header announcing 32 bytes, then only 5 of them, then the peer goes away.
+    let hdr = OpHeader {
+        op: Op::Write {
+            handle: h.to_u64(),
+            addr: Registry::base_address(h),
+        },
+        len: 32,
+    }
+    .emit();
+    use std::io::Write;
+    a.stream_mut().write_all(&hdr).unwrap();
+    a.stream_mut().write_all(&[1, 2, 3, 4, 5]).unwrap();
+    assert!(b.poll_recv(&mut reg).unwrap().is_none());
+    assert_eq!(reg.in_flight(h).unwrap(), 1);
+    drop(a);
+    assert!(matches!(b.poll_recv(&mut reg), Err(ChannelError::Closed)));
+    b.close(&mut reg);
+    assert_eq!(reg.in_flight(h).unwrap(), 0);
+    reg.deregister(h).unwrap();
+}
+
+proptest! {
+    /// Random messages and writes over a pipe too small for any of them arrive intact and in
+    /// order: partial reads and writes at every boundary.
+    #[test]
+    fn framing_survives_partial_io(
+        cap in 1usize..97,
+        items in proptest::collection::vec((any::<bool>(), proptest::collection::vec(any::<u8>(), 0..200)), 1..24)
+    ) {
+        let mut reg = Registry::new(1 << 22);
+        let h = target_pool(&mut reg, 32, 256);
+        let base = Registry::base_address(h);
+        let (mut a, mut b) = pair(cap);
+        let mut expect = Vec::new();
+        for (i, (write, bytes)) in items.iter().enumerate() {
+            if *write {
+                a.post(Op::WriteImm { handle: h.to_u64(), addr: base + 256 * i as u64, imm: i as u32 }, &[], Payload::Bytes(bytes.clone()));
+            } else {
+                a.post(Op::Send, &[], Payload::Bytes(bytes.clone()));
+            }
+            expect.push(bytes.clone());
+        }
+        let got = pump(&mut a, &mut b, &mut reg);
+        prop_assert_eq!(got.len(), expect.len());
+        for ((c, bytes), want) in got.iter().zip(&expect) {
+            prop_assert_eq!(bytes, want);
+            if let RxCompletion::Write { element, imm, .. } = c {
+                prop_assert_eq!(Some(*element), *imm);
+            }
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Send queue of a byte-stream channel: posted operations waiting for the transport.
+//!
+//! Posting only queues (no syscall); [`TxQueue::gather`] hands the transport every queued
+//! operation at once as an I/O vector, so a batch of frames leaves in one vectored write.
+//! Payloads are never copied: the header, an optional message prefix and the caller's
+//! buffer are separate I/O slices.
+
+use super::op::{Op, OpHeader, OP_HEADER_LEN};
+use crate::memory::SendBuf;
+use std::collections::VecDeque;
+use std::io::IoSlice;
+
+/// Largest message prefix an operation may carry before its buffer.
+pub const MAX_PREFIX: usize = 16;
+
+/// The payload of a posted operation.
+#[derive(Debug)]
+pub enum Payload {
+    /// No payload.
+    Empty,
+    /// An owned message (control traffic).
+    Bytes(Vec<u8>),
+    /// A registered send buffer; returned through [`TxQueue::take_done`] once sent.
+    Buf(SendBuf),
+}
+
+impl Payload {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Payload::Empty => &[],
+            Payload::Bytes(b) => b,
+            Payload::Buf(b) => b.as_slice(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct TxOp {
+    header: [u8; OP_HEADER_LEN],
+    prefix: [u8; MAX_PREFIX],
+    prefix_len: usize,
+    payload: Payload,
+}
+
+impl TxOp {
+    fn parts(&self) -> [&[u8]; 3] {
+        [
+            &self.header,
+            &self.prefix[..self.prefix_len],
+            self.payload.as_slice(),
+        ]
+    }
+
+    fn len(&self) -> usize {
+        OP_HEADER_LEN + self.prefix_len + self.payload.as_slice().len()
+    }
+}
+
+/// Queue of posted operations.
+#[derive(Debug, Default)]
+pub struct TxQueue {
+    ops: VecDeque<TxOp>,
+    /// Bytes of the front operation already written.
+    sent: usize,
+    queued: usize,
+    done: Vec<SendBuf>,
+}
+
+impl TxQueue {
+    /// An empty queue.
+    pub fn new() -> TxQueue {
+        TxQueue::default()
+    }
+
+    /// Posts an operation whose payload is `prefix` followed by `payload`.
+    /// `prefix` longer than [`MAX_PREFIX`] is a caller bug and is truncated.
+    pub fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
+        let mut p = [0u8; MAX_PREFIX];
+        let prefix_len = prefix.len().min(MAX_PREFIX);
+        p[..prefix_len].copy_from_slice(&prefix[..prefix_len]);
+        let len = prefix_len + payload.as_slice().len();
+        let header = OpHeader {
+            op,
+            len: len as u32,
+        }
+        .emit();
+        let op = TxOp {
+            header,
+            prefix: p,
+            prefix_len,
+            payload,
+        };
+        self.queued += op.len();
+        self.ops.push_back(op);
+    }
+
+    /// Operations not yet fully written.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True when everything posted has been written.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Bytes not yet written.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued - self.sent
+    }
+
+    /// Fills `out` with the unwritten bytes, in order, and returns how many slices it used.
+    pub fn gather<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        let mut n = 0;
+        let mut skip = self.sent;
+        'ops: for op in &self.ops {
+            for part in op.parts() {
+                if skip >= part.len() {
+                    skip -= part.len();
+                    continue;
+                }
+                let Some(slot) = out.get_mut(n) else {
+                    break 'ops;
+                };
+                *slot = IoSlice::new(&part[skip..]);
+                skip = 0;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Accounts for `n` bytes written by the transport.
+    pub fn advance(&mut self, mut n: usize) {
+        while let Some(front) = self.ops.front() {
+            let remaining = front.len() - self.sent;
+            if n < remaining {
+                self.sent += n;
+                return;
+            }
+            n -= remaining;
+            self.sent = 0;
+            self.queued -= front.len();
+            if let Some(TxOp {
+                payload: Payload::Buf(b),
+                ..
+            }) = self.ops.pop_front()
+            {
+                self.done.push(b);
+            }
+        }
+    }
+
+    /// Send buffers whose operations have been written, to be reused.
+    pub fn take_done(&mut self) -> std::vec::Drain<'_, SendBuf> {
+        self.done.drain(..)
+    }
+
+    /// Drops everything queued (the connection is gone); buffers go to [`TxQueue::take_done`].
+    pub fn clear(&mut self) {
+        for op in self.ops.drain(..) {
+            if let Payload::Buf(b) = op.payload {
+                self.done.push(b);
+            }
+        }
+        self.sent = 0;
+        self.queued = 0;
+    }
+}

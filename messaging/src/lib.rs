@@ -1,0 +1,15 @@
+//! splitnet messaging layer: the push-push protocol of seed 002 over a software channel
+//! adapter.
+//!
+//! * [`wire`]: byte layouts of every message and the 32-bit immediate-data codec.
+//! * [`memory`]: registered regions, handles, protection domains, the send-buffer cache.
+//! * [`adapter`]: queue pairs and the RDMA operation framing over byte-stream transports.
+//! * [`endpoint`]: the sans-IO push-push state machines (target and initiator sides).
+//!
+//! Nothing here performs I/O on its own or reads a clock: the daemons feed bytes, readiness
+//! and time in and carry the resulting operations out.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod adapter;
+pub mod memory;

@@ -1,0 +1,515 @@
+//! The registry of memory regions: what a channel adapter checks before placing a byte.
+//!
+//! A region is an array of fixed-size elements (a receive pool). The peer may write only into
+//! an element that was granted to it (a credit), once per grant, starting at the element's first
+//! byte, through a handle of the current generation, from the owning protection domain, into a
+//! region registered with remote-write access. Every check uses checked arithmetic; a failed
+//! check is a [`ProtectionError`] and no byte is placed.
+
+use super::handle::{Access, DomainId, Handle};
+use thiserror::Error;
+
+/// Spacing of region base addresses in the adapter's I/O virtual address space.
+///
+/// Base addresses are synthetic (not process pointers, which would leak the layout of the
+/// target's memory to the peer): region `i` starts at `(i + 1) << REGION_SHIFT`.
+const REGION_SHIFT: u32 = 40;
+
+/// What to register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionSpec {
+    /// Owning protection domain.
+    pub domain: DomainId,
+    /// Rights granted to the peer.
+    pub access: Access,
+    /// Bytes per element.
+    pub element_size: u32,
+    /// Number of elements.
+    pub element_count: u32,
+    /// Valid for exactly one remote write (seed 004): a second write is a protection error.
+    pub single_use: bool,
+}
+
+/// Why an incoming RDMA write was refused. Each one is a protection error: the writer's
+/// connection is torn down and nothing else is affected.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ProtectionError {
+    /// No region was ever registered under this index.
+    #[error("unknown memory handle {0}")]
+    UnknownHandle(Handle),
+    /// The handle's generation is not the slot's current one (flushed or re-registered).
+    #[error("stale memory handle {handle}: current generation is {current}")]
+    StaleGeneration {
+        /// Handle used by the writer.
+        handle: Handle,
+        /// The slot's generation now.
+        current: u32,
+    },
+    /// The region belongs to another protection domain.
+    #[error("handle {handle} belongs to {owner}, not to {writer}")]
+    ForeignDomain {
+        /// Handle used by the writer.
+        handle: Handle,
+        /// Domain owning the region.
+        owner: DomainId,
+        /// Domain of the writer.
+        writer: DomainId,
+    },
+    /// The region was not registered with remote-write access.
+    #[error("handle {0} does not allow remote writes")]
+    NoAccess(Handle),
+    /// A single-use region was written a second time.
+    #[error("single-use handle {0} was already used")]
+    SingleUseReused(Handle),
+    /// The write falls outside the region.
+    #[error("write of {len} bytes at {addr:#x} is outside region {handle} ({base:#x}, {size} bytes)")]
+    OutOfBounds {
+        /// Handle used by the writer.
+        handle: Handle,
+        /// Target address of the write.
+        addr: u64,
+        /// Length of the write.
+        len: u32,
+        /// Base address of the region.
+        base: u64,
+        /// Size of the region in bytes.
+        size: u64,
+    },
+    /// Address plus length does not fit in 64 bits.
+    #[error("write of {len} bytes at {addr:#x} overflows the address space")]
+    Overflow {
+        /// Target address of the write.
+        addr: u64,
+        /// Length of the write.
+        len: u32,
+    },
+    /// The write does not start at an element boundary or is longer than one element.
+    #[error("write of {len} bytes at offset {offset} does not fit one element of {element_size} bytes")]
+    NotOneElement {
+        /// Offset of the write inside the region.
+        offset: u64,
+        /// Length of the write.
+        len: u32,
+        /// Element size of the region.
+        element_size: u32,
+    },
+    /// The element is not currently granted to the writer: a write beyond its credits.
+    #[error("element {element} of {handle} was not granted (write beyond credits)")]
+    NotGranted {
+        /// Handle used by the writer.
+        handle: Handle,
+        /// The element written.
+        element: u32,
+    },
+}
+
+/// Local misuse of the registry (a bug or resource exhaustion on this side, not the peer's fault).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RegistryError {
+    /// Zero-sized or absurd region geometry.
+    #[error("invalid region geometry: {element_count} x {element_size} bytes")]
+    BadGeometry {
+        /// Requested element size.
+        element_size: u32,
+        /// Requested element count.
+        element_count: u32,
+    },
+    /// Registering would exceed the registry's memory limit.
+    #[error("registering {requested} bytes would exceed the limit of {limit} bytes ({used} in use)")]
+    OutOfMemory {
+        /// Bytes requested.
+        requested: u64,
+        /// Bytes already registered.
+        used: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The handle does not name a live region.
+    #[error("handle {0} does not name a live region")]
+    NoSuchRegion(Handle),
+    /// The element index is beyond the region.
+    #[error("element {element} is beyond region {handle}")]
+    NoSuchElement {
+        /// Region handle.
+        handle: Handle,
+        /// Element index.
+        element: u32,
+    },
+    /// The region is quiescing: no new grants.
+    #[error("region {0} is quiescing")]
+    Quiescing(Handle),
+    /// Writes into the region are still in flight; it cannot be freed yet.
+    #[error("region {handle} has {in_flight} writes in flight")]
+    Busy {
+        /// Region handle.
+        handle: Handle,
+        /// Writes in flight.
+        in_flight: u32,
+    },
+}
+
+/// A write that passed every check: where its bytes go. Obtained from
+/// [`Registry::begin_write`]; must be ended with [`Registry::finish_write`] or
+/// [`Registry::abort_write`] so the region's in-flight count drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Placement {
+    /// Region written.
+    pub handle: Handle,
+    /// Element written.
+    pub element: u32,
+    /// Bytes written.
+    pub len: u32,
+    offset: usize,
+}
+
+struct Region {
+    domain: DomainId,
+    access: Access,
+    single_use: bool,
+    used: bool,
+    quiescing: bool,
+    element_size: u32,
+    element_count: u32,
+    in_flight: u32,
+    granted: Vec<bool>,
+    mem: Box<[u8]>,
+}
+
+impl Region {
+    fn size(&self) -> u64 {
+        self.mem.len() as u64
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    generation: u32,
+    region: Option<Region>,
+}
+
+/// Counters kept by the registry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistryStats {
+    /// Live regions.
+    pub regions: u32,
+    /// Bytes of live regions.
+    pub bytes: u64,
+    /// Writes refused with a protection error since creation.
+    pub protection_errors: u64,
+}
+
+/// The adapter's table of registered regions (its memory protection table).
+pub struct Registry {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    limit: u64,
+    stats: RegistryStats,
+}
+
+impl Registry {
+    /// A registry that refuses to hold more than `limit` bytes of regions in total.
+    pub fn new(limit: u64) -> Registry {
+        Registry {
+            slots: Vec::new(),
+            free: Vec::new(),
+            limit,
+            stats: RegistryStats::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RegistryStats {
+        self.stats
+    }
+
+    /// Registers a zeroed region and returns its handle. No element is granted yet.
+    pub fn register(&mut self, spec: RegionSpec) -> Result<Handle, RegistryError> {
+        let bad = RegistryError::BadGeometry {
+            element_size: spec.element_size,
+            element_count: spec.element_count,
+        };
+        if spec.element_size == 0 || spec.element_count == 0 {
+            return Err(bad);
+        }
+        let size = u64::from(spec.element_size) * u64::from(spec.element_count);
+        if size >= 1 << REGION_SHIFT {
+            return Err(bad);
+        }
+        let used = self.stats.bytes;
+        if used.saturating_add(size) > self.limit {
+            return Err(RegistryError::OutOfMemory {
+                requested: size,
+                used,
+                limit: self.limit,
+            });
+        }
+        let len = usize::try_from(size).map_err(|_| bad)?;
+        let region = Region {
+            domain: spec.domain,
+            access: spec.access,
+            single_use: spec.single_use,
+            used: false,
+            quiescing: false,
+            element_size: spec.element_size,
+            element_count: spec.element_count,
+            in_flight: 0,
+            granted: vec![false; spec.element_count as usize],
+            // vec![0; n] is calloc: pages are only made resident when written.
+            mem: vec![0u8; len].into_boxed_slice(),
+        };
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = u32::try_from(self.slots.len()).map_err(|_| RegistryError::OutOfMemory {
+                    requested: size,
+                    used,
+                    limit: self.limit,
+                })?;
+                self.slots.push(Slot::default());
+                i
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.region = Some(region);
+        self.stats.regions += 1;
+        self.stats.bytes += size;
+        Ok(Handle::new(index, slot.generation))
+    }
+
+    /// Base address the peer must use for the region (its "registered address").
+    pub fn base_address(handle: Handle) -> u64 {
+        (u64::from(handle.index()) + 1) << REGION_SHIFT
+    }
+
+    fn region(&self, handle: Handle) -> Result<&Region, RegistryError> {
+        match self.slots.get(handle.index() as usize) {
+            Some(Slot {
+                generation,
+                region: Some(r),
+            }) if *generation == handle.generation() => Ok(r),
+            _ => Err(RegistryError::NoSuchRegion(handle)),
+        }
+    }
+
+    fn region_mut(&mut self, handle: Handle) -> Result<&mut Region, RegistryError> {
+        match self.slots.get_mut(handle.index() as usize) {
+            Some(Slot {
+                generation,
+                region: Some(r),
+            }) if *generation == handle.generation() => Ok(r),
+            _ => Err(RegistryError::NoSuchRegion(handle)),
+        }
+    }
+
+    /// Grants one element to the peer: it may now write it once.
+    pub fn grant(&mut self, handle: Handle, element: u32) -> Result<(), RegistryError> {
+        let r = self.region_mut(handle)?;
+        if r.quiescing {
+            return Err(RegistryError::Quiescing(handle));
+        }
+        match r.granted.get_mut(element as usize) {
+            Some(g) => {
+                *g = true;
+                Ok(())
+            }
+            None => Err(RegistryError::NoSuchElement { handle, element }),
+        }
+    }
+
+    /// True when `element` is granted to the peer and not yet written.
+    pub fn is_granted(&self, handle: Handle, element: u32) -> bool {
+        self.region(handle)
+            .ok()
+            .and_then(|r| r.granted.get(element as usize).copied())
+            .unwrap_or(false)
+    }
+
+    /// Marks the region quiescing (seed 001): no new grants are accepted. Writes already
+    /// granted may still land until [`Registry::revoke_all`].
+    pub fn quiesce(&mut self, handle: Handle) -> Result<(), RegistryError> {
+        self.region_mut(handle)?.quiescing = true;
+        Ok(())
+    }
+
+    /// Withdraws every outstanding grant of the region.
+    pub fn revoke_all(&mut self, handle: Handle) -> Result<(), RegistryError> {
+        self.region_mut(handle)?.granted.fill(false);
+        Ok(())
+    }
+
+    /// Writes in flight into the region.
+    pub fn in_flight(&self, handle: Handle) -> Result<u32, RegistryError> {
+        Ok(self.region(handle)?.in_flight)
+    }
+
+    /// Frees the region and bumps its slot's generation so the handle goes stale.
+    /// Refused while writes are in flight.
+    pub fn deregister(&mut self, handle: Handle) -> Result<(), RegistryError> {
+        let r = self.region(handle)?;
+        if r.in_flight > 0 {
+            return Err(RegistryError::Busy {
+                handle,
+                in_flight: r.in_flight,
+            });
+        }
+        let size = r.size();
+        let slot = &mut self.slots[handle.index() as usize];
+        slot.region = None;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(handle.index());
+        self.stats.regions -= 1;
+        self.stats.bytes -= size;
+        Ok(())
+    }
+
+    /// Handles of every live region owned by `domain`.
+    pub fn regions_of(&self, domain: DomainId) -> Vec<Handle> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match &s.region {
+                Some(r) if r.domain == domain => Some(Handle::new(i as u32, s.generation)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Checks an incoming RDMA write of `len` bytes at `addr` through `handle` (its wire
+    /// form) by `writer`. On success the element's grant is consumed and the write counts
+    /// as in flight until finished or aborted.
+    pub fn begin_write(
+        &mut self,
+        writer: DomainId,
+        handle: u64,
+        addr: u64,
+        len: u32,
+    ) -> Result<Placement, ProtectionError> {
+        let result = self.check_write(writer, Handle::from_u64(handle), addr, len);
+        if result.is_err() {
+            self.stats.protection_errors += 1;
+        }
+        result
+    }
+
+    fn check_write(
+        &mut self,
+        writer: DomainId,
+        handle: Handle,
+        addr: u64,
+        len: u32,
+    ) -> Result<Placement, ProtectionError> {
+        let slot = self
+            .slots
+            .get_mut(handle.index() as usize)
+            .ok_or(ProtectionError::UnknownHandle(handle))?;
+        if slot.generation != handle.generation() {
+            return Err(ProtectionError::StaleGeneration {
+                handle,
+                current: slot.generation,
+            });
+        }
+        let r = slot
+            .region
+            .as_mut()
+            .ok_or(ProtectionError::UnknownHandle(handle))?;
+        if r.domain != writer {
+            return Err(ProtectionError::ForeignDomain {
+                handle,
+                owner: r.domain,
+                writer,
+            });
+        }
+        if !r.access.contains(Access::REMOTE_WRITE) {
+            return Err(ProtectionError::NoAccess(handle));
+        }
+        if r.single_use && r.used {
+            return Err(ProtectionError::SingleUseReused(handle));
+        }
+        let base = Registry::base_address(handle);
+        let size = r.size();
+        let out_of_bounds = ProtectionError::OutOfBounds {
+            handle,
+            addr,
+            len,
+            base,
+            size,
+        };
+        let end = addr
+            .checked_add(u64::from(len))
+            .ok_or(ProtectionError::Overflow { addr, len })?;
+        // base + size < 2^41: regions are smaller than the 2^40 spacing.
+        if addr < base || end > base + size {
+            return Err(out_of_bounds);
+        }
+        let offset = addr - base;
+        let esize = u64::from(r.element_size);
+        if offset % esize != 0 || u64::from(len) > esize {
+            return Err(ProtectionError::NotOneElement {
+                offset,
+                len,
+                element_size: r.element_size,
+            });
+        }
+        // offset < size < 2^40 and element_count fits u32, so these conversions are exact.
+        let element = (offset / esize) as u32;
+        match r.granted.get_mut(element as usize) {
+            Some(g) if *g => *g = false,
+            _ => return Err(ProtectionError::NotGranted { handle, element }),
+        }
+        r.used = true;
+        r.in_flight += 1;
+        Ok(Placement {
+            handle,
+            element,
+            len,
+            offset: offset as usize,
+        })
+    }
+
+    /// The bytes a checked write fills. Empty if the placement is not live (cannot happen
+    /// while it is in flight, since a region with writes in flight cannot be freed).
+    pub fn placement_mut(&mut self, p: &Placement) -> &mut [u8] {
+        let end = p.offset + p.len as usize;
+        match self.region_mut(p.handle) {
+            Ok(r) => r.mem.get_mut(p.offset..end).unwrap_or_default(),
+            Err(_) => &mut [],
+        }
+    }
+
+    /// Ends a write whose bytes have all been placed.
+    pub fn finish_write(&mut self, p: &Placement) {
+        if let Ok(r) = self.region_mut(p.handle) {
+            r.in_flight = r.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Ends a write cut short (its connection died): the element keeps partial data and
+    /// stays ungranted.
+    pub fn abort_write(&mut self, p: &Placement) {
+        self.finish_write(p)
+    }
+
+    /// Local read of the first `len` bytes of `element`.
+    pub fn element(&self, handle: Handle, element: u32, len: u32) -> Result<&[u8], RegistryError> {
+        let r = self.region(handle)?;
+        let no_such = RegistryError::NoSuchElement { handle, element };
+        if element >= r.element_count || len > r.element_size {
+            return Err(no_such);
+        }
+        let start = element as usize * r.element_size as usize;
+        r.mem.get(start..start + len as usize).ok_or(no_such)
+    }
+
+    /// Local write access to a whole element (used by in-process placement and tests).
+    pub fn element_mut(&mut self, handle: Handle, element: u32) -> Result<&mut [u8], RegistryError> {
+        let r = self.region_mut(handle)?;
+        let no_such = RegistryError::NoSuchElement { handle, element };
+        if element >= r.element_count {
+            return Err(no_such);
+        }
+        let esize = r.element_size as usize;
+        let start = element as usize * esize;
+        r.mem.get_mut(start..start + esize).ok_or(no_such)
+    }
+}

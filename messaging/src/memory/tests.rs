@@ -1,0 +1,240 @@
+//! Adapter protection tests: every way a write can be refused, and that nothing is placed.
+
+use super::*;
+use proptest::prelude::*;
+
+const PD_A: DomainId = DomainId(1);
+const PD_B: DomainId = DomainId(2);
+
+fn pool(reg: &mut Registry, domain: DomainId, access: Access, single_use: bool) -> Handle {
+    let h = reg
+        .register(RegionSpec {
+            domain,
+            access,
+            element_size: 256,
+            element_count: 4,
+            single_use,
+        })
+        .unwrap();
+    for e in 0..4 {
+        reg.grant(h, e).unwrap();
+    }
+    h
+}
+
+fn base(h: Handle) -> u64 {
+    Registry::base_address(h)
+}
+
+#[test]
+fn good_write_places_bytes_in_the_element() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let p = reg.begin_write(PD_A, h.to_u64(), base(h) + 512, 3).unwrap();
+    assert_eq!(p.element, 2);
+    reg.placement_mut(&p).copy_from_slice(&[7, 8, 9]);
+    assert_eq!(reg.in_flight(h).unwrap(), 1);
+    reg.finish_write(&p);
+    assert_eq!(reg.in_flight(h).unwrap(), 0);
+    assert_eq!(reg.element(h, 2, 3).unwrap(), &[7, 8, 9]);
+    assert_eq!(reg.element(h, 1, 3).unwrap(), &[0, 0, 0]);
+}
+
+#[test]
+fn out_of_bounds_is_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 1024, 1).unwrap_err();
+    assert!(matches!(e, ProtectionError::OutOfBounds { .. }), "{e}");
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h) - 1, 1).unwrap_err();
+    assert!(matches!(e, ProtectionError::OutOfBounds { .. }), "{e}");
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 768, 257).unwrap_err();
+    assert!(matches!(e, ProtectionError::OutOfBounds { .. }), "{e}");
+    assert_eq!(reg.stats().protection_errors, 3);
+}
+
+#[test]
+fn offset_plus_length_overflow_is_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let e = reg.begin_write(PD_A, h.to_u64(), u64::MAX - 2, 16).unwrap_err();
+    assert!(matches!(e, ProtectionError::Overflow { .. }), "{e}");
+}
+
+#[test]
+fn write_across_elements_is_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 10, 10).unwrap_err();
+    assert!(matches!(e, ProtectionError::NotOneElement { .. }), "{e}");
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h), 300).unwrap_err();
+    assert!(matches!(e, ProtectionError::NotOneElement { .. }), "{e}");
+}
+
+#[test]
+fn stale_generation_and_flushed_pool_are_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    reg.quiesce(h).unwrap();
+    reg.revoke_all(h).unwrap();
+    reg.deregister(h).unwrap();
+    // Flushed pool: the old handle now names a freed slot with a bumped generation.
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h), 1).unwrap_err();
+    assert!(matches!(e, ProtectionError::StaleGeneration { current: 1, .. }), "{e}");
+    // The slot is reused: the old handle is still stale against the new region.
+    let h2 = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    assert_eq!(h2.index(), h.index());
+    assert_ne!(h2.generation(), h.generation());
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h), 1).unwrap_err();
+    assert!(matches!(e, ProtectionError::StaleGeneration { .. }), "{e}");
+    assert!(reg.begin_write(PD_A, h2.to_u64(), base(h2), 1).is_ok());
+}
+
+#[test]
+fn foreign_domain_is_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let e = reg.begin_write(PD_B, h.to_u64(), base(h), 1).unwrap_err();
+    assert_eq!(
+        e,
+        ProtectionError::ForeignDomain {
+            handle: h,
+            owner: PD_A,
+            writer: PD_B
+        }
+    );
+    // The refused write did not consume the owner's credit.
+    assert!(reg.is_granted(h, 0));
+}
+
+#[test]
+fn missing_rights_are_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::LOCAL, false);
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h), 1).unwrap_err();
+    assert_eq!(e, ProtectionError::NoAccess(h));
+}
+
+#[test]
+fn reused_single_use_handle_is_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, true);
+    let p = reg.begin_write(PD_A, h.to_u64(), base(h), 8).unwrap();
+    reg.finish_write(&p);
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 256, 8).unwrap_err();
+    assert_eq!(e, ProtectionError::SingleUseReused(h));
+}
+
+#[test]
+fn write_beyond_credits_is_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let p = reg.begin_write(PD_A, h.to_u64(), base(h), 8).unwrap();
+    reg.finish_write(&p);
+    // Same element again without a new grant.
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h), 8).unwrap_err();
+    assert_eq!(e, ProtectionError::NotGranted { handle: h, element: 0 });
+    reg.grant(h, 0).unwrap();
+    assert!(reg.begin_write(PD_A, h.to_u64(), base(h), 8).is_ok());
+}
+
+#[test]
+fn unknown_handle_is_rejected() {
+    let mut reg = Registry::new(1 << 20);
+    let e = reg
+        .begin_write(PD_A, Handle::new(99, 0).to_u64(), 0, 1)
+        .unwrap_err();
+    assert!(matches!(e, ProtectionError::UnknownHandle(_)));
+}
+
+#[test]
+fn quiesce_refuses_grants_and_deregister_waits_for_in_flight() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let p = reg.begin_write(PD_A, h.to_u64(), base(h), 8).unwrap();
+    reg.quiesce(h).unwrap();
+    assert_eq!(reg.grant(h, 0), Err(RegistryError::Quiescing(h)));
+    // A write granted before the quiesce still lands.
+    let p2 = reg.begin_write(PD_A, h.to_u64(), base(h) + 256, 8).unwrap();
+    reg.revoke_all(h).unwrap();
+    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 512, 8).unwrap_err();
+    assert!(matches!(e, ProtectionError::NotGranted { .. }));
+    assert_eq!(
+        reg.deregister(h),
+        Err(RegistryError::Busy {
+            handle: h,
+            in_flight: 2
+        })
+    );
+    reg.finish_write(&p);
+    reg.abort_write(&p2);
+    reg.deregister(h).unwrap();
+    assert_eq!(reg.stats().regions, 0);
+    assert_eq!(reg.stats().bytes, 0);
+}
+
+#[test]
+fn memory_limit_is_enforced() {
+    let mut reg = Registry::new(1000);
+    let spec = RegionSpec {
+        domain: PD_A,
+        access: Access::REMOTE_WRITE,
+        element_size: 256,
+        element_count: 4,
+        single_use: false,
+    };
+    assert!(matches!(
+        reg.register(spec),
+        Err(RegistryError::OutOfMemory { .. })
+    ));
+    let zero = RegionSpec {
+        element_count: 0,
+        ..spec
+    };
+    assert!(matches!(
+        reg.register(zero),
+        Err(RegistryError::BadGeometry { .. })
+    ));
+}
+
+#[test]
+fn regions_of_lists_only_the_domain() {
+    let mut reg = Registry::new(1 << 20);
+    let a = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let _b = pool(&mut reg, PD_B, Access::REMOTE_WRITE, false);
+    assert_eq!(reg.regions_of(PD_A), vec![a]);
+}
+
+proptest! {
+    /// Arbitrary write attempts never panic, and a write that passes is inside one granted
+    /// element of a region owned by the writer.
+    #[test]
+    fn arbitrary_writes_are_checked(
+        ops in proptest::collection::vec((0u32..3, any::<u64>(), 0u64..5000, any::<u32>(), any::<bool>()), 1..64)
+    ) {
+        let mut reg = Registry::new(1 << 20);
+        let a = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+        let b = pool(&mut reg, PD_B, Access::REMOTE_WRITE, false);
+        for (dom, raw_handle, off, len, use_real) in ops {
+            let writer = DomainId(dom);
+            let (handle, addr) = if use_real {
+                (a.to_u64(), base(a).wrapping_add(off))
+            } else {
+                (raw_handle, off)
+            };
+            let granted_before = reg.is_granted(a, (off / 256) as u32);
+            if let Ok(p) = reg.begin_write(writer, handle, addr, len % 600) {
+                prop_assert_eq!(writer, PD_A);
+                prop_assert_eq!(p.handle, a);
+                prop_assert!(granted_before);
+                prop_assert!(p.len <= 256);
+                prop_assert_eq!(reg.placement_mut(&p).len(), p.len as usize);
+                reg.finish_write(&p);
+            }
+        }
+        // B's region was never touched by any writer.
+        for e in 0..4 {
+            prop_assert!(reg.is_granted(b, e));
+        }
+    }
+}
