@@ -12,4 +12,8 @@
 #![warn(missing_docs)]
 
 pub mod adapter;
+pub mod endpoint;
 pub mod memory;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod testing;
+pub mod wire;

@@ -8,9 +8,9 @@ mod channel;
 mod op;
 mod pipe;
 mod rx;
-mod tx;
 #[cfg(test)]
 mod tests;
+mod tx;
 
 pub use channel::{Channel, ChannelError, StreamChannel};
 pub use op::{Op, OpError, OpHeader, OP_HEADER_LEN};

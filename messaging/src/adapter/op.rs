@@ -90,7 +90,8 @@ impl OpHeader {
         let handle = be64(b, field::HANDLE);
         let addr = be64(b, field::ADDR);
         let imm = be32(b, field::IMM);
-        let reserved = b[field::RESERVED0].iter().any(|&x| x != 0) || be32(b, field::RESERVED1) != 0;
+        let reserved =
+            b[field::RESERVED0].iter().any(|&x| x != 0) || be32(b, field::RESERVED1) != 0;
         let op = match b[field::OPCODE] {
             1 => {
                 if reserved || handle != 0 || addr != 0 || imm != 0 {
@@ -175,8 +176,8 @@ mod tests {
         assert_eq!(
             b,
             [
-                3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 2, 0, 0, 0, 0, 0, 7, 5, 1,
-                0, 0, 0, 0, 0
+                3, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 2, 0, 0, 0, 0, 0, 7, 5, 1, 0,
+                0, 0, 0, 0
             ]
         );
     }

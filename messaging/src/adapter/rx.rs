@@ -53,9 +53,18 @@ pub enum RxError {
 
 #[derive(Debug)]
 enum State {
-    Header { filled: usize },
-    Send { len: usize, filled: usize },
-    Write { placement: Placement, imm: Option<u32>, filled: usize },
+    Header {
+        filled: usize,
+    },
+    Send {
+        len: usize,
+        filled: usize,
+    },
+    Write {
+        placement: Placement,
+        imm: Option<u32>,
+        filled: usize,
+    },
 }
 
 /// Incremental decoder of one channel's incoming operations.
@@ -97,7 +106,11 @@ impl RxStream {
 
     /// Accounts for `n` bytes read into [`RxStream::buffer`]; returns the operation that
     /// completed, if one did.
-    pub fn advance(&mut self, n: usize, reg: &mut Registry) -> Result<Option<RxCompletion>, RxError> {
+    pub fn advance(
+        &mut self,
+        n: usize,
+        reg: &mut Registry,
+    ) -> Result<Option<RxCompletion>, RxError> {
         match &mut self.state {
             State::Header { filled } => {
                 *filled += n;

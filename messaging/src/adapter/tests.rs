@@ -1,7 +1,9 @@
 //! Channel tests over the in-process pipe: placement, framing under partial I/O, errors.
 
 use super::*;
-use crate::memory::{Access, DomainId, Handle, ProtectionError, RegionSpec, Registry, SendBufCache};
+use crate::memory::{
+    Access, DomainId, Handle, ProtectionError, RegionSpec, Registry, SendBufCache,
+};
 use proptest::prelude::*;
 
 const PD: DomainId = DomainId(7);
@@ -24,7 +26,10 @@ fn target_pool(reg: &mut Registry, count: u32, size: u32) -> Handle {
 
 fn pair(cap: usize) -> (StreamChannel<PipeEnd>, StreamChannel<PipeEnd>) {
     let (a, b) = pipe(cap);
-    (StreamChannel::new(a, PD, 4096), StreamChannel::new(b, PD, 4096))
+    (
+        StreamChannel::new(a, PD, 4096),
+        StreamChannel::new(b, PD, 4096),
+    )
 }
 
 /// Moves bytes both ways until nothing more completes; returns B's completions.

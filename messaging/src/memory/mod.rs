@@ -7,5 +7,7 @@ mod sendbuf;
 mod tests;
 
 pub use handle::{Access, DomainId, Handle};
-pub use registry::{Placement, ProtectionError, RegionSpec, Registry, RegistryError, RegistryStats};
+pub use registry::{
+    Placement, ProtectionError, RegionSpec, Registry, RegistryError, RegistryStats,
+};
 pub use sendbuf::{CacheStats, SendBuf, SendBufCache};

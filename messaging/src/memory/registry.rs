@@ -62,7 +62,9 @@ pub enum ProtectionError {
     #[error("single-use handle {0} was already used")]
     SingleUseReused(Handle),
     /// The write falls outside the region.
-    #[error("write of {len} bytes at {addr:#x} is outside region {handle} ({base:#x}, {size} bytes)")]
+    #[error(
+        "write of {len} bytes at {addr:#x} is outside region {handle} ({base:#x}, {size} bytes)"
+    )]
     OutOfBounds {
         /// Handle used by the writer.
         handle: Handle,
@@ -84,7 +86,9 @@ pub enum ProtectionError {
         len: u32,
     },
     /// The write does not start at an element boundary or is longer than one element.
-    #[error("write of {len} bytes at offset {offset} does not fit one element of {element_size} bytes")]
+    #[error(
+        "write of {len} bytes at offset {offset} does not fit one element of {element_size} bytes"
+    )]
     NotOneElement {
         /// Offset of the write inside the region.
         offset: u64,
@@ -115,7 +119,9 @@ pub enum RegistryError {
         element_count: u32,
     },
     /// Registering would exceed the registry's memory limit.
-    #[error("registering {requested} bytes would exceed the limit of {limit} bytes ({used} in use)")]
+    #[error(
+        "registering {requested} bytes would exceed the limit of {limit} bytes ({used} in use)"
+    )]
     OutOfMemory {
         /// Bytes requested.
         requested: u64,
@@ -207,6 +213,16 @@ pub struct Registry {
     stats: RegistryStats,
 }
 
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("slots", &self.slots.len())
+            .field("limit", &self.limit)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
 impl Registry {
     /// A registry that refuses to hold more than `limit` bytes of regions in total.
     pub fn new(limit: u64) -> Registry {
@@ -261,11 +277,12 @@ impl Registry {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
-                let i = u32::try_from(self.slots.len()).map_err(|_| RegistryError::OutOfMemory {
-                    requested: size,
-                    used,
-                    limit: self.limit,
-                })?;
+                let i =
+                    u32::try_from(self.slots.len()).map_err(|_| RegistryError::OutOfMemory {
+                        requested: size,
+                        used,
+                        limit: self.limit,
+                    })?;
                 self.slots.push(Slot::default());
                 i
             }
@@ -444,7 +461,7 @@ impl Registry {
         }
         let offset = addr - base;
         let esize = u64::from(r.element_size);
-        if offset % esize != 0 || u64::from(len) > esize {
+        if !offset.is_multiple_of(esize) || u64::from(len) > esize {
             return Err(ProtectionError::NotOneElement {
                 offset,
                 len,
@@ -502,7 +519,11 @@ impl Registry {
     }
 
     /// Local write access to a whole element (used by in-process placement and tests).
-    pub fn element_mut(&mut self, handle: Handle, element: u32) -> Result<&mut [u8], RegistryError> {
+    pub fn element_mut(
+        &mut self,
+        handle: Handle,
+        element: u32,
+    ) -> Result<&mut [u8], RegistryError> {
         let r = self.region_mut(handle)?;
         let no_such = RegistryError::NoSuchElement { handle, element };
         if element >= r.element_count {

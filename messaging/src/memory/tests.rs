@@ -44,11 +44,17 @@ fn good_write_places_bytes_in_the_element() {
 fn out_of_bounds_is_rejected() {
     let mut reg = Registry::new(1 << 20);
     let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
-    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 1024, 1).unwrap_err();
+    let e = reg
+        .begin_write(PD_A, h.to_u64(), base(h) + 1024, 1)
+        .unwrap_err();
     assert!(matches!(e, ProtectionError::OutOfBounds { .. }), "{e}");
-    let e = reg.begin_write(PD_A, h.to_u64(), base(h) - 1, 1).unwrap_err();
+    let e = reg
+        .begin_write(PD_A, h.to_u64(), base(h) - 1, 1)
+        .unwrap_err();
     assert!(matches!(e, ProtectionError::OutOfBounds { .. }), "{e}");
-    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 768, 257).unwrap_err();
+    let e = reg
+        .begin_write(PD_A, h.to_u64(), base(h) + 768, 257)
+        .unwrap_err();
     assert!(matches!(e, ProtectionError::OutOfBounds { .. }), "{e}");
     assert_eq!(reg.stats().protection_errors, 3);
 }
@@ -57,7 +63,9 @@ fn out_of_bounds_is_rejected() {
 fn offset_plus_length_overflow_is_rejected() {
     let mut reg = Registry::new(1 << 20);
     let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
-    let e = reg.begin_write(PD_A, h.to_u64(), u64::MAX - 2, 16).unwrap_err();
+    let e = reg
+        .begin_write(PD_A, h.to_u64(), u64::MAX - 2, 16)
+        .unwrap_err();
     assert!(matches!(e, ProtectionError::Overflow { .. }), "{e}");
 }
 
@@ -65,7 +73,9 @@ fn offset_plus_length_overflow_is_rejected() {
 fn write_across_elements_is_rejected() {
     let mut reg = Registry::new(1 << 20);
     let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
-    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 10, 10).unwrap_err();
+    let e = reg
+        .begin_write(PD_A, h.to_u64(), base(h) + 10, 10)
+        .unwrap_err();
     assert!(matches!(e, ProtectionError::NotOneElement { .. }), "{e}");
     let e = reg.begin_write(PD_A, h.to_u64(), base(h), 300).unwrap_err();
     assert!(matches!(e, ProtectionError::NotOneElement { .. }), "{e}");
@@ -80,7 +90,10 @@ fn stale_generation_and_flushed_pool_are_rejected() {
     reg.deregister(h).unwrap();
     // Flushed pool: the old handle now names a freed slot with a bumped generation.
     let e = reg.begin_write(PD_A, h.to_u64(), base(h), 1).unwrap_err();
-    assert!(matches!(e, ProtectionError::StaleGeneration { current: 1, .. }), "{e}");
+    assert!(
+        matches!(e, ProtectionError::StaleGeneration { current: 1, .. }),
+        "{e}"
+    );
     // The slot is reused: the old handle is still stale against the new region.
     let h2 = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
     assert_eq!(h2.index(), h.index());
@@ -121,7 +134,9 @@ fn reused_single_use_handle_is_rejected() {
     let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, true);
     let p = reg.begin_write(PD_A, h.to_u64(), base(h), 8).unwrap();
     reg.finish_write(&p);
-    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 256, 8).unwrap_err();
+    let e = reg
+        .begin_write(PD_A, h.to_u64(), base(h) + 256, 8)
+        .unwrap_err();
     assert_eq!(e, ProtectionError::SingleUseReused(h));
 }
 
@@ -133,7 +148,13 @@ fn write_beyond_credits_is_rejected() {
     reg.finish_write(&p);
     // Same element again without a new grant.
     let e = reg.begin_write(PD_A, h.to_u64(), base(h), 8).unwrap_err();
-    assert_eq!(e, ProtectionError::NotGranted { handle: h, element: 0 });
+    assert_eq!(
+        e,
+        ProtectionError::NotGranted {
+            handle: h,
+            element: 0
+        }
+    );
     reg.grant(h, 0).unwrap();
     assert!(reg.begin_write(PD_A, h.to_u64(), base(h), 8).is_ok());
 }
@@ -157,7 +178,9 @@ fn quiesce_refuses_grants_and_deregister_waits_for_in_flight() {
     // A write granted before the quiesce still lands.
     let p2 = reg.begin_write(PD_A, h.to_u64(), base(h) + 256, 8).unwrap();
     reg.revoke_all(h).unwrap();
-    let e = reg.begin_write(PD_A, h.to_u64(), base(h) + 512, 8).unwrap_err();
+    let e = reg
+        .begin_write(PD_A, h.to_u64(), base(h) + 512, 8)
+        .unwrap_err();
     assert!(matches!(e, ProtectionError::NotGranted { .. }));
     assert_eq!(
         reg.deregister(h),

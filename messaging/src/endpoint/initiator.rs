@@ -1,0 +1,350 @@
+//! Initiator side: the peer's pools this endpoint writes frames into.
+//!
+//! Every free element of a remote pool is a credit. A frame consumes one: it is written
+//! with RDMA WRITE WITH IMMEDIATE when its indication fits the 32-bit idata, else with a
+//! plain RDMA WRITE followed by a BufferRDMAIndicate on the same channel. Small frames go
+//! inline as SendData. With no credit the caller keeps the frame and stops reading its
+//! source (backpressure: never block, never drop), and a BufferRecvPoolGet asks the target
+//! for more memory once per starvation episode. A BufferRecvPoolUpdate returns credits.
+
+use super::error::ProtocolError;
+use super::outbox::{Lane, Outbox};
+use super::target::PoolSpec;
+use crate::adapter::{Channel, Op, Payload};
+use crate::memory::SendBuf;
+use crate::wire::{self, Function, Header, Idata, Indicate, Message, PoolEntry, PoolGet, PoolRun};
+
+/// Limits of the initiator side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitiatorConfig {
+    /// Frames of at most this many bytes go inline as SendData.
+    pub send_data_max: usize,
+    /// Most remote pools accepted from the peer.
+    pub max_pools: usize,
+    /// Most elements accepted in one remote pool (bounds the credit bookkeeping).
+    pub max_elements: u32,
+    /// What to ask for with BufferRecvPoolGet when starved; `None` never asks.
+    pub pool_get: Option<PoolSpec>,
+}
+
+/// Where a frame goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Inline in a SendData message.
+    SendData,
+    /// RDMA write into a reserved element.
+    Rdma(Reservation),
+    /// No credit now: keep the frame and retry after a BufferRecvPoolUpdate.
+    Backpressure,
+    /// No pool can ever hold it and it is too large for SendData.
+    TooLarge,
+}
+
+/// A consumed credit: the element a frame will be written into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    /// The RDMA operation to post.
+    pub op: Op,
+    /// The BufferRDMAIndicate to send after it, when idata cannot carry the indication.
+    pub indicate: Option<Indicate>,
+}
+
+#[derive(Debug)]
+struct RemotePool {
+    entry: PoolEntry,
+    free: Vec<u32>,
+    in_use: Vec<bool>,
+}
+
+/// The peer's pools and our credits in them.
+#[derive(Debug)]
+pub struct Initiator {
+    config: InitiatorConfig,
+    pools: Vec<RemotePool>,
+    retired: Vec<u32>,
+    pool_get_sent: bool,
+    flush_txn: Option<u64>,
+}
+
+/// What [`Initiator::post_frame`] did with a frame.
+#[derive(Debug)]
+pub enum Posted {
+    /// Posted inline as SendData.
+    SendData,
+    /// Posted as an RDMA write (and an indication if needed).
+    Rdma,
+    /// Not posted: no credit. The frame is handed back.
+    Backpressure(SendBuf),
+    /// Not posted: too large for any pool and for SendData. The frame is handed back.
+    TooLarge(SendBuf),
+}
+
+impl Initiator {
+    /// An initiator with no remote pools yet.
+    pub fn new(config: InitiatorConfig) -> Initiator {
+        Initiator {
+            config,
+            pools: Vec::new(),
+            retired: Vec::new(),
+            pool_get_sent: false,
+            flush_txn: None,
+        }
+    }
+
+    /// A BufferRecvPool: new pools (credits) from the peer.
+    pub fn on_pools(&mut self, entries: &[PoolEntry]) -> Result<(), ProtocolError> {
+        for e in entries {
+            let bad = |why| ProtocolError::BadPool {
+                pool_ref: e.pool_ref,
+                why,
+            };
+            if self.pools.iter().any(|p| p.entry.pool_ref == e.pool_ref) {
+                return Err(bad("pool reference already live"));
+            }
+            if self.pools.len() >= self.config.max_pools {
+                return Err(bad("too many pools"));
+            }
+            if e.element_size == 0 || e.element_count == 0 {
+                return Err(bad("empty pool"));
+            }
+            if e.element_count > self.config.max_elements {
+                return Err(bad("too many elements"));
+            }
+            let size = u64::from(e.element_size) * u64::from(e.element_count);
+            if e.address.checked_add(size).is_none() {
+                return Err(bad("address range overflows"));
+            }
+            self.retired.retain(|r| *r != e.pool_ref);
+            self.pools.push(RemotePool {
+                entry: *e,
+                free: (0..e.element_count).rev().collect(),
+                in_use: vec![false; e.element_count as usize],
+            });
+        }
+        // Smallest elements first: a frame takes the smallest element that holds it.
+        self.pools.sort_by_key(|p| p.entry.element_size);
+        self.pool_get_sent = false;
+        Ok(())
+    }
+
+    /// A BufferRecvPoolUpdate: credits returned.
+    pub fn on_update(&mut self, runs: &[PoolRun]) -> Result<(), ProtocolError> {
+        for run in runs {
+            let Some(pool) = self
+                .pools
+                .iter_mut()
+                .find(|p| p.entry.pool_ref == run.pool_ref)
+            else {
+                if self.retired.contains(&run.pool_ref) {
+                    continue; // raced our own flush of that pool: harmless
+                }
+                return Err(ProtocolError::UnknownPool(run.pool_ref));
+            };
+            let violation = |element| ProtocolError::CreditViolation {
+                pool_ref: run.pool_ref,
+                element,
+            };
+            let end = run
+                .first
+                .checked_add(run.count)
+                .filter(|&end| end <= pool.entry.element_count)
+                .ok_or(violation(run.first))?;
+            for e in run.first..end {
+                match pool.in_use.get_mut(e as usize) {
+                    Some(u) if *u => {
+                        *u = false;
+                        pool.free.push(e);
+                    }
+                    _ => return Err(violation(e)),
+                }
+            }
+        }
+        self.pool_get_sent = false;
+        Ok(())
+    }
+
+    /// Decides where a frame of `len` bytes goes, consuming a credit for RDMA.
+    pub fn route(&mut self, len: usize) -> Route {
+        if len <= self.config.send_data_max {
+            return Route::SendData;
+        }
+        let mut fits_somewhere = false;
+        for pool in self.pools.iter_mut() {
+            let e = &pool.entry;
+            if (e.element_size as usize) < len {
+                continue;
+            }
+            fits_somewhere = true;
+            let Some(element) = pool.free.pop() else {
+                continue;
+            };
+            if let Some(u) = pool.in_use.get_mut(element as usize) {
+                *u = true;
+            }
+            // Validated in on_pools: address + element_size * element_count does not overflow.
+            let addr = e.address + u64::from(element) * u64::from(e.element_size);
+            let len32 = len as u32;
+            let (op, indicate) = match Idata::new(e.pool_ref, element, len32) {
+                Some(id) => (
+                    Op::WriteImm {
+                        handle: e.handle,
+                        addr,
+                        imm: id.to_u32(),
+                    },
+                    None,
+                ),
+                None => (
+                    Op::Write {
+                        handle: e.handle,
+                        addr,
+                    },
+                    Some(Indicate {
+                        pool_ref: e.pool_ref,
+                        element,
+                        length: len32,
+                    }),
+                ),
+            };
+            return Route::Rdma(Reservation { op, indicate });
+        }
+        if fits_somewhere {
+            Route::Backpressure
+        } else if len <= wire::MAX_SEND_DATA {
+            Route::SendData
+        } else {
+            Route::TooLarge
+        }
+    }
+
+    /// Routes a frame and posts it on the data channel `ch`.
+    pub fn post_frame<C: Channel>(&mut self, ch: &mut C, buf: SendBuf, out: &mut Outbox) -> Posted {
+        match self.route(buf.len()) {
+            Route::SendData => {
+                ch.post(Op::Send, &send_data_prefix(buf.len()), Payload::Buf(buf));
+                Posted::SendData
+            }
+            Route::Rdma(r) => {
+                ch.post(r.op, &[], Payload::Buf(buf));
+                if let Some(ind) = r.indicate {
+                    let mut msg = Vec::with_capacity(wire::HEADER_LEN + 12);
+                    Message::BufferRdmaIndicate(ind).emit(0, &mut msg);
+                    ch.post(Op::Send, &[], Payload::Bytes(msg));
+                }
+                Posted::Rdma
+            }
+            Route::Backpressure => {
+                self.starved(out);
+                Posted::Backpressure(buf)
+            }
+            Route::TooLarge => {
+                self.starved(out);
+                Posted::TooLarge(buf)
+            }
+        }
+    }
+
+    fn starved(&mut self, out: &mut Outbox) {
+        let Some(spec) = self.config.pool_get else {
+            return;
+        };
+        if self.pool_get_sent || self.pools.len() >= self.config.max_pools {
+            return;
+        }
+        self.pool_get_sent = true;
+        let txn = out.txn();
+        out.push(
+            Lane::Control,
+            txn,
+            &Message::BufferRecvPoolGet(PoolGet {
+                element_size: spec.element_size,
+                element_count: spec.element_count,
+            }),
+        );
+    }
+
+    /// The target's BufferPoolFlushRequest: stop using `pool_refs` and confirm on the data
+    /// channel, behind every write already posted into them.
+    pub fn on_flush_request(&mut self, txn: u64, pool_refs: &[u32], out: &mut Outbox) {
+        self.pools
+            .retain(|p| !pool_refs.contains(&p.entry.pool_ref));
+        self.retired.extend_from_slice(pool_refs);
+        out.push(Lane::Data, txn, &Message::BufferPoolFlushReply);
+    }
+
+    /// Stops using every remote pool (shutdown): queues a BufferPoolFlushRequest on the data
+    /// channel, behind every write already posted. Returns its transaction context.
+    pub fn start_flush_all(&mut self, out: &mut Outbox) -> Option<u64> {
+        if self.pools.is_empty() {
+            return None;
+        }
+        let txn = out.txn();
+        let refs: Vec<u32> = self.pools.iter().map(|p| p.entry.pool_ref).collect();
+        for chunk in refs.chunks(wire::MAX_FLUSH_REFS) {
+            out.push(
+                Lane::Data,
+                txn,
+                &Message::BufferPoolFlushRequest(chunk.to_vec()),
+            );
+        }
+        self.retired.extend_from_slice(&refs);
+        self.pools.clear();
+        self.flush_txn = Some(txn);
+        Some(txn)
+    }
+
+    /// The target's BufferPoolFlushReply to our flush; true if it completes it.
+    pub fn on_flush_reply(&mut self, txn: u64) -> bool {
+        if self.flush_txn == Some(txn) {
+            self.flush_txn = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// True while a flush of ours waits for its reply.
+    pub fn flush_pending(&self) -> bool {
+        self.flush_txn.is_some()
+    }
+
+    /// Free credits in all remote pools.
+    pub fn credits(&self) -> u64 {
+        self.pools.iter().map(|p| p.free.len() as u64).sum()
+    }
+
+    /// Credits in use (frames written and not yet returned).
+    pub fn in_use(&self) -> u64 {
+        self.pools
+            .iter()
+            .map(|p| u64::from(p.entry.element_count) - p.free.len() as u64)
+            .sum()
+    }
+
+    /// Remote pools known.
+    pub fn pools(&self) -> impl Iterator<Item = &PoolEntry> {
+        self.pools.iter().map(|p| &p.entry)
+    }
+
+    /// Forgets every remote pool (the connection is gone; a new one re-advertises).
+    pub fn reset(&mut self) {
+        self.pools.clear();
+        self.retired.clear();
+        self.pool_get_sent = false;
+        self.flush_txn = None;
+    }
+}
+
+/// The 16 bytes that precede a frame posted inline: the SendData header and length.
+pub fn send_data_prefix(len: usize) -> [u8; 16] {
+    let mut p = [0u8; 16];
+    let mut h = [0u8; wire::HEADER_LEN];
+    Header {
+        function: Function::SendData,
+        version: wire::VERSION,
+        txn: 0,
+    }
+    .emit(&mut h);
+    p[..wire::HEADER_LEN].copy_from_slice(&h);
+    p[wire::HEADER_LEN..].copy_from_slice(&(len as u32).to_be_bytes());
+    p
+}

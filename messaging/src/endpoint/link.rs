@@ -1,0 +1,275 @@
+//! A connected peer: a [`Session`] with its control and data channels.
+//!
+//! This is the loop body both daemons, the tests and the benchmarks share: it turns channel
+//! completions into session input, hands delivered frames to a sink and releases them, and
+//! posts what the session wants sent. It performs no I/O of its own beyond the channels'
+//! non-blocking reads and writes, and it never waits.
+
+use super::error::ProtocolError;
+use super::initiator::Posted;
+use super::outbox::Lane;
+use super::session::{Incoming, Session};
+use super::target::PoolGetOutcome;
+use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
+use crate::memory::{Registry, SendBuf, SendBufCache};
+use crate::wire::{CfgCode, ErrorCode};
+use thiserror::Error;
+
+/// Why a link failed. Either way the peer's connection is closed; nothing else is affected.
+#[derive(Debug, Error)]
+pub enum LinkError {
+    /// The channel failed, closed, or the adapter refused an operation.
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// The peer broke the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(#[from] ProtocolError),
+}
+
+/// Something the shell must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// Credits arrived: resume a source held back by backpressure.
+    Credits,
+    /// A CfgUtilRequest to answer with [`Session::cfg_reply`].
+    CfgRequest {
+        /// Transaction context to echo.
+        txn: u64,
+        /// Request code.
+        code: CfgCode,
+        /// Request data.
+        data: Vec<u8>,
+    },
+    /// A CfgUtilReply.
+    CfgReply {
+        /// Transaction context of the request.
+        txn: u64,
+        /// Request code.
+        code: CfgCode,
+        /// Status.
+        status: ErrorCode,
+        /// Reply data.
+        data: Vec<u8>,
+    },
+    /// A BufferRecvPoolGet was answered or declined.
+    PoolGet(PoolGetOutcome),
+    /// A flush step completed; `complete` when nothing of either side remains.
+    Flushed {
+        /// Every pool flushed.
+        complete: bool,
+    },
+    /// The peer said goodbye.
+    Goodbye(ErrorCode),
+}
+
+/// Frame and byte counters of a link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Frames received from the peer.
+    pub rx_frames: u64,
+    /// Bytes received from the peer.
+    pub rx_bytes: u64,
+    /// Frames posted to the peer.
+    pub tx_frames: u64,
+    /// Bytes posted to the peer.
+    pub tx_bytes: u64,
+    /// Frames sent inline as SendData.
+    pub tx_inline: u64,
+    /// Times a frame met backpressure (no credit).
+    pub tx_backpressure: u64,
+    /// Frames refused as too large.
+    pub tx_too_large: u64,
+}
+
+/// A connected peer.
+#[derive(Debug)]
+pub struct Link<C> {
+    session: Session,
+    ctrl: C,
+    data: C,
+    stats: LinkStats,
+}
+
+impl<C: Channel> Link<C> {
+    /// A link over two connected channels (handshake done).
+    pub fn new(session: Session, ctrl: C, data: C) -> Link<C> {
+        Link {
+            session,
+            ctrl,
+            data,
+            stats: LinkStats::default(),
+        }
+    }
+
+    /// The protocol state.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The protocol state, mutably.
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> LinkStats {
+        self.stats
+    }
+
+    /// The channel carrying `lane`.
+    pub fn channel(&self, lane: Lane) -> &C {
+        match lane {
+            Lane::Control => &self.ctrl,
+            Lane::Data => &self.data,
+        }
+    }
+
+    /// The data channel, mutably (tests inject raw operations through it).
+    pub fn data_channel_mut(&mut self) -> &mut C {
+        &mut self.data
+    }
+
+    /// Processes up to `budget` completions of `lane`. Frames go to `sink` and are released
+    /// when it returns. Returns true if the budget ran out before the channel was drained.
+    pub fn poll(
+        &mut self,
+        reg: &mut Registry,
+        lane: Lane,
+        budget: usize,
+        sink: &mut dyn FnMut(&[u8]),
+        events: &mut Vec<LinkEvent>,
+    ) -> Result<bool, LinkError> {
+        let Link {
+            session,
+            ctrl,
+            data,
+            stats,
+        } = self;
+        let ch = match lane {
+            Lane::Control => ctrl,
+            Lane::Data => data,
+        };
+        for _ in 0..budget {
+            let Some(completion) = ch.poll_recv(reg)? else {
+                return Ok(false);
+            };
+            let delivery = match completion {
+                RxCompletion::Recv { .. } => match session.on_message(reg, lane, ch.received())? {
+                    Incoming::Handled => None,
+                    Incoming::Inline(frame) => {
+                        stats.rx_frames += 1;
+                        stats.rx_bytes += frame.len() as u64;
+                        sink(frame);
+                        None
+                    }
+                    Incoming::Placed(d) => Some(d),
+                    Incoming::Credits => {
+                        events.push(LinkEvent::Credits);
+                        None
+                    }
+                    Incoming::CfgRequest { txn, code, data } => {
+                        events.push(LinkEvent::CfgRequest {
+                            txn,
+                            code,
+                            data: data.to_vec(),
+                        });
+                        None
+                    }
+                    Incoming::CfgReply {
+                        txn,
+                        code,
+                        status,
+                        data,
+                    } => {
+                        events.push(LinkEvent::CfgReply {
+                            txn,
+                            code,
+                            status,
+                            data: data.to_vec(),
+                        });
+                        None
+                    }
+                    Incoming::PoolGet(o) => {
+                        events.push(LinkEvent::PoolGet(o));
+                        None
+                    }
+                    Incoming::Flushed { complete } => {
+                        events.push(LinkEvent::Flushed { complete });
+                        None
+                    }
+                    Incoming::Goodbye(code) => {
+                        events.push(LinkEvent::Goodbye(code));
+                        None
+                    }
+                },
+                RxCompletion::Write {
+                    handle,
+                    element,
+                    len,
+                    imm,
+                } => session.on_write(handle, element, len, imm)?,
+            };
+            if let Some(d) = delivery {
+                stats.rx_frames += 1;
+                stats.rx_bytes += u64::from(d.len);
+                sink(session.frame(reg, &d));
+                session.release(reg, d);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Routes and posts one frame. Backpressure and too-large frames are handed back.
+    pub fn post_frame(&mut self, buf: SendBuf) -> Posted {
+        let len = buf.len() as u64;
+        let posted = self.session.post_frame(&mut self.data, buf);
+        match &posted {
+            Posted::SendData => {
+                self.stats.tx_inline += 1;
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += len;
+            }
+            Posted::Rdma => {
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += len;
+            }
+            Posted::Backpressure(_) => self.stats.tx_backpressure += 1,
+            Posted::TooLarge(_) => self.stats.tx_too_large += 1,
+        }
+        posted
+    }
+
+    /// Posts the session's queued messages and flushes both channels (the doorbell).
+    /// Returns true when everything was written.
+    pub fn flush(&mut self) -> Result<bool, LinkError> {
+        while let Some((lane, msg)) = self.session.poll_transmit() {
+            let ch = match lane {
+                Lane::Control => &mut self.ctrl,
+                Lane::Data => &mut self.data,
+            };
+            ch.post(Op::Send, &[], Payload::Bytes(msg));
+        }
+        let c = self.ctrl.flush()?;
+        let d = self.data.flush()?;
+        Ok(c && d)
+    }
+
+    /// Bytes posted and not yet written on either channel.
+    pub fn pending(&self) -> usize {
+        self.ctrl.pending() + self.data.pending()
+    }
+
+    /// Returns sent buffers to `cache`.
+    pub fn reclaim(&mut self, cache: &mut SendBufCache) {
+        self.data.reclaim(cache);
+        self.ctrl.reclaim(cache);
+    }
+
+    /// Tears the link down: channels closed first (aborting writes in flight), then every
+    /// pool of the peer's domain freed.
+    pub fn close(&mut self, reg: &mut Registry) {
+        self.ctrl.close(reg);
+        self.data.close(reg);
+        self.session.teardown(reg);
+    }
+}

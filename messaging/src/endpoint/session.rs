@@ -1,0 +1,278 @@
+//! One peer connection's protocol state: our pools (target), the peer's pools (initiator),
+//! and the dispatch of every message received after the handshake.
+//!
+//! Order of use, per readiness event of the shell:
+//! 1. feed completions: [`Session::on_message`] for each received SEND, [`Session::on_write`]
+//!    for each placed RDMA write;
+//! 2. consume delivered frames ([`Session::frame`]) and [`Session::release`] them;
+//! 3. post outgoing frames with [`Session::post_frame`];
+//! 4. drain [`Session::poll_transmit`] onto the channels, then flush the channels.
+
+use super::error::ProtocolError;
+use super::initiator::{Initiator, InitiatorConfig, Posted};
+use super::outbox::{Lane, Outbox};
+use super::target::{Delivery, PoolGetOutcome, PoolSpec, Target, TargetConfig};
+use crate::adapter::Channel;
+use crate::memory::{DomainId, Handle, Registry, RegistryError, SendBuf};
+use crate::wire::{CfgCode, ErrorCode, Message};
+
+/// Configuration of one session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Pools advertised to the peer when the session starts.
+    pub advertise: Vec<PoolSpec>,
+    /// Target-side limits.
+    pub target: TargetConfig,
+    /// Initiator-side limits.
+    pub initiator: InitiatorConfig,
+}
+
+/// What a received message means for the shell.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Incoming<'a> {
+    /// Handled inside (buffer management); nothing to do.
+    Handled,
+    /// New credits arrived: a source held back by backpressure may resume.
+    Credits,
+    /// A frame delivered inline (SendData); valid until the next receive.
+    Inline(&'a [u8]),
+    /// A frame placed in one of our elements.
+    Placed(Delivery),
+    /// A CfgUtilRequest for the shell to answer with [`Session::cfg_reply`].
+    CfgRequest {
+        /// Transaction context to echo.
+        txn: u64,
+        /// Request code.
+        code: CfgCode,
+        /// Request data.
+        data: &'a [u8],
+    },
+    /// A CfgUtilReply to one of our requests.
+    CfgReply {
+        /// Transaction context of our request.
+        txn: u64,
+        /// Request code.
+        code: CfgCode,
+        /// Status.
+        status: ErrorCode,
+        /// Reply data.
+        data: &'a [u8],
+    },
+    /// A BufferRecvPoolGet was answered or declined.
+    PoolGet(PoolGetOutcome),
+    /// A flush finished: ours (every pool freed, our flush confirmed) if `complete`.
+    Flushed {
+        /// True when no pool of either side remains in use.
+        complete: bool,
+    },
+    /// The peer is leaving.
+    Goodbye(ErrorCode),
+}
+
+/// The protocol state of one peer connection.
+#[derive(Debug)]
+pub struct Session {
+    domain: DomainId,
+    config: SessionConfig,
+    target: Target,
+    initiator: Initiator,
+    outbox: Outbox,
+}
+
+impl Session {
+    /// A session with the peer in protection domain `domain`.
+    pub fn new(domain: DomainId, config: SessionConfig) -> Session {
+        Session {
+            domain,
+            target: Target::new(domain, config.target.clone()),
+            initiator: Initiator::new(config.initiator.clone()),
+            outbox: Outbox::new(),
+            config,
+        }
+    }
+
+    /// The peer's protection domain.
+    pub fn domain(&self) -> DomainId {
+        self.domain
+    }
+
+    /// Registers and advertises the configured pools.
+    pub fn start(&mut self, reg: &mut Registry) -> Result<(), RegistryError> {
+        for spec in self.config.advertise.clone() {
+            self.target.advertise(reg, spec, &mut self.outbox)?;
+        }
+        Ok(())
+    }
+
+    /// Target side (our pools).
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Initiator side (the peer's pools).
+    pub fn initiator(&self) -> &Initiator {
+        &self.initiator
+    }
+
+    /// Handles one received message (the payload of a SEND on `lane`).
+    ///
+    /// The lane tells the two flush directions apart (pool references of the two sides
+    /// overlap): a target's BufferPoolFlushRequest and its reply travel on the control
+    /// channel, an initiator's on the data channel, behind its writes.
+    pub fn on_message<'a>(
+        &mut self,
+        reg: &mut Registry,
+        lane: Lane,
+        bytes: &'a [u8],
+    ) -> Result<Incoming<'a>, ProtocolError> {
+        let (header, msg) = Message::parse(bytes)?;
+        let txn = header.txn;
+        Ok(match msg {
+            Message::Hello(_) | Message::HelloReply(_) => {
+                return Err(ProtocolError::Unexpected {
+                    function: header.function,
+                    why: "handshake already complete",
+                })
+            }
+            Message::Keepalive => Incoming::Handled,
+            Message::Goodbye(g) => Incoming::Goodbye(g.code),
+            Message::BufferRecvPool(entries) => {
+                self.initiator.on_pools(&entries)?;
+                Incoming::Credits
+            }
+            Message::BufferRecvPoolGet(get) => {
+                Incoming::PoolGet(self.target.on_pool_get(reg, &get, &mut self.outbox))
+            }
+            Message::BufferRecvPoolUpdate(runs) => {
+                self.initiator.on_update(&runs)?;
+                Incoming::Credits
+            }
+            Message::BufferPoolFlushRequest(refs) => {
+                match lane {
+                    // The peer as initiator stopped using our pools.
+                    Lane::Data => {
+                        self.target
+                            .on_flush_request(reg, txn, &refs, &mut self.outbox)?
+                    }
+                    // The peer as target wants its pools back.
+                    Lane::Control => self
+                        .initiator
+                        .on_flush_request(txn, &refs, &mut self.outbox),
+                }
+                Incoming::Handled
+            }
+            Message::BufferPoolFlushReply => {
+                let done = match lane {
+                    Lane::Data => self.target.on_flush_reply(reg, txn),
+                    Lane::Control => self.initiator.on_flush_reply(txn),
+                };
+                if !done {
+                    return Err(ProtocolError::Unexpected {
+                        function: header.function,
+                        why: "no flush with this transaction context",
+                    });
+                }
+                Incoming::Flushed {
+                    complete: self.is_flushed(),
+                }
+            }
+            Message::SendData(frame) => Incoming::Inline(frame),
+            Message::BufferRdmaIndicate(ind) => Incoming::Placed(self.target.on_indicate(&ind)?),
+            Message::CfgUtilRequest(req) => Incoming::CfgRequest {
+                txn,
+                code: req.code,
+                data: req.data,
+            },
+            Message::CfgUtilReply(rep) => Incoming::CfgReply {
+                txn,
+                code: rep.code,
+                status: rep.status,
+                data: rep.data,
+            },
+        })
+    }
+
+    /// Handles an RDMA write the adapter placed in one of our pools.
+    pub fn on_write(
+        &mut self,
+        handle: Handle,
+        element: u32,
+        len: u32,
+        imm: Option<u32>,
+    ) -> Result<Option<Delivery>, ProtocolError> {
+        self.target.on_write(handle, element, len, imm)
+    }
+
+    /// The bytes of a delivered frame.
+    pub fn frame<'r>(&self, reg: &'r Registry, d: &Delivery) -> &'r [u8] {
+        self.target.frame(reg, d)
+    }
+
+    /// The consumer is done with a delivered frame.
+    pub fn release(&mut self, reg: &mut Registry, d: Delivery) {
+        self.target.release(reg, d, &mut self.outbox);
+    }
+
+    /// Returns freed credits now (call when input goes idle).
+    pub fn flush_credits(&mut self, reg: &mut Registry) {
+        self.target.flush_credits(reg, &mut self.outbox);
+    }
+
+    /// Routes a frame and posts it on the data channel.
+    pub fn post_frame<C: Channel>(&mut self, data: &mut C, buf: SendBuf) -> Posted {
+        self.initiator.post_frame(data, buf, &mut self.outbox)
+    }
+
+    /// Queues a CfgUtilRequest; returns its transaction context.
+    pub fn cfg_request(&mut self, code: CfgCode, data: &[u8]) -> u64 {
+        let txn = self.outbox.txn();
+        self.outbox.push(
+            Lane::Control,
+            txn,
+            &Message::CfgUtilRequest(crate::wire::CfgRequest { code, data }),
+        );
+        txn
+    }
+
+    /// Queues the CfgUtilReply to request `txn`.
+    pub fn cfg_reply(&mut self, txn: u64, code: CfgCode, status: ErrorCode, data: &[u8]) {
+        self.outbox.push(
+            Lane::Control,
+            txn,
+            &Message::CfgUtilReply(crate::wire::CfgReply { code, status, data }),
+        );
+    }
+
+    /// Queues a message of the shell's own (keepalive, goodbye).
+    pub fn send(&mut self, lane: Lane, msg: &Message<'_>) {
+        let txn = self.outbox.txn();
+        self.outbox.push(lane, txn, msg);
+    }
+
+    /// Starts a graceful shutdown: flush our pools (the peer must confirm it stopped
+    /// writing) and stop using the peer's. Done when [`Session::is_flushed`].
+    pub fn start_flush(&mut self, reg: &mut Registry) {
+        let refs = self.target.pool_refs();
+        if !refs.is_empty() {
+            self.target.start_flush(reg, &refs, &mut self.outbox);
+        }
+        self.initiator.start_flush_all(&mut self.outbox);
+    }
+
+    /// True when none of our pools is left and our flush of the peer's pools was confirmed.
+    pub fn is_flushed(&self) -> bool {
+        self.target.is_empty() && !self.initiator.flush_pending()
+    }
+
+    /// The next message to post, with its channel.
+    pub fn poll_transmit(&mut self) -> Option<(Lane, Vec<u8>)> {
+        self.outbox.pop()
+    }
+
+    /// Frees everything after the connection died (channels already closed).
+    pub fn teardown(&mut self, reg: &mut Registry) {
+        self.target.teardown(reg);
+        self.initiator.reset();
+        while self.outbox.pop().is_some() {}
+    }
+}

@@ -1,0 +1,370 @@
+//! State-machine tests of the push-push endpoint, grouped by what they exercise, driven by
+//! the in-process two-peer harness.
+
+use crate::adapter::{Channel, Op, Payload};
+use crate::endpoint::{LinkError, LinkEvent, PoolGetOutcome, PoolSpec, ProtocolError};
+use crate::memory::{Handle, Registry};
+use crate::testing::{config, Outcome, Pair, Side};
+use crate::wire::{Idata, Message, PoolRun};
+
+fn pair() -> Pair {
+    let mut p = Pair::new(config(64), config(64), 1 << 20);
+    p.drive().unwrap();
+    p
+}
+
+fn frame(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+mod credits {
+    use super::*;
+
+    #[test]
+    fn pools_are_advertised_at_start() {
+        let p = pair();
+        let ini = p.a.link.session().initiator();
+        assert_eq!(ini.credits(), 16 + 8);
+        assert_eq!(p.b.link.session().target().credits_outstanding(), 24);
+    }
+
+    #[test]
+    fn small_frames_go_inline_and_large_by_rdma() {
+        let mut p = pair();
+        assert_eq!(p.send(Side::A, &frame(60, 1)), Outcome::Inline);
+        assert_eq!(p.send(Side::A, &frame(1500, 2)), Outcome::Rdma);
+        assert_eq!(p.send(Side::A, &frame(9000, 3)), Outcome::Rdma);
+        p.drive().unwrap();
+        assert_eq!(
+            p.b.received,
+            vec![frame(60, 1), frame(1500, 2), frame(9000, 3)]
+        );
+    }
+
+    #[test]
+    fn exhaustion_backpressures_and_updates_restore_every_credit() {
+        let mut p = pair();
+        for i in 0..16 {
+            assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma);
+        }
+        // Small pool exhausted, but a 1000-byte frame still fits the large pool.
+        for i in 0..8 {
+            assert_eq!(p.send(Side::A, &frame(1000, 100 + i)), Outcome::Rdma);
+        }
+        assert_eq!(p.send(Side::A, &frame(1000, 200)), Outcome::Backpressure);
+        assert_eq!(p.a.link.session().initiator().credits(), 0);
+        p.drive().unwrap();
+        assert_eq!(p.b.received.len(), 24);
+        // Every credit came back (batched updates plus the idle flush), plus the pool the
+        // starved initiator asked for with BufferRecvPoolGet.
+        assert_eq!(p.a.link.session().initiator().credits(), 24 + 16);
+        assert_eq!(p.a.link.session().initiator().in_use(), 0);
+        assert!(p.a.events.contains(&LinkEvent::Credits));
+        assert_eq!(p.send(Side::A, &frame(1000, 201)), Outcome::Rdma);
+    }
+
+    #[test]
+    fn starvation_asks_for_a_pool_once() {
+        let mut p = pair();
+        for i in 0..24 {
+            p.send(Side::A, &frame(1000, i));
+        }
+        assert_eq!(p.send(Side::A, &frame(1000, 99)), Outcome::Backpressure);
+        assert_eq!(p.send(Side::A, &frame(1000, 98)), Outcome::Backpressure);
+        p.drive().unwrap();
+        let grants: Vec<_> =
+            p.b.events
+                .iter()
+                .filter(|e| matches!(e, LinkEvent::PoolGet(_)))
+                .collect();
+        assert_eq!(grants.len(), 1, "one PoolGet per starvation episode");
+        assert!(matches!(
+            grants[0],
+            LinkEvent::PoolGet(PoolGetOutcome::Granted(2))
+        ));
+        assert_eq!(p.a.link.session().initiator().credits(), 24 + 16);
+    }
+
+    #[test]
+    fn pool_get_beyond_bounds_is_declined() {
+        let mut p = pair();
+        let mut out = crate::endpoint::Outbox::new();
+        let b = &mut p.b;
+        let target = &mut b.link.session_mut();
+        // 8 MiB limit; 2 pools (~557 KiB) granted already.
+        let get = crate::wire::PoolGet {
+            element_size: 1 << 20,
+            element_count: 16,
+        };
+        let _ = (target, &mut out);
+        let msg = Message::BufferRecvPoolGet(get);
+        let mut bytes = Vec::new();
+        msg.emit(1, &mut bytes);
+        let r = b
+            .link
+            .session_mut()
+            .on_message(&mut b.reg, crate::endpoint::Lane::Control, &bytes)
+            .unwrap();
+        assert_eq!(
+            r,
+            crate::endpoint::Incoming::PoolGet(PoolGetOutcome::Declined(
+                "granted memory limit reached"
+            ))
+        );
+        let get = crate::wire::PoolGet {
+            element_size: 2 << 20,
+            element_count: 1,
+        };
+        let mut bytes = Vec::new();
+        Message::BufferRecvPoolGet(get).emit(2, &mut bytes);
+        let r = b
+            .link
+            .session_mut()
+            .on_message(&mut b.reg, crate::endpoint::Lane::Control, &bytes)
+            .unwrap();
+        assert!(matches!(
+            r,
+            crate::endpoint::Incoming::PoolGet(PoolGetOutcome::Declined(_))
+        ));
+        assert_eq!(b.link.session().target().live_pools(), 2);
+    }
+}
+
+mod indication {
+    use super::*;
+
+    #[test]
+    fn frames_over_64k_use_buffer_rdma_indicate() {
+        let mut p = pair();
+        let big = frame(65_560, 7);
+        assert!(Idata::new(1, 0, big.len() as u32).is_none());
+        assert_eq!(p.send(Side::A, &big), Outcome::Rdma);
+        assert_eq!(p.send(Side::A, &frame(65_535, 8)), Outcome::Rdma);
+        p.drive().unwrap();
+        assert_eq!(p.b.received, vec![big, frame(65_535, 8)]);
+    }
+
+    #[test]
+    fn frames_larger_than_every_pool_and_senddata_are_refused() {
+        let mut p = pair();
+        assert_eq!(
+            p.send(Side::A, &frame(crate::wire::MAX_SEND_DATA + 1, 1)),
+            Outcome::TooLarge
+        );
+        assert_eq!(p.a.link.stats().tx_too_large, 1);
+    }
+
+    #[test]
+    fn lying_idata_is_a_protocol_error() {
+        let mut p = pair();
+        let entry = *p.a.link.session().initiator().pools().next().unwrap();
+        // A correct write into element 15 claiming element 3 in its immediate data.
+        let addr = entry.address + 15 * u64::from(entry.element_size);
+        let imm = Idata::new(entry.pool_ref, 3, 100).unwrap().to_u32();
+        raw_data(&mut p).post(
+            Op::WriteImm {
+                handle: entry.handle,
+                addr,
+                imm,
+            },
+            &[],
+            Payload::Bytes(vec![0; 100]),
+        );
+        let err = p.drive().unwrap_err();
+        assert_eq!(err.0, Side::B);
+        assert!(matches!(
+            err.1,
+            LinkError::Protocol(ProtocolError::IdataMismatch { element: 15, .. })
+        ));
+    }
+
+    #[test]
+    fn indication_without_write_is_a_protocol_error() {
+        let mut p = pair();
+        let mut msg = Vec::new();
+        Message::BufferRdmaIndicate(crate::wire::Indicate {
+            pool_ref: 0,
+            element: 0,
+            length: 10,
+        })
+        .emit(0, &mut msg);
+        raw_data(&mut p).post(Op::Send, &[], Payload::Bytes(msg));
+        let err = p.drive().unwrap_err();
+        assert!(matches!(
+            err.1,
+            LinkError::Protocol(ProtocolError::NoSuchWrite { .. })
+        ));
+    }
+}
+
+/// The data channel of peer A, for injecting raw operations.
+fn raw_data(p: &mut Pair) -> &mut crate::testing::PipeChannel {
+    p.a.link.data_channel_mut()
+}
+
+mod rogue {
+    use super::*;
+
+    #[test]
+    fn credit_returned_twice_is_a_violation() {
+        let mut p = pair();
+        let mut msg = Vec::new();
+        Message::BufferRecvPoolUpdate(vec![PoolRun {
+            pool_ref: 0,
+            first: 0,
+            count: 1,
+        }])
+        .emit(9, &mut msg);
+        // B returns a credit A never used.
+        p.b.link
+            .data_channel_mut()
+            .post(Op::Send, &[], Payload::Bytes(msg));
+        let err = p.drive().unwrap_err();
+        assert_eq!(err.0, Side::A);
+        assert!(matches!(
+            err.1,
+            LinkError::Protocol(ProtocolError::CreditViolation {
+                pool_ref: 0,
+                element: 0
+            })
+        ));
+    }
+
+    #[test]
+    fn write_beyond_credits_is_a_protection_error() {
+        let mut p = pair();
+        let entry = *p.a.link.session().initiator().pools().next().unwrap();
+        for _ in 0..2 {
+            raw_data(&mut p).post(
+                Op::Write {
+                    handle: entry.handle,
+                    addr: entry.address,
+                },
+                &[],
+                Payload::Bytes(vec![1; 10]),
+            );
+        }
+        let err = p.drive().unwrap_err();
+        assert_eq!(err.0, Side::B);
+        assert!(err.1.to_string().contains("not granted"), "{}", err.1);
+        assert_eq!(p.b.reg.stats().protection_errors, 1);
+    }
+}
+
+mod flush {
+    use super::*;
+
+    #[test]
+    fn graceful_flush_frees_every_pool_on_both_sides() {
+        let mut p = pair();
+        for i in 0..10 {
+            p.send(Side::A, &frame(1500, i));
+            p.send(Side::B, &frame(1500, i));
+        }
+        p.a.link.session_mut().start_flush(&mut p.a.reg);
+        p.drive().unwrap();
+        assert_eq!(p.b.received.len(), 10);
+        assert_eq!(p.a.received.len(), 10);
+        assert!(p.a.link.session().is_flushed());
+        assert_eq!(p.a.reg.stats().regions, 0, "A freed its pools");
+        assert_eq!(p.a.reg.stats().bytes, 0);
+        // A stopped using B's pools; B freed them on A's request.
+        assert_eq!(p.b.reg.stats().regions, 0);
+        assert_eq!(p.b.link.session().initiator().credits(), 0);
+        assert!(p.a.events.contains(&LinkEvent::Flushed { complete: true }));
+    }
+
+    #[test]
+    fn writes_racing_a_flush_complete_and_late_writes_are_rejected() {
+        let mut p = pair();
+        let entry = *p.a.link.session().initiator().pools().next().unwrap();
+        // A posts two writes; before they arrive B starts flushing its pools.
+        p.send(Side::A, &frame(1000, 1));
+        p.send(Side::A, &frame(1000, 2));
+        let handle = Handle::from_u64(entry.handle);
+        p.b.link.session_mut().start_flush(&mut p.b.reg);
+        // While quiescing, no credit is granted again.
+        assert!(p.b.reg.grant(handle, 0).is_err());
+        p.drive().unwrap();
+        // The racing writes were delivered, not lost.
+        assert_eq!(p.b.received, vec![frame(1000, 1), frame(1000, 2)]);
+        // B's pools are gone and the generation moved on.
+        assert_eq!(p.b.reg.stats().regions, 0);
+        let err =
+            p.b.reg
+                .begin_write(crate::memory::DomainId(2), entry.handle, entry.address, 1)
+                .unwrap_err();
+        assert!(matches!(
+            err,
+            crate::memory::ProtectionError::StaleGeneration { .. }
+        ));
+        // A write through the stale handle from a rogue A is a protection error at B.
+        raw_data(&mut p).post(
+            Op::Write {
+                handle: entry.handle,
+                addr: entry.address,
+            },
+            &[],
+            Payload::Bytes(vec![0; 8]),
+        );
+        let err = p.drive().unwrap_err();
+        assert_eq!(err.0, Side::B);
+        assert!(err.1.to_string().contains("stale"), "{}", err.1);
+    }
+
+    #[test]
+    fn flush_reply_for_unknown_transaction_is_rejected() {
+        let mut p = pair();
+        let mut msg = Vec::new();
+        Message::BufferPoolFlushReply.emit(12345, &mut msg);
+        raw_data(&mut p).post(Op::Send, &[], Payload::Bytes(msg));
+        assert!(p.drive().is_err());
+    }
+
+    #[test]
+    fn teardown_frees_everything() {
+        let mut p = pair();
+        p.send(Side::A, &frame(3000, 1));
+        p.a.link.close(&mut p.a.reg);
+        assert_eq!(p.a.reg.stats().regions, 0);
+        let _ = Registry::base_address;
+    }
+}
+
+mod pools {
+    use super::*;
+
+    #[test]
+    fn unbounded_advertisement_is_refused() {
+        let mut p = pair();
+        let mut msg = Vec::new();
+        Message::BufferRecvPool(vec![crate::wire::PoolEntry {
+            pool_ref: 9,
+            element_count: u32::MAX,
+            element_size: 2048,
+            address: 0,
+            handle: 0,
+            context: 0,
+        }])
+        .emit(1, &mut msg);
+        p.b.link
+            .data_channel_mut()
+            .post(Op::Send, &[], Payload::Bytes(msg));
+        let err = p.drive().unwrap_err();
+        assert!(matches!(
+            err.1,
+            LinkError::Protocol(ProtocolError::BadPool { .. })
+        ));
+    }
+
+    #[test]
+    fn spec_bytes() {
+        let s = PoolSpec {
+            element_size: 2048,
+            element_count: 16,
+        };
+        assert_eq!(s.bytes(), 32768);
+    }
+}

@@ -1,0 +1,188 @@
+//! A two-peer harness over the in-process transport, for tests, fuzzing and benchmarks.
+//!
+//! Both peers live in one thread; [`Pair::drive`] moves bytes both ways and feeds every
+//! completion to the sessions until nothing moves any more.
+
+use crate::adapter::{pipe, PipeEnd, StreamChannel};
+use crate::endpoint::{
+    InitiatorConfig, Lane, Link, LinkError, LinkEvent, PoolSpec, Posted, Session, SessionConfig,
+    TargetConfig,
+};
+use crate::memory::{DomainId, Registry, SendBufCache};
+use crate::wire;
+
+/// Channel type of the harness.
+pub type PipeChannel = StreamChannel<PipeEnd>;
+
+/// One side of a [`Pair`].
+#[derive(Debug)]
+pub struct Peer {
+    /// Its adapter's memory.
+    pub reg: Registry,
+    /// Its connection to the other side.
+    pub link: Link<PipeChannel>,
+    /// Its send buffers.
+    pub cache: SendBufCache,
+    /// Frames delivered to it, in order.
+    pub received: Vec<Vec<u8>>,
+    /// Events it saw, in order.
+    pub events: Vec<LinkEvent>,
+}
+
+/// Which peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The first peer.
+    A,
+    /// The second peer.
+    B,
+}
+
+/// A session configuration for tests: two pools (small and large elements).
+pub fn config(send_data_max: usize) -> SessionConfig {
+    SessionConfig {
+        advertise: vec![
+            PoolSpec {
+                element_size: 2048,
+                element_count: 16,
+            },
+            PoolSpec {
+                element_size: 65_600,
+                element_count: 8,
+            },
+        ],
+        target: TargetConfig {
+            credit_batch: 4,
+            max_granted_bytes: 8 << 20,
+            max_pools: 8,
+            max_element_size: 1 << 20,
+        },
+        initiator: InitiatorConfig {
+            send_data_max,
+            max_pools: 16,
+            max_elements: 65_536,
+            pool_get: Some(PoolSpec {
+                element_size: 2048,
+                element_count: 16,
+            }),
+        },
+    }
+}
+
+/// What became of a frame given to [`Pair::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Posted inline (SendData).
+    Inline,
+    /// Posted as an RDMA write.
+    Rdma,
+    /// Not posted: no credit.
+    Backpressure,
+    /// Not posted: too large.
+    TooLarge,
+}
+
+/// Two connected peers.
+#[derive(Debug)]
+pub struct Pair {
+    /// First peer.
+    pub a: Peer,
+    /// Second peer.
+    pub b: Peer,
+}
+
+fn peer(domain: u32, config: SessionConfig, ctrl: PipeEnd, data: PipeEnd) -> Peer {
+    let d = DomainId(domain);
+    let max = wire::MAX_MESSAGE_LEN;
+    let mut reg = Registry::new(1 << 30);
+    let mut session = Session::new(d, config);
+    session
+        .start(&mut reg)
+        .expect("test pools fit the test registry");
+    Peer {
+        reg,
+        link: Link::new(
+            session,
+            StreamChannel::new(ctrl, d, max),
+            StreamChannel::new(data, d, max),
+        ),
+        cache: SendBufCache::new(70_000, 256),
+        received: Vec::new(),
+        events: Vec::new(),
+    }
+}
+
+impl Pair {
+    /// Two peers whose pipes buffer `capacity` bytes per direction.
+    pub fn new(a: SessionConfig, b: SessionConfig, capacity: usize) -> Pair {
+        let (c0, c1) = pipe(capacity);
+        let (d0, d1) = pipe(capacity);
+        Pair {
+            a: peer(1, a, c0, d0),
+            b: peer(2, b, c1, d1),
+        }
+    }
+
+    /// The peer on `side`.
+    pub fn peer(&mut self, side: Side) -> &mut Peer {
+        match side {
+            Side::A => &mut self.a,
+            Side::B => &mut self.b,
+        }
+    }
+
+    /// Posts `frame` from `side`. A frame not posted goes back to the cache.
+    pub fn send(&mut self, side: Side, frame: &[u8]) -> Outcome {
+        let p = self.peer(side);
+        let Some(mut buf) = p.cache.get() else {
+            panic!("harness send-buffer cache exhausted");
+        };
+        assert!(buf.fill_from(frame), "frame larger than harness buffers");
+        match p.link.post_frame(buf) {
+            Posted::SendData => Outcome::Inline,
+            Posted::Rdma => Outcome::Rdma,
+            Posted::Backpressure(b) => {
+                p.cache.put(b);
+                Outcome::Backpressure
+            }
+            Posted::TooLarge(b) => {
+                p.cache.put(b);
+                Outcome::TooLarge
+            }
+        }
+    }
+
+    /// Moves everything both ways until no peer makes progress. Returns the first side
+    /// whose link failed, with its error.
+    pub fn drive(&mut self) -> Result<(), (Side, LinkError)> {
+        loop {
+            let mut progress = false;
+            for side in [Side::A, Side::B] {
+                let p = self.peer(side);
+                let before = (p.received.len(), p.events.len(), p.link.pending());
+                p.link.flush().map_err(|e| (side, e))?;
+                p.link.reclaim(&mut p.cache);
+                for lane in [Lane::Control, Lane::Data] {
+                    let Peer {
+                        reg,
+                        link,
+                        received,
+                        events,
+                        ..
+                    } = p;
+                    while link
+                        .poll(reg, lane, 64, &mut |f| received.push(f.to_vec()), events)
+                        .map_err(|e| (side, e))?
+                    {}
+                }
+                p.link.session_mut().flush_credits(&mut p.reg);
+                p.link.flush().map_err(|e| (side, e))?;
+                let after = (p.received.len(), p.events.len(), p.link.pending());
+                progress |= before != after;
+            }
+            if !progress && self.a.link.pending() == 0 && self.b.link.pending() == 0 {
+                return Ok(());
+            }
+        }
+    }
+}
