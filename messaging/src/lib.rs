@@ -13,6 +13,8 @@
 
 pub mod adapter;
 pub mod endpoint;
+#[cfg(feature = "tokio")]
+pub mod fabric;
 pub mod memory;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testing;

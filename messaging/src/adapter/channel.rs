@@ -72,6 +72,11 @@ impl<S: Read + Write> StreamChannel<S> {
         &self.stream
     }
 
+    /// Gives the stream back (between messages, e.g. after a handshake).
+    pub fn into_stream(self) -> S {
+        self.stream
+    }
+
     /// The underlying stream, mutably (tests inject raw bytes through it).
     pub fn stream_mut(&mut self) -> &mut S {
         &mut self.stream
