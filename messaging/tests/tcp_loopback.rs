@@ -19,7 +19,7 @@ fn frame_len(dir: u64, seq: u64) -> usize {
     x ^= x >> 29;
     x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x ^= x >> 32;
-    if seq % 997 == 0 {
+    if seq.is_multiple_of(997) {
         return 65_536 + (x % 65) as usize;
     }
     let u = (x % 1_000_000) as f64 / 1_000_000.0;
