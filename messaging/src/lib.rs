@@ -16,6 +16,9 @@ pub mod endpoint;
 #[cfg(feature = "tokio")]
 pub mod fabric;
 pub mod memory;
+#[cfg(feature = "sys")]
+pub mod sys;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testing;
+pub mod vnet;
 pub mod wire;

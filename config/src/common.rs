@@ -1,0 +1,231 @@
+//! Sections and value types shared by both daemons: pools, logging, MAC addresses,
+//! interface names and range checks.
+
+use crate::error::Invalid;
+use serde::{Deserialize, Deserializer};
+use std::fmt;
+use std::str::FromStr;
+
+/// A MAC address (`"02:00:00:00:00:01"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    /// True for a unicast address (group bit clear).
+    pub fn is_unicast(&self) -> bool {
+        self.0[0] & 1 == 0
+    }
+}
+
+impl FromStr for MacAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<MacAddr, String> {
+        let mut mac = [0u8; 6];
+        let mut parts = s.split(':');
+        for b in mac.iter_mut() {
+            let p = parts
+                .next()
+                .filter(|p| p.len() == 2)
+                .ok_or_else(|| format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"))?;
+            *b = u8::from_str_radix(p, 16)
+                .map_err(|_| format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"))?;
+        }
+        if parts.next().is_some() {
+            return Err(format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"));
+        }
+        Ok(MacAddr(mac))
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for MacAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One receive pool: element size and count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Bytes per element.
+    pub element_size: u32,
+    /// Number of elements.
+    pub element_count: u32,
+}
+
+fn default_advertise() -> Vec<PoolConfig> {
+    vec![
+        PoolConfig {
+            element_size: 2048,
+            element_count: 256,
+        },
+        PoolConfig {
+            element_size: 65_600,
+            element_count: 64,
+        },
+    ]
+}
+
+/// The `[pools]` section: receive memory this side advertises to its peer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Pools {
+    /// Pools advertised when a connection starts.
+    pub advertise: Vec<PoolConfig>,
+    /// Frames of at most this many bytes go inline as SendData.
+    pub send_data_max: usize,
+    /// Free elements gathered before they are returned in one BufferRecvPoolUpdate.
+    pub credit_batch: u32,
+    /// Pool memory granted to the peer at most (advertised plus BufferRecvPoolGet).
+    pub max_granted_bytes: u64,
+}
+
+impl Default for Pools {
+    fn default() -> Pools {
+        Pools {
+            advertise: default_advertise(),
+            send_data_max: 128,
+            credit_batch: 16,
+            max_granted_bytes: 64 << 20,
+        }
+    }
+}
+
+impl Pools {
+    pub(crate) fn validate(&self) -> Result<(), Invalid> {
+        let n = self.advertise.len();
+        if !(1..=16).contains(&n) {
+            return Err(Invalid::new(
+                "pools.advertise",
+                format!("{n} pools given, 1 to 16 allowed"),
+            ));
+        }
+        let mut total: u64 = 0;
+        for (i, p) in self.advertise.iter().enumerate() {
+            let key = |f: &str| format!("pools.advertise[{i}].{f}");
+            range(&key("element_size"), p.element_size.into(), 256, 1 << 20)?;
+            if p.element_size % 8 != 0 {
+                return Err(Invalid::new(
+                    key("element_size"),
+                    format!("{} is not a multiple of 8", p.element_size),
+                ));
+            }
+            range(&key("element_count"), p.element_count.into(), 1, 4096)?;
+            let bytes = u64::from(p.element_size) * u64::from(p.element_count);
+            if bytes > 256 << 20 {
+                return Err(Invalid::new(
+                    format!("pools.advertise[{i}]"),
+                    format!("{bytes} bytes in one pool, at most 256 MiB allowed"),
+                ));
+            }
+            total += bytes;
+        }
+        range("pools.send_data_max", self.send_data_max as u64, 0, 1024)?;
+        range("pools.credit_batch", self.credit_batch.into(), 1, 256)?;
+        range(
+            "pools.max_granted_bytes",
+            self.max_granted_bytes,
+            1 << 20,
+            4 << 30,
+        )?;
+        if total > self.max_granted_bytes {
+            return Err(Invalid::new(
+                "pools.advertise",
+                format!(
+                    "{total} bytes advertised exceed pools.max_granted_bytes ({})",
+                    self.max_granted_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The `[log]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Log {
+    /// error, warn, info, debug or trace (RUST_LOG overrides it).
+    pub level: String,
+}
+
+impl Default for Log {
+    fn default() -> Log {
+        Log {
+            level: "info".into(),
+        }
+    }
+}
+
+impl Log {
+    pub(crate) fn validate(&self) -> Result<(), Invalid> {
+        match self.level.as_str() {
+            "error" | "warn" | "info" | "debug" | "trace" => Ok(()),
+            other => Err(Invalid::new(
+                "log.level",
+                format!("{other:?} is not one of error, warn, info, debug, trace"),
+            )),
+        }
+    }
+}
+
+/// Checks `v` against `lo..=hi`.
+pub(crate) fn range(key: &str, v: u64, lo: u64, hi: u64) -> Result<(), Invalid> {
+    if (lo..=hi).contains(&v) {
+        Ok(())
+    } else {
+        Err(Invalid::new(key, format!("{v} is out of range {lo}..={hi}")))
+    }
+}
+
+/// Checks a Linux interface name.
+pub(crate) fn ifname(key: &str, name: &str) -> Result<(), Invalid> {
+    let n = name.len();
+    if n == 0 || n > 15 {
+        return Err(Invalid::new(
+            key,
+            format!("{name:?} is {n} bytes, 1 to 15 allowed"),
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(Invalid::new(key, format!("{name:?} is not a valid name")));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(Invalid::new(
+            key,
+            format!("{name:?} contains {c:?}; only letters, digits, '_', '.', '-' allowed"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a keepalive interval and timeout pair.
+pub(crate) fn keepalive(interval_ms: u64, timeout_ms: u64) -> Result<(), Invalid> {
+    range("fabric.keepalive_interval_ms", interval_ms, 10, 60_000)?;
+    range("fabric.keepalive_timeout_ms", timeout_ms, 20, 600_000)?;
+    if timeout_ms <= 2 * interval_ms {
+        return Err(Invalid::new(
+            "fabric.keepalive_timeout_ms",
+            format!(
+                "{timeout_ms} must exceed twice fabric.keepalive_interval_ms ({interval_ms})"
+            ),
+        ));
+    }
+    Ok(())
+}

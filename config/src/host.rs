@@ -1,0 +1,136 @@
+//! host.toml: the host driver's configuration.
+
+use crate::common::{ifname, keepalive, range, Log, MacAddr, Pools};
+use crate::error::Invalid;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The whole host.toml.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// `[fabric]`: how to reach the IOC.
+    pub fabric: HostFabric,
+    /// `[interface]`: the TAP.
+    #[serde(default)]
+    pub interface: Interface,
+    /// `[pools]`: receive memory advertised to the IOC.
+    #[serde(default)]
+    pub pools: Pools,
+    /// `[log]`.
+    #[serde(default)]
+    pub log: Log,
+}
+
+/// The `[fabric]` section of host.toml.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostFabric {
+    /// IOC address; both channels connect here.
+    pub ioc: SocketAddr,
+    /// Keepalive interval (ms).
+    #[serde(default = "default_interval")]
+    pub keepalive_interval_ms: u64,
+    /// Silence after which the IOC counts as gone (ms).
+    #[serde(default = "default_timeout")]
+    pub keepalive_timeout_ms: u64,
+    /// First reconnect delay (ms).
+    #[serde(default = "default_reconnect_min")]
+    pub reconnect_min_ms: u64,
+    /// Longest reconnect delay (ms).
+    #[serde(default = "default_reconnect_max")]
+    pub reconnect_max_ms: u64,
+    /// Stable identity of this host; absent derives one at run time.
+    #[serde(default)]
+    pub node_id: Option<u64>,
+}
+
+pub(crate) fn default_interval() -> u64 {
+    200
+}
+pub(crate) fn default_timeout() -> u64 {
+    1000
+}
+fn default_reconnect_min() -> u64 {
+    100
+}
+fn default_reconnect_max() -> u64 {
+    2000
+}
+
+impl HostFabric {
+    /// Keepalive interval.
+    pub fn keepalive_interval(&self) -> Duration {
+        Duration::from_millis(self.keepalive_interval_ms)
+    }
+    /// Keepalive timeout.
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_millis(self.keepalive_timeout_ms)
+    }
+    /// First reconnect delay.
+    pub fn reconnect_min(&self) -> Duration {
+        Duration::from_millis(self.reconnect_min_ms)
+    }
+    /// Longest reconnect delay.
+    pub fn reconnect_max(&self) -> Duration {
+        Duration::from_millis(self.reconnect_max_ms)
+    }
+}
+
+/// The `[interface]` section of host.toml.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Interface {
+    /// TAP name.
+    pub name: String,
+    /// MAC address overriding the one the IOC assigns.
+    pub mac: Option<MacAddr>,
+    /// Checksum and segmentation offload pass-through.
+    pub offload: bool,
+    /// TAP queues and data channels.
+    pub queues: u16,
+}
+
+impl Default for Interface {
+    fn default() -> Interface {
+        Interface {
+            name: "sd0".into(),
+            mac: None,
+            offload: true,
+            queues: 1,
+        }
+    }
+}
+
+impl HostConfig {
+    pub(crate) fn validate(&self) -> Result<(), Invalid> {
+        let f = &self.fabric;
+        keepalive(f.keepalive_interval_ms, f.keepalive_timeout_ms)?;
+        range("fabric.reconnect_min_ms", f.reconnect_min_ms, 10, 60_000)?;
+        range(
+            "fabric.reconnect_max_ms",
+            f.reconnect_max_ms,
+            f.reconnect_min_ms,
+            600_000,
+        )?;
+        if f.ioc.port() == 0 || f.ioc.ip().is_unspecified() {
+            return Err(Invalid::new(
+                "fabric.ioc",
+                format!("{} is not a connectable address", f.ioc),
+            ));
+        }
+        ifname("interface.name", &self.interface.name)?;
+        if let Some(mac) = self.interface.mac {
+            if !mac.is_unicast() || mac.0 == [0; 6] {
+                return Err(Invalid::new(
+                    "interface.mac",
+                    format!("{mac} is not a unicast address"),
+                ));
+            }
+        }
+        range("interface.queues", self.interface.queues.into(), 1, 16)?;
+        self.pools.validate()?;
+        self.log.validate()
+    }
+}

@@ -1,0 +1,138 @@
+//! ioc.toml: the I/O unit driver's configuration.
+
+use crate::common::{ifname, keepalive, range, Log, MacAddr, Pools};
+use crate::error::Invalid;
+use crate::host::{default_interval, default_timeout};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The whole ioc.toml.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IocConfig {
+    /// `[fabric]`: where hosts connect.
+    pub fabric: IocFabric,
+    /// `[lan]`: the NIC.
+    pub lan: Lan,
+    /// `[pools]`: receive memory advertised to each host.
+    #[serde(default)]
+    pub pools: Pools,
+    /// `[log]`.
+    #[serde(default)]
+    pub log: Log,
+}
+
+/// The `[fabric]` section of ioc.toml.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IocFabric {
+    /// Listening address.
+    pub listen: SocketAddr,
+    /// Hosts served at once.
+    #[serde(default = "default_max_hosts")]
+    pub max_hosts: u32,
+    /// Keepalive interval (ms).
+    #[serde(default = "default_interval")]
+    pub keepalive_interval_ms: u64,
+    /// Silence after which a host counts as gone (ms).
+    #[serde(default = "default_timeout")]
+    pub keepalive_timeout_ms: u64,
+    /// Time a new connection has to complete its handshake (ms).
+    #[serde(default = "default_handshake")]
+    pub handshake_timeout_ms: u64,
+}
+
+fn default_max_hosts() -> u32 {
+    8
+}
+fn default_handshake() -> u64 {
+    2000
+}
+
+impl IocFabric {
+    /// Keepalive interval.
+    pub fn keepalive_interval(&self) -> Duration {
+        Duration::from_millis(self.keepalive_interval_ms)
+    }
+    /// Keepalive timeout.
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_millis(self.keepalive_timeout_ms)
+    }
+    /// Handshake timeout.
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+}
+
+/// Promiscuous mode of the NIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Promiscuous {
+    /// On whenever a host is served (hosts have their own MACs).
+    #[default]
+    Auto,
+    /// Always on.
+    On,
+    /// Never: only frames for the NIC's own MAC and group addresses arrive.
+    Off,
+}
+
+/// The `[lan]` section of ioc.toml.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lan {
+    /// The NIC.
+    pub interface: String,
+    /// Promiscuous mode.
+    #[serde(default)]
+    pub promiscuous: Promiscuous,
+    /// Prefix of the MACs assigned to hosts (first three octets used).
+    #[serde(default = "default_mac_base")]
+    pub mac_base: MacAddr,
+    /// MTU offered to hosts; absent takes the NIC's.
+    #[serde(default)]
+    pub mtu: Option<u32>,
+    /// Offload pass-through on the NIC side.
+    #[serde(default = "default_true")]
+    pub offload: bool,
+}
+
+fn default_mac_base() -> MacAddr {
+    MacAddr([0x02, 0x5d, 0, 0, 0, 0])
+}
+fn default_true() -> bool {
+    true
+}
+
+impl IocConfig {
+    pub(crate) fn validate(&self) -> Result<(), Invalid> {
+        let f = &self.fabric;
+        if f.listen.port() == 0 {
+            return Err(Invalid::new(
+                "fabric.listen",
+                format!("{}: a fixed port is required", f.listen),
+            ));
+        }
+        range("fabric.max_hosts", f.max_hosts.into(), 1, 64)?;
+        keepalive(f.keepalive_interval_ms, f.keepalive_timeout_ms)?;
+        range(
+            "fabric.handshake_timeout_ms",
+            f.handshake_timeout_ms,
+            100,
+            60_000,
+        )?;
+        ifname("lan.interface", &self.lan.interface)?;
+        if !self.lan.mac_base.is_unicast() {
+            return Err(Invalid::new(
+                "lan.mac_base",
+                format!("{} is not a unicast address", self.lan.mac_base),
+            ));
+        }
+        if let Some(mtu) = self.lan.mtu {
+            range("lan.mtu", mtu.into(), 68, 65_535)?;
+        }
+        self.pools.validate()?;
+        self.log.validate()
+    }
+}

@@ -1,0 +1,547 @@
+//! The host driver's life: TAP up, connect with backoff, configure over CfgUtil, move
+//! frames until the fabric is lost or a signal arrives, and start again.
+
+use crate::notify;
+use splitnet_config::HostConfig;
+use splitnet_messaging::endpoint::{
+    InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
+    SessionConfig, TargetConfig,
+};
+use splitnet_messaging::fabric::{self, TcpLink};
+use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
+use splitnet_messaging::sys::{netdev, tap::Tap};
+use splitnet_messaging::vnet;
+use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message};
+use std::io;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tracing::{debug, info, warn};
+
+/// Frames read from the TAP per wake-up before the fabric is flushed.
+const TAP_BATCH: usize = 64;
+/// Completions handled per channel per wake-up.
+const RX_BUDGET: usize = 256;
+/// Send buffers: bounds the frames in flight to the IOC.
+const SEND_BUFFERS: usize = 512;
+/// Time allowed for the pool flush on shutdown.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A start-up failure: the one line printed before exiting.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// The TAP could not be created.
+    #[error("cannot create TAP interface {name}: {source} (needs CAP_NET_ADMIN and /dev/net/tun)")]
+    Tap {
+        /// Interface name.
+        name: String,
+        /// Cause.
+        source: io::Error,
+    },
+    /// Signal handlers or reactor registration failed.
+    #[error("cannot set up the event loop: {0}")]
+    Runtime(#[from] io::Error),
+}
+
+/// Why a connection ended.
+enum End {
+    /// SIGTERM or SIGINT: exit.
+    Shutdown,
+    /// The IOC went away or broke the protocol: reconnect.
+    Lost(String),
+}
+
+/// Runs until SIGTERM/SIGINT. Only start-up failures are errors; an unreachable IOC is not.
+pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
+    let name = cfg.interface.name.clone();
+    let tap = Tap::open(&name).map_err(|source| StartError::Tap {
+        name: name.clone(),
+        source,
+    })?;
+    let offloads = tap
+        .enable_offloads(cfg.interface.offload)
+        .map_err(|source| StartError::Tap {
+            name: name.clone(),
+            source,
+        })?;
+    tap.set_carrier(false)?;
+    info!(interface = %name, ?offloads, "TAP ready, carrier off until the fabric is up");
+    let tap_ready = fabric::Ready::new(&tap)?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let min = cfg.fabric.reconnect_min();
+    let mut backoff = min;
+    let mut ready_sent = false;
+    loop {
+        notify::status(&format!("connecting to IOC {}", cfg.fabric.ioc));
+        let node_id = cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name));
+        let connect = fabric::connect(cfg.fabric.ioc, node_id, cfg.fabric.keepalive_timeout());
+        let conn = tokio::select! {
+            c = connect => c,
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+        };
+        let (ctrl, data, reply) = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("IOC {} unreachable: {e}; retrying in {backoff:?}", cfg.fabric.ioc);
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = term.recv() => return Ok(()),
+                    _ = int.recv() => return Ok(()),
+                }
+                backoff = (backoff * 2).min(cfg.fabric.reconnect_max());
+                continue;
+            }
+        };
+        backoff = min;
+        info!(ioc = %cfg.fabric.ioc, session = reply.session, version = reply.version, "fabric up");
+        let mut conn = Conn::new(&cfg, &tap, &tap_ready, ctrl, data, offloads.tso)?;
+        let end = conn.run(&mut term, &mut int, &mut ready_sent).await;
+        let _ = tap.set_carrier(false);
+        conn.close();
+        match end {
+            End::Shutdown => {
+                info!("stopped");
+                return Ok(());
+            }
+            End::Lost(why) => {
+                warn!("fabric lost: {why}; carrier off, reconnecting");
+            }
+        }
+    }
+}
+
+/// A stable identity for this host: its machine id and interface name, unless configured.
+fn default_node_id(ifname: &str) -> u64 {
+    let machine = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+    // The fabric address distinguishes hosts that share a machine id (namespaces, clones).
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in machine
+        .trim()
+        .bytes()
+        .chain(host.trim().bytes())
+        .chain(ifname.bytes())
+        .chain(netns_inode().to_le_bytes())
+    {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn netns_inode() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
+
+/// Maps the configured pools and limits onto the endpoint's configuration.
+fn session_config(cfg: &HostConfig) -> SessionConfig {
+    let advertise: Vec<PoolSpec> = cfg
+        .pools
+        .advertise
+        .iter()
+        .map(|p| PoolSpec {
+            element_size: p.element_size,
+            element_count: p.element_count,
+        })
+        .collect();
+    let largest = advertise.iter().max_by_key(|p| p.element_size).copied();
+    SessionConfig {
+        target: TargetConfig {
+            credit_batch: cfg.pools.credit_batch,
+            max_granted_bytes: cfg.pools.max_granted_bytes,
+            max_pools: 16,
+            max_element_size: 1 << 20,
+        },
+        initiator: InitiatorConfig {
+            send_data_max: cfg.pools.send_data_max,
+            max_pools: 16,
+            max_elements: 65_536,
+            pool_get: largest,
+        },
+        advertise,
+    }
+}
+
+/// One connection to the IOC.
+struct Conn<'a> {
+    tap: &'a Tap,
+    tap_ready: &'a fabric::Ready,
+    name: String,
+    mac_override: Option<[u8; 6]>,
+    tl: TcpLink,
+    reg: Registry,
+    cache: SendBufCache,
+    held: Option<SendBuf>,
+    keepalive: Keepalive,
+    mtu_known: bool,
+    mac_known: bool,
+    link_up: bool,
+    carrier: bool,
+    offload: bool,
+    rx_dropped: u64,
+}
+
+impl<'a> Conn<'a> {
+    fn new(
+        cfg: &HostConfig,
+        tap: &'a Tap,
+        tap_ready: &'a fabric::Ready,
+        ctrl: std::net::TcpStream,
+        data: std::net::TcpStream,
+        offload: bool,
+    ) -> io::Result<Conn<'a>> {
+        let sc = session_config(cfg);
+        let mut reg = Registry::new(cfg.pools.max_granted_bytes);
+        let mut session = Session::new(DomainId(1), sc);
+        session
+            .start(&mut reg)
+            .map_err(|e| io::Error::other(format!("cannot register pools: {e}")))?;
+        let mut tl = TcpLink::new(session, ctrl, data)?;
+        let s = tl.link.session_mut();
+        match cfg.interface.mac {
+            Some(mac) => {
+                s.cfg_request(CfgCode::SetMac, &mac.0);
+            }
+            None => {
+                s.cfg_request(CfgCode::GetMac, &[]);
+            }
+        }
+        s.cfg_request(CfgCode::GetMtu, &[]);
+        s.cfg_request(CfgCode::GetLink, &[]);
+        let mut f = features::VNET_HDR;
+        if offload {
+            f |= features::CSUM | features::TSO4 | features::TSO6 | features::ECN;
+        }
+        s.cfg_request(CfgCode::SetFeatures, &f.to_be_bytes());
+        Ok(Conn {
+            tap,
+            tap_ready,
+            name: cfg.interface.name.clone(),
+            mac_override: cfg.interface.mac.map(|m| m.0),
+            tl,
+            reg,
+            cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
+            held: None,
+            keepalive: Keepalive::new(
+                cfg.fabric.keepalive_interval(),
+                cfg.fabric.keepalive_timeout(),
+                Instant::now(),
+            ),
+            mtu_known: false,
+            mac_known: false,
+            link_up: false,
+            carrier: false,
+            offload,
+            rx_dropped: 0,
+        })
+    }
+
+    async fn run(&mut self, term: &mut Signal, int: &mut Signal, ready_sent: &mut bool) -> End {
+        let mut events = Vec::new();
+        loop {
+            if let Err(e) = self.tl.link.flush() {
+                return End::Lost(e.to_string());
+            }
+            self.tl.link.reclaim(&mut self.cache);
+            self.update_carrier(ready_sent);
+            let tap_wanted = self.carrier && self.held.is_none();
+            let pending = self.tl.link.pending() > 0;
+            let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
+            let TcpLink { ready, link } = &mut self.tl;
+            let mut rx_seen = false;
+            let step: Result<(), String> = tokio::select! {
+                _ = term.recv() => return self.shutdown().await,
+                _ = int.recv() => return self.shutdown().await,
+                g = self.tap_ready.readable(), if tap_wanted => match g {
+                    Ok(mut g) => {
+                        if self.read_tap() {
+                            g.clear_ready();
+                        }
+                        Ok(())
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+                g = ready.ctrl.readable() => match g {
+                    Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, g, &mut events) }
+                    Err(e) => Err(e.to_string()),
+                },
+                g = ready.data.readable() => match g {
+                    Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, g, &mut events) }
+                    Err(e) => Err(e.to_string()),
+                },
+                g = ready.data.writable(), if pending => match g {
+                    Ok(mut g) => match link.flush() {
+                        Ok(true) => Ok(()),
+                        Ok(false) => { g.clear_ready(); Ok(()) }
+                        Err(e) => Err(e.to_string()),
+                    },
+                    Err(e) => Err(e.to_string()),
+                },
+                g = ready.ctrl.writable(), if pending => match g {
+                    Ok(mut g) => match link.flush() {
+                        Ok(true) => Ok(()),
+                        Ok(false) => { g.clear_ready(); Ok(()) }
+                        Err(e) => Err(e.to_string()),
+                    },
+                    Err(e) => Err(e.to_string()),
+                },
+                _ = tokio::time::sleep_until(deadline) => Ok(()),
+            };
+            if let Err(why) = step {
+                return End::Lost(why);
+            }
+            let now = Instant::now();
+            if rx_seen {
+                self.keepalive.on_rx(now);
+            }
+            match self.keepalive.poll(now) {
+                Liveness::Idle => {}
+                Liveness::SendKeepalive => self
+                    .tl
+                    .link
+                    .session_mut()
+                    .send(Lane::Control, &Message::Keepalive),
+                Liveness::Expired => return End::Lost("IOC silent beyond the keepalive timeout".into()),
+            }
+            for ev in events.drain(..) {
+                if let Some(end) = self.on_event(ev) {
+                    return end;
+                }
+            }
+            self.tl.link.session_mut().flush_credits(&mut self.reg);
+        }
+    }
+
+    fn poll_lane(
+        link: &mut splitnet_messaging::endpoint::Link<fabric::TcpChannel>,
+        reg: &mut Registry,
+        tap: &Tap,
+        rx_dropped: &mut u64,
+        lane: Lane,
+        mut guard: fabric::Guard<'_>,
+        events: &mut Vec<LinkEvent>,
+    ) -> Result<(), String> {
+        let mut sink = |frame: &[u8]| match vnet::check_frame(frame) {
+            Ok(_) => {
+                if let Err(e) = tap.send(frame) {
+                    *rx_dropped += 1;
+                    debug!("TAP write failed: {e}");
+                }
+            }
+            Err(e) => {
+                *rx_dropped += 1;
+                warn!("dropping frame from the IOC: {e}");
+            }
+        };
+        match link.poll(reg, lane, RX_BUDGET, &mut sink, events) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                guard.clear_ready();
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Reads frames from the TAP and posts them. Returns true when the TAP is drained.
+    fn read_tap(&mut self) -> bool {
+        for _ in 0..TAP_BATCH {
+            let Some(mut buf) = self.cache.get() else {
+                return false;
+            };
+            match self.tap.recv(buf.space()) {
+                Ok(n) => buf.set_len(n),
+                Err(e) => {
+                    self.cache.put(buf);
+                    if e.kind() != io::ErrorKind::WouldBlock {
+                        warn!("TAP read failed: {e}");
+                    }
+                    return true;
+                }
+            }
+            if !self.post(buf) {
+                return false;
+            }
+        }
+        false
+    }
+
+    /// Posts a frame; false when it is held back for lack of credit.
+    fn post(&mut self, buf: SendBuf) -> bool {
+        match self.tl.link.post_frame(buf) {
+            Posted::SendData | Posted::Rdma => true,
+            Posted::Backpressure(b) => {
+                self.held = Some(b);
+                false
+            }
+            Posted::TooLarge(b) => {
+                warn!(len = b.len(), "frame larger than any IOC pool; dropped");
+                self.cache.put(b);
+                true
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: LinkEvent) -> Option<End> {
+        match ev {
+            LinkEvent::Credits => {
+                if let Some(b) = self.held.take() {
+                    self.post(b);
+                }
+            }
+            LinkEvent::CfgReply {
+                code, status, data, ..
+            } => self.on_cfg_reply(code, status, &data),
+            LinkEvent::CfgRequest { txn, code, data } => {
+                let status = match code {
+                    CfgCode::LinkChange => match wire::LinkChange::parse(&data) {
+                        Ok(c) => {
+                            info!(up = c.up, mtu = c.mtu, "NIC link change");
+                            self.link_up = c.up;
+                            self.apply_mtu(c.mtu);
+                            ErrorCode::Ok
+                        }
+                        Err(_) => ErrorCode::Malformed,
+                    },
+                    _ => ErrorCode::Unsupported,
+                };
+                self.tl.link.session_mut().cfg_reply(txn, code, status, &[]);
+            }
+            LinkEvent::Goodbye(code) => {
+                return Some(End::Lost(format!("IOC closed the connection ({code:?})")));
+            }
+            LinkEvent::PoolGet(o) => debug!(?o, "pool request from the IOC"),
+            LinkEvent::Flushed { .. } => {}
+        }
+        None
+    }
+
+    fn on_cfg_reply(&mut self, code: CfgCode, status: ErrorCode, data: &[u8]) {
+        if status != ErrorCode::Ok {
+            warn!(?code, ?status, "IOC refused a configuration request");
+            if code == CfgCode::SetMac {
+                // Fall back to the MAC the IOC assigns.
+                self.tl.link.session_mut().cfg_request(CfgCode::GetMac, &[]);
+            }
+            return;
+        }
+        match code {
+            CfgCode::GetMac | CfgCode::SetMac => {
+                let mac = if code == CfgCode::SetMac {
+                    self.mac_override
+                } else {
+                    wire::parse_mac(data).ok()
+                };
+                if let Some(mac) = mac {
+                    match netdev::set_mac(&self.name, mac) {
+                        Ok(()) => {
+                            info!(mac = %fmt_mac(&mac), "MAC address set");
+                            self.mac_known = true;
+                        }
+                        Err(e) => warn!("cannot set the MAC of {}: {e}", self.name),
+                    }
+                }
+            }
+            CfgCode::GetMtu => {
+                if let Ok(m) = wire::Mtu::parse(data) {
+                    self.apply_mtu(m.current);
+                }
+            }
+            CfgCode::GetLink => {
+                if let Ok(v) = wire::parse_u8(data) {
+                    self.link_up = v == 1;
+                }
+            }
+            CfgCode::SetFeatures => debug!(offload = self.offload, "offload features agreed"),
+            other => debug!(?other, "CfgUtil reply"),
+        }
+    }
+
+    fn apply_mtu(&mut self, mtu: u32) {
+        match netdev::set_mtu(&self.name, mtu) {
+            Ok(()) => {
+                info!(mtu, "MTU set from the IOC");
+                self.mtu_known = true;
+            }
+            Err(e) => warn!("cannot set MTU {mtu} on {}: {e}", self.name),
+        }
+    }
+
+    fn update_carrier(&mut self, ready_sent: &mut bool) {
+        let want = self.mac_known && self.mtu_known && self.link_up;
+        if want != self.carrier {
+            match self.tap.set_carrier(want) {
+                Ok(()) => {
+                    self.carrier = want;
+                    info!(carrier = want, "carrier");
+                }
+                Err(e) => warn!("cannot set carrier: {e}"),
+            }
+        }
+        if want && !*ready_sent {
+            *ready_sent = true;
+            notify::ready("fabric up, data path ready");
+        }
+    }
+
+    /// SIGTERM: flush pools with the IOC (both directions), say goodbye, stop.
+    async fn shutdown(&mut self) -> End {
+        notify::stopping();
+        info!("shutting down: flushing pools with the IOC");
+        let _ = self.tap.set_carrier(false);
+        self.tl.link.session_mut().start_flush(&mut self.reg);
+        let deadline = tokio::time::Instant::now() + FLUSH_TIMEOUT;
+        let mut events = Vec::new();
+        while !self.tl.link.session().is_flushed() {
+            if self.tl.link.flush().is_err() {
+                break;
+            }
+            let TcpLink { ready, link } = &mut self.tl;
+            let r = tokio::select! {
+                g = ready.ctrl.readable() => g.map(|g| (Lane::Control, g)),
+                g = ready.data.readable() => g.map(|g| (Lane::Data, g)),
+                _ = tokio::time::sleep_until(deadline) => break,
+            };
+            let Ok((lane, g)) = r else { break };
+            let mut drop_frames = 0u64;
+            if Self::poll_lane(link, &mut self.reg, self.tap, &mut drop_frames, lane, g, &mut events)
+                .is_err()
+            {
+                break;
+            }
+            events.clear();
+        }
+        let flushed = self.tl.link.session().is_flushed();
+        self.tl.link.session_mut().send(
+            Lane::Control,
+            &Message::Goodbye(Goodbye {
+                code: ErrorCode::ShuttingDown,
+            }),
+        );
+        let _ = self.tl.link.flush();
+        if flushed {
+            info!("pools flushed");
+        } else {
+            warn!("pool flush incomplete within {FLUSH_TIMEOUT:?}");
+        }
+        End::Shutdown
+    }
+
+    fn close(mut self) {
+        self.tl.link.close(&mut self.reg);
+        if self.rx_dropped > 0 {
+            info!(dropped = self.rx_dropped, "frames from the IOC dropped");
+        }
+    }
+}
+
+fn fmt_mac(m: &[u8; 6]) -> String {
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
+}

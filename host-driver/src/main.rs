@@ -1,0 +1,82 @@
+//! host-driver: the host module driver of the split NIC.
+//!
+//! It creates a TAP interface (`sd0`) that applications use like any NIC, connects to the
+//! IOC over the fabric, learns its MAC, MTU and link state over CfgUtil, and moves frames
+//! both ways as RDMA writes into the peer's pools. The carrier stays off until the fabric
+//! is up, and the driver reconnects by itself, forever, when the IOC goes away.
+#![deny(unsafe_code)]
+
+mod driver;
+mod notify;
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "splitnet host driver: a TAP interface backed by a NIC on a remote I/O unit",
+    long_about = "Creates the TAP interface named in the configuration (default sd0), connects to \
+the ioc-driver over the fabric (TCP), and bridges frames between the two with the push-push \
+protocol. The interface shows NO-CARRIER while the IOC is unreachable; the driver reconnects \
+by itself. SIGTERM flushes the buffer pools with the IOC and exits 0."
+)]
+struct Cli {
+    /// Configuration file (TOML).
+    #[arg(long, short, value_name = "PATH", default_value = "/etc/splitnet/host.toml")]
+    config: PathBuf,
+    /// Validate the configuration, print a summary and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match splitnet_config::load_host(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("host-driver: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.check_config {
+        println!(
+            "{}: ok (IOC {}, interface {})",
+            cli.config.display(),
+            cfg.fabric.ioc,
+            cfg.interface.name
+        );
+        return ExitCode::SUCCESS;
+    }
+    init_logging(&cfg.log.level);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("host-driver: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(driver::run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("host-driver: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

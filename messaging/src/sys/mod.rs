@@ -1,0 +1,44 @@
+//! Linux interfaces the daemons need and no well-kept crate offers as one piece: a TAP with
+//! `IFF_VNET_HDR`, `TUNSETOFFLOAD` and `TUNSETCARRIER`, an `AF_PACKET` socket with
+//! `PACKET_VNET_HDR`, and the `SIOC*IF*` ioctls for MTU, MAC and flags.
+//!
+//! `tun-tap` 0.1 cannot set `IFF_VNET_HDR` (it must be given at `TUNSETIFF` time) and
+//! `tun-rs` segments GSO frames in userspace in its offload mode, which is exactly what the
+//! pass-through design avoids; both lack `TUNSETCARRIER`. So the few ioctls live here,
+//! the only module of the workspace allowed `unsafe`, each call with a `// SAFETY:` note.
+#![allow(unsafe_code)]
+
+pub mod netdev;
+pub mod packet;
+pub mod tap;
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// `read(2)` on an owned descriptor.
+pub(crate) fn read(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid writable region of `buf.len()` bytes for the whole call.
+    cvt_size(unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// `write(2)` on an owned descriptor.
+pub(crate) fn write(fd: &OwnedFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid readable region of `buf.len()` bytes for the whole call.
+    cvt_size(unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
+}
