@@ -187,7 +187,10 @@ pub(crate) fn range(key: &str, v: u64, lo: u64, hi: u64) -> Result<(), Invalid> 
     if (lo..=hi).contains(&v) {
         Ok(())
     } else {
-        Err(Invalid::new(key, format!("{v} is out of range {lo}..={hi}")))
+        Err(Invalid::new(
+            key,
+            format!("{v} is out of range {lo}..={hi}"),
+        ))
     }
 }
 
@@ -222,9 +225,7 @@ pub(crate) fn keepalive(interval_ms: u64, timeout_ms: u64) -> Result<(), Invalid
     if timeout_ms <= 2 * interval_ms {
         return Err(Invalid::new(
             "fabric.keepalive_timeout_ms",
-            format!(
-                "{timeout_ms} must exceed twice fabric.keepalive_interval_ms ({interval_ms})"
-            ),
+            format!("{timeout_ms} must exceed twice fabric.keepalive_interval_ms ({interval_ms})"),
         ));
     }
     Ok(())

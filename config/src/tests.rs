@@ -7,7 +7,10 @@ use std::path::Path;
 const P: &str = "/etc/splitnet/test.toml";
 
 fn host(extra: &str) -> Result<HostConfig, ConfigError> {
-    parse_host(&format!("[fabric]\nioc = \"10.0.0.1:7400\"\n{extra}"), Path::new(P))
+    parse_host(
+        &format!("[fabric]\nioc = \"10.0.0.1:7400\"\n{extra}"),
+        Path::new(P),
+    )
 }
 
 fn ioc(extra: &str) -> Result<IocConfig, ConfigError> {
@@ -57,9 +60,13 @@ fn errors_name_file_and_key() {
     assert!(e.contains("interface.mac") && e.contains("unicast"), "{e}");
     let e = err(host("[interface]\nmac = \"zz:00:00:00:00:01\""));
     assert!(e.contains("MAC"), "{e}");
-    let e = err(host("[pools]\nadvertise = [{ element_size = 100, element_count = 4 }]"));
+    let e = err(host(
+        "[pools]\nadvertise = [{ element_size = 100, element_count = 4 }]",
+    ));
     assert!(e.contains("pools.advertise[0].element_size"), "{e}");
-    let e = err(host("[pools]\nadvertise = [{ element_size = 2048, element_count = 0 }]"));
+    let e = err(host(
+        "[pools]\nadvertise = [{ element_size = 2048, element_count = 0 }]",
+    ));
     assert!(e.contains("pools.advertise[0].element_count"), "{e}");
     let e = err(host("[pools]\nadvertise = []"));
     assert!(e.contains("pools.advertise"), "{e}");
@@ -76,7 +83,10 @@ fn errors_name_file_and_key() {
     assert!(e.contains("fabric.keepalive_timeout_ms"), "{e}");
     let e = err(parse_host("[fabric]\nioc = \"0.0.0.0:7400\"", Path::new(P)));
     assert!(e.contains("fabric.ioc"), "{e}");
-    let e = err(parse_host("[fabric]\nioc = \"not an address\"", Path::new(P)));
+    let e = err(parse_host(
+        "[fabric]\nioc = \"not an address\"",
+        Path::new(P),
+    ));
     assert!(e.contains("ioc"), "{e}");
     let e = err(ioc("[lan]\nmtu = 20"));
     assert!(e.contains("lan") || e.contains("duplicate"), "{e}");
@@ -103,7 +113,10 @@ fn unknown_and_missing_keys_are_refused() {
     assert!(e.contains("nmae"), "{e}");
     let e = err(parse_host("[interface]\nname = \"sd0\"", Path::new(P)));
     assert!(e.contains("fabric"), "{e}");
-    let e = err(parse_ioc("[fabric]\nlisten = \"10.0.0.1:7400\"", Path::new(P)));
+    let e = err(parse_ioc(
+        "[fabric]\nlisten = \"10.0.0.1:7400\"",
+        Path::new(P),
+    ));
     assert!(e.contains("lan"), "{e}");
 }
 

@@ -23,7 +23,7 @@ const TAP_BATCH: usize = 64;
 /// Completions handled per channel per wake-up.
 const RX_BUDGET: usize = 256;
 /// Send buffers: bounds the frames in flight to the IOC.
-const SEND_BUFFERS: usize = 512;
+const SEND_BUFFERS: usize = 256;
 /// Time allowed for the pool flush on shutdown.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -84,7 +84,10 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
         let (ctrl, data, reply) = match conn {
             Ok(c) => c,
             Err(e) => {
-                warn!("IOC {} unreachable: {e}; retrying in {backoff:?}", cfg.fabric.ioc);
+                warn!(
+                    "IOC {} unreachable: {e}; retrying in {backoff:?}",
+                    cfg.fabric.ioc
+                );
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = term.recv() => return Ok(()),
@@ -305,7 +308,9 @@ impl<'a> Conn<'a> {
                     .link
                     .session_mut()
                     .send(Lane::Control, &Message::Keepalive),
-                Liveness::Expired => return End::Lost("IOC silent beyond the keepalive timeout".into()),
+                Liveness::Expired => {
+                    return End::Lost("IOC silent beyond the keepalive timeout".into())
+                }
             }
             for ev in events.drain(..) {
                 if let Some(end) = self.on_event(ev) {
@@ -508,8 +513,16 @@ impl<'a> Conn<'a> {
             };
             let Ok((lane, g)) = r else { break };
             let mut drop_frames = 0u64;
-            if Self::poll_lane(link, &mut self.reg, self.tap, &mut drop_frames, lane, g, &mut events)
-                .is_err()
+            if Self::poll_lane(
+                link,
+                &mut self.reg,
+                self.tap,
+                &mut drop_frames,
+                lane,
+                g,
+                &mut events,
+            )
+            .is_err()
             {
                 break;
             }

@@ -25,7 +25,12 @@ by itself. SIGTERM flushes the buffer pools with the IOC and exits 0."
 )]
 struct Cli {
     /// Configuration file (TOML).
-    #[arg(long, short, value_name = "PATH", default_value = "/etc/splitnet/host.toml")]
+    #[arg(
+        long,
+        short,
+        value_name = "PATH",
+        default_value = "/etc/splitnet/host.toml"
+    )]
     config: PathBuf,
     /// Validate the configuration, print a summary and exit.
     #[arg(long)]
@@ -78,5 +83,6 @@ fn init_logging(level: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

@@ -215,7 +215,10 @@ mod tests {
             csum_offset: 16,
             ..VnetHdr::default()
         };
-        assert!(matches!(check_frame(&frame(csum, 60)), Err(FrameError::Csum { .. })));
+        assert!(matches!(
+            check_frame(&frame(csum, 60)),
+            Err(FrameError::Csum { .. })
+        ));
         let gso0 = VnetHdr {
             flags: F_NEEDS_CSUM,
             gso_type: GSO_TCPV6,
@@ -223,12 +226,18 @@ mod tests {
             csum_offset: 16,
             ..VnetHdr::default()
         };
-        assert!(matches!(check_frame(&frame(gso0, 2000)), Err(FrameError::Gso { .. })));
+        assert!(matches!(
+            check_frame(&frame(gso0, 2000)),
+            Err(FrameError::Gso { .. })
+        ));
         let unknown = VnetHdr {
             gso_type: 9,
             ..VnetHdr::default()
         };
-        assert_eq!(check_frame(&frame(unknown, 60)), Err(FrameError::GsoType(9)));
+        assert_eq!(
+            check_frame(&frame(unknown, 60)),
+            Err(FrameError::GsoType(9))
+        );
         let flags = VnetHdr {
             flags: 0x40,
             ..VnetHdr::default()

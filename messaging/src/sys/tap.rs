@@ -59,7 +59,13 @@ impl Tap {
         cvt(unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF as _, &mut req as *mut libc::ifreq) })?;
         let hdr: libc::c_int = VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads one int through the pointer, valid for the call.
-        cvt(unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETVNETHDRSZ as _, &hdr as *const libc::c_int) })?;
+        cvt(unsafe {
+            libc::ioctl(
+                fd.as_raw_fd(),
+                TUNSETVNETHDRSZ as _,
+                &hdr as *const libc::c_int,
+            )
+        })?;
         let name = req
             .ifr_name
             .iter()
@@ -76,7 +82,13 @@ impl Tap {
 
     fn set_offload(&self, flags: libc::c_uint) -> io::Result<()> {
         // SAFETY: TUNSETOFFLOAD takes its argument by value.
-        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), TUNSETOFFLOAD as _, flags as libc::c_ulong) })?;
+        cvt(unsafe {
+            libc::ioctl(
+                self.fd.as_raw_fd(),
+                TUNSETOFFLOAD as _,
+                flags as libc::c_ulong,
+            )
+        })?;
         Ok(())
     }
 
@@ -106,7 +118,13 @@ impl Tap {
     pub fn set_carrier(&self, on: bool) -> io::Result<()> {
         let v: libc::c_int = on.into();
         // SAFETY: TUNSETCARRIER reads one int through the pointer, valid for the call.
-        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), TUNSETCARRIER as _, &v as *const libc::c_int) })?;
+        cvt(unsafe {
+            libc::ioctl(
+                self.fd.as_raw_fd(),
+                TUNSETCARRIER as _,
+                &v as *const libc::c_int,
+            )
+        })?;
         Ok(())
     }
 

@@ -1,0 +1,226 @@
+//! Frame forwarding: LAN to hosts by destination MAC, hosts to the LAN, host to host.
+//!
+//! Group frames (broadcast, multicast) go to every host and to the LAN. A unicast frame
+//! goes to the host owning its destination MAC, else to the LAN (from a host) or to the
+//! promiscuous hosts (from the LAN). A host that has no credit left loses the frame, as a
+//! NIC ring overflow would, and the loss is counted in its statistics.
+
+use crate::ioc::{Host, Ioc, IocStats};
+use splitnet_messaging::endpoint::{Lane, Posted};
+use splitnet_messaging::memory::{SendBuf, SendBufCache};
+use splitnet_messaging::sys::packet::PacketSocket;
+use splitnet_messaging::vnet;
+use std::collections::BTreeMap;
+use std::io;
+use tracing::{debug, warn};
+
+/// Completions handled per channel per wake-up.
+pub const RX_BUDGET: usize = 256;
+/// Frames read from the NIC per wake-up.
+const LAN_BATCH: usize = 64;
+
+/// Posts `buf` to `host`; a frame it cannot take is counted as dropped.
+fn deliver(host: &mut Host, buf: SendBuf, cache: &mut SendBufCache) {
+    let len = buf.len() as u64;
+    let Some(link) = host.link.as_mut() else {
+        cache.put(buf);
+        host.stats.rx_dropped += 1;
+        return;
+    };
+    match link.post_frame(buf) {
+        Posted::SendData | Posted::Rdma => {
+            host.stats.rx_frames += 1;
+            host.stats.rx_bytes += len;
+        }
+        Posted::Backpressure(b) | Posted::TooLarge(b) => {
+            cache.put(b);
+            host.stats.rx_dropped += 1;
+        }
+    }
+}
+
+/// Copies `frame` into a send buffer and posts it to `host`.
+fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
+    let Some(mut b) = cache.get() else {
+        host.stats.rx_dropped += 1;
+        return;
+    };
+    if b.fill_from(frame) {
+        deliver(host, b, cache);
+    } else {
+        cache.put(b);
+        host.stats.rx_dropped += 1;
+    }
+}
+
+fn to_lan(nic: &PacketSocket, frame: &[u8], stats: &mut IocStats) -> bool {
+    match nic.send(frame) {
+        Ok(_) => {
+            stats.lan_tx += 1;
+            true
+        }
+        Err(e) => {
+            stats.lan_tx_errors += 1;
+            debug!("NIC refused a frame: {e}");
+            false
+        }
+    }
+}
+
+/// Forwards one frame a host (`from`) wrote into the IOC's pool.
+pub fn from_host(
+    from: u64,
+    frame: &[u8],
+    hosts: &mut BTreeMap<u64, Host>,
+    nic: &PacketSocket,
+    cache: &mut SendBufCache,
+    stats: &mut IocStats,
+) {
+    if let Err(e) = vnet::check_frame(frame) {
+        warn!(
+            session = from,
+            "dropping frame with invalid offload metadata: {e}"
+        );
+        if let Some(h) = hosts.get_mut(&from) {
+            h.stats.tx_dropped += 1;
+        }
+        return;
+    }
+    let dst = vnet::dst_mac(frame);
+    let sent = if vnet::is_group(&dst) {
+        for (_, h) in hosts.iter_mut().filter(|(s, _)| **s != from) {
+            deliver_copy(h, frame, cache);
+        }
+        to_lan(nic, frame, stats)
+    } else if let Some(h) = hosts
+        .values_mut()
+        .find(|h| h.mac == dst && h.session != from)
+    {
+        deliver_copy(h, frame, cache);
+        true
+    } else {
+        to_lan(nic, frame, stats)
+    };
+    if let Some(h) = hosts.get_mut(&from) {
+        if sent {
+            h.stats.tx_frames += 1;
+            h.stats.tx_bytes += frame.len() as u64;
+        } else {
+            h.stats.tx_dropped += 1;
+        }
+    }
+}
+
+impl Ioc {
+    /// Reads frames from the NIC and delivers them.
+    pub fn drive_lan(&mut self) -> LanProgress {
+        let Ioc {
+            nic,
+            cache,
+            hosts,
+            stats,
+            ..
+        } = self;
+        let mut progress = LanProgress::Budget;
+        for _ in 0..LAN_BATCH {
+            let Some(mut buf) = cache.get() else {
+                progress = LanProgress::NoBuffers;
+                break;
+            };
+            match nic.recv(buf.space()) {
+                Ok(n) => buf.set_len(n),
+                Err(e) => {
+                    cache.put(buf);
+                    if e.kind() != io::ErrorKind::WouldBlock {
+                        warn!("NIC receive failed: {e}");
+                    }
+                    progress = LanProgress::Drained;
+                    break;
+                }
+            }
+            stats.lan_rx += 1;
+            if vnet::check_frame(buf.as_slice()).is_err() {
+                cache.put(buf);
+                continue;
+            }
+            let dst = vnet::dst_mac(buf.as_slice());
+            if vnet::is_group(&dst) {
+                for h in hosts.values_mut() {
+                    deliver_copy(h, buf.as_slice(), cache);
+                }
+                cache.put(buf);
+            } else if let Some(h) = hosts.values_mut().find(|h| h.mac == dst) {
+                deliver(h, buf, cache);
+            } else {
+                let mut any = false;
+                for h in hosts.values_mut().filter(|h| h.promisc) {
+                    deliver_copy(h, buf.as_slice(), cache);
+                    any = true;
+                }
+                if !any {
+                    stats.lan_filtered += 1;
+                }
+                cache.put(buf);
+            }
+        }
+        self.kick_hosts();
+        progress
+    }
+
+    /// Drives one lane of a host's link: its frames are forwarded, its messages handled.
+    /// Returns whether the lane is drained, or the error that ends the host's session.
+    pub fn drive_host(&mut self, session: u64, lane: Lane) -> Result<bool, HostEnd> {
+        let Ioc {
+            reg,
+            nic,
+            cache,
+            hosts,
+            stats,
+            ..
+        } = self;
+        let Some(mut link) = hosts.get_mut(&session).and_then(|h| h.link.take()) else {
+            return Err(HostEnd::Gone);
+        };
+        let mut events = Vec::new();
+        let r = link.poll(
+            reg,
+            lane,
+            RX_BUDGET,
+            &mut |frame| from_host(session, frame, hosts, nic, cache, stats),
+            &mut events,
+        );
+        link.session_mut().flush_credits(reg);
+        if let Some(h) = hosts.get_mut(&session) {
+            h.link = Some(link);
+        }
+        self.kick_hosts();
+        let drained = match r {
+            Ok(more) => !more,
+            Err(e) => return Err(HostEnd::Failed(e)),
+        };
+        self.on_events(session, events).map_err(HostEnd::Closed)?;
+        Ok(drained)
+    }
+}
+
+/// How far [`Ioc::drive_lan`] got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LanProgress {
+    /// The NIC has nothing more.
+    Drained,
+    /// The batch budget ran out; more may be waiting.
+    Budget,
+    /// Every send buffer is in flight; wait until some come back.
+    NoBuffers,
+}
+
+/// Why a host's session ends.
+#[derive(Debug)]
+pub enum HostEnd {
+    /// Already removed.
+    Gone,
+    /// It said goodbye or was refused at the session level.
+    Closed(String),
+    /// Its link failed (transport, protocol or protection error).
+    Failed(splitnet_messaging::endpoint::LinkError),
+}

@@ -1,0 +1,90 @@
+//! One task per connected host: wait for its sockets or timers, then drive its link.
+
+use crate::forward::HostEnd;
+use crate::ioc::Ioc;
+use splitnet_messaging::endpoint::{Lane, Liveness};
+use splitnet_messaging::fabric::LinkReady;
+use splitnet_messaging::wire::Message;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Instant;
+use tokio::sync::Notify;
+
+/// Serves host `session` until its session ends; then removes it.
+pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: Rc<Notify>) {
+    let end = loop {
+        let (pending, deadline) = {
+            let ioc = ioc.borrow();
+            match ioc.hosts.get(&session) {
+                Some(h) => (h.pending() > 0, h.keepalive.deadline()),
+                None => return,
+            }
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let step = tokio::select! {
+            g = ready.ctrl.readable() => g.map(|g| (Some(Lane::Control), Some(g))),
+            g = ready.data.readable() => g.map(|g| (Some(Lane::Data), Some(g))),
+            g = ready.data.writable(), if pending => g.map(|g| (None, Some(g))),
+            g = ready.ctrl.writable(), if pending => g.map(|g| (None, Some(g))),
+            _ = wake.notified() => Ok((None, None)),
+            _ = tokio::time::sleep_until(deadline) => Ok((None, None)),
+        };
+        let (lane, guard) = match step {
+            Ok(s) => s,
+            Err(e) => break Err(HostEnd::Closed(format!("socket error: {e}"))),
+        };
+        let mut st = ioc.borrow_mut();
+        let now = Instant::now();
+        let result = match lane {
+            Some(lane) => {
+                if let Some(h) = st.hosts.get_mut(&session) {
+                    h.keepalive.on_rx(now);
+                }
+                st.drive_host(session, lane)
+            }
+            None => Ok(false),
+        };
+        match result {
+            Ok(drained) => {
+                let Some(h) = st.hosts.get_mut(&session) else {
+                    return;
+                };
+                match h.keepalive.poll(now) {
+                    Liveness::Idle => {}
+                    Liveness::SendKeepalive => {
+                        if let Some(l) = h.link.as_mut() {
+                            l.session_mut().send(Lane::Control, &Message::Keepalive);
+                        }
+                    }
+                    Liveness::Expired => {
+                        break Err(HostEnd::Closed(
+                            "silent beyond the keepalive timeout".into(),
+                        ))
+                    }
+                }
+                let flushed = match h.link.as_mut().map(|l| l.flush()) {
+                    Some(Ok(f)) => f,
+                    Some(Err(e)) => break Err(HostEnd::Failed(e)),
+                    None => true,
+                };
+                st.kick_hosts();
+                if let Some(mut g) = guard {
+                    // Readable and drained, or writable and still full: wait for the next edge.
+                    if (lane.is_some() && drained) || (lane.is_none() && !flushed) {
+                        g.clear_ready();
+                    }
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let mut st = ioc.borrow_mut();
+    match end {
+        Err(HostEnd::Gone) | Ok(()) => {}
+        Err(HostEnd::Closed(why)) => st.remove_host(session, &why, None),
+        Err(HostEnd::Failed(e)) => {
+            let why = e.to_string();
+            st.remove_host(session, &why, Some(&e));
+        }
+    }
+}

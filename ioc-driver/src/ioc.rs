@@ -1,0 +1,361 @@
+//! The IOC's shared state: the adapter's memory, the NIC, and every connected host.
+//!
+//! Everything runs on one thread (a tokio `LocalSet`); tasks borrow this state only between
+//! awaits, so there are no locks and a frame moves from one host's pool to the NIC or to
+//! another host without crossing threads.
+
+use splitnet_config::IocConfig;
+use splitnet_messaging::endpoint::{
+    InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolSpec, SessionConfig,
+    TargetConfig,
+};
+use splitnet_messaging::fabric::TcpChannel;
+use splitnet_messaging::memory::{Registry, SendBufCache};
+use splitnet_messaging::sys::packet::PacketSocket;
+use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message, Stats};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+/// Send buffers shared by the LAN receive path and host-to-host forwarding (each holds the
+/// largest frame, so this bounds that memory to about 17 MiB).
+const SEND_BUFFERS: usize = 256;
+
+/// One connected host.
+#[derive(Debug)]
+pub struct Host {
+    /// Session id (also its protection domain).
+    pub session: u64,
+    /// Identity it announced.
+    pub node_id: u64,
+    /// MAC address assigned or set.
+    pub mac: [u8; 6],
+    /// MTU agreed.
+    pub mtu: u32,
+    /// Receives every LAN frame.
+    pub promisc: bool,
+    /// Multicast groups it joined (informational: group frames go to every host).
+    pub multicast: Vec<[u8; 6]>,
+    /// Offload features it uses.
+    pub features: u64,
+    /// Its link; `None` only while its own frames are being forwarded.
+    pub link: Option<Link<TcpChannel>>,
+    /// Wakes its task when another path posted output for it.
+    pub wake: Rc<Notify>,
+    /// Keepalive timer.
+    pub keepalive: Keepalive,
+    /// Counters reported over CfgUtil GetStats.
+    pub stats: Stats,
+}
+
+impl Host {
+    /// Bytes waiting to be written to this host.
+    pub fn pending(&self) -> usize {
+        self.link.as_ref().map_or(0, |l| l.pending())
+    }
+
+    /// Pushes queued output now, returning written buffers to `cache`; wakes the host's
+    /// task if the socket is full (or failed: the task then finds out why).
+    pub fn kick(&mut self, cache: &mut SendBufCache) {
+        if let Some(link) = self.link.as_mut() {
+            if link.pending() > 0 && !matches!(link.flush(), Ok(true)) {
+                self.wake.notify_one();
+            }
+            link.reclaim(cache);
+        }
+    }
+}
+
+/// Counters of the IOC as a whole.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IocStats {
+    /// Frames read from the NIC.
+    pub lan_rx: u64,
+    /// Frames written to the NIC.
+    pub lan_tx: u64,
+    /// LAN frames for no host.
+    pub lan_filtered: u64,
+    /// Frames the NIC refused.
+    pub lan_tx_errors: u64,
+    /// Hosts disconnected for protocol errors.
+    pub protocol_errors: u64,
+    /// Hosts disconnected for protection errors.
+    pub protection_errors: u64,
+    /// Connections refused during the handshake.
+    pub handshake_failures: u64,
+}
+
+/// The IOC.
+#[derive(Debug)]
+pub struct Ioc {
+    /// Configuration.
+    pub cfg: IocConfig,
+    /// The adapter's registered memory (every host's pools, each in its own domain).
+    pub reg: Registry,
+    /// The NIC.
+    pub nic: PacketSocket,
+    /// The NIC's MTU as offered to hosts.
+    pub mtu: u32,
+    /// NIC link state.
+    pub link_up: bool,
+    /// Send buffers.
+    pub cache: SendBufCache,
+    /// Connected hosts by session id.
+    pub hosts: BTreeMap<u64, Host>,
+    /// Counters.
+    pub stats: IocStats,
+    /// Shutting down: no new hosts.
+    pub stopping: bool,
+    /// Signalled when send buffers come back to the cache.
+    pub buffers_freed: Rc<Notify>,
+}
+
+impl Ioc {
+    /// The IOC over an opened NIC.
+    pub fn new(cfg: IocConfig, nic: PacketSocket, mtu: u32, link_up: bool) -> Ioc {
+        let limit = cfg
+            .pools
+            .max_granted_bytes
+            .saturating_mul(u64::from(cfg.fabric.max_hosts));
+        Ioc {
+            reg: Registry::new(limit),
+            nic,
+            mtu,
+            link_up,
+            cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
+            hosts: BTreeMap::new(),
+            stats: IocStats::default(),
+            stopping: false,
+            buffers_freed: Rc::new(Notify::new()),
+            cfg,
+        }
+    }
+
+    /// The endpoint configuration every host session gets.
+    pub fn session_config(&self) -> SessionConfig {
+        let p = &self.cfg.pools;
+        let advertise: Vec<PoolSpec> = p
+            .advertise
+            .iter()
+            .map(|a| PoolSpec {
+                element_size: a.element_size,
+                element_count: a.element_count,
+            })
+            .collect();
+        let largest = advertise.iter().max_by_key(|a| a.element_size).copied();
+        SessionConfig {
+            target: TargetConfig {
+                credit_batch: p.credit_batch,
+                max_granted_bytes: p.max_granted_bytes,
+                max_pools: 16,
+                max_element_size: 1 << 20,
+            },
+            initiator: InitiatorConfig {
+                send_data_max: p.send_data_max,
+                max_pools: 16,
+                max_elements: 65_536,
+                pool_get: largest,
+            },
+            advertise,
+        }
+    }
+
+    /// A MAC for a new host: the configured prefix and three bytes of its identity,
+    /// avoiding every MAC in use.
+    pub fn assign_mac(&self, node_id: u64) -> [u8; 6] {
+        let base = self.cfg.lan.mac_base.0;
+        let mut h = node_id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        loop {
+            let b = h.to_be_bytes();
+            let mac = [base[0], base[1], base[2], b[0], b[1], b[2]];
+            if !self.hosts.values().any(|x| x.mac == mac) {
+                return mac;
+            }
+            h = h.wrapping_add(1 << 40);
+        }
+    }
+
+    /// Flushes every host with output queued and takes their written buffers back.
+    pub fn kick_hosts(&mut self) {
+        let before = self.cache.in_use();
+        for h in self.hosts.values_mut() {
+            h.kick(&mut self.cache);
+        }
+        if self.cache.in_use() < before {
+            self.buffers_freed.notify_one();
+        }
+    }
+
+    /// Answers a host's CfgUtilRequest.
+    pub fn cfg_request(&mut self, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
+        let (mtu_max, link_up) = (self.mtu, self.link_up);
+        let taken: Vec<[u8; 6]> = self
+            .hosts
+            .values()
+            .filter(|h| h.session != session)
+            .map(|h| h.mac)
+            .collect();
+        let Some(host) = self.hosts.get_mut(&session) else {
+            return;
+        };
+        let mut reply: Vec<u8> = Vec::new();
+        let status = match code {
+            CfgCode::GetMac => {
+                reply.extend_from_slice(&host.mac);
+                ErrorCode::Ok
+            }
+            CfgCode::SetMac => match wire::parse_mac(data) {
+                Ok(mac) if mac[0] & 1 == 0 && mac != [0; 6] && !taken.contains(&mac) => {
+                    host.mac = mac;
+                    ErrorCode::Ok
+                }
+                Ok(_) => ErrorCode::Refused,
+                Err(_) => ErrorCode::Malformed,
+            },
+            CfgCode::GetMtu => {
+                reply.extend_from_slice(
+                    &wire::Mtu {
+                        current: host.mtu,
+                        max: mtu_max,
+                    }
+                    .emit(),
+                );
+                ErrorCode::Ok
+            }
+            CfgCode::SetMtu => match wire::parse_u32(data) {
+                Ok(m) if (68..=mtu_max).contains(&m) => {
+                    host.mtu = m;
+                    ErrorCode::Ok
+                }
+                Ok(_) => ErrorCode::Refused,
+                Err(_) => ErrorCode::Malformed,
+            },
+            CfgCode::GetLink => {
+                reply.push(u8::from(link_up));
+                ErrorCode::Ok
+            }
+            CfgCode::GetStats => {
+                reply.extend_from_slice(&host.stats.emit());
+                ErrorCode::Ok
+            }
+            CfgCode::SetPromisc => match wire::parse_u8(data) {
+                Ok(v @ (0 | 1)) => {
+                    host.promisc = v == 1;
+                    ErrorCode::Ok
+                }
+                _ => ErrorCode::Malformed,
+            },
+            CfgCode::SetMulticast => match wire::parse_multicast(data) {
+                Ok(list) => {
+                    host.multicast = list;
+                    ErrorCode::Ok
+                }
+                Err(_) => ErrorCode::Malformed,
+            },
+            CfgCode::GetFeatures => {
+                let f = features::VNET_HDR
+                    | features::CSUM
+                    | features::TSO4
+                    | features::TSO6
+                    | features::ECN
+                    | features::USO;
+                reply.extend_from_slice(&f.to_be_bytes());
+                ErrorCode::Ok
+            }
+            CfgCode::SetFeatures => match wire::parse_u64(data) {
+                Ok(f) if f & features::VNET_HDR != 0 => {
+                    host.features = f;
+                    ErrorCode::Ok
+                }
+                Ok(_) => ErrorCode::Unsupported,
+                Err(_) => ErrorCode::Malformed,
+            },
+            CfgCode::LinkChange | CfgCode::Other(_) => ErrorCode::Unsupported,
+        };
+        if let Some(link) = host.link.as_mut() {
+            link.session_mut().cfg_reply(txn, code, status, &reply);
+        }
+    }
+
+    /// Handles what a host's link reported. `Err` ends the host's session.
+    pub fn on_events(&mut self, session: u64, events: Vec<LinkEvent>) -> Result<(), String> {
+        for ev in events {
+            match ev {
+                LinkEvent::CfgRequest { txn, code, data } => {
+                    self.cfg_request(session, txn, code, &data)
+                }
+                LinkEvent::Goodbye(code) => {
+                    return Err(format!("host disconnected ({code:?})"));
+                }
+                LinkEvent::PoolGet(o) => info!(session, ?o, "BufferRecvPoolGet"),
+                LinkEvent::CfgReply { .. } | LinkEvent::Credits | LinkEvent::Flushed { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a host: its channels are closed and every pool of its domain is freed.
+    pub fn remove_host(&mut self, session: u64, why: &str, err: Option<&LinkError>) {
+        let Some(mut host) = self.hosts.remove(&session) else {
+            return;
+        };
+        if let Some(e) = err {
+            let code = match e {
+                LinkError::Protocol(p) => {
+                    self.stats.protocol_errors += 1;
+                    p.code()
+                }
+                LinkError::Channel(splitnet_messaging::adapter::ChannelError::Rx(
+                    splitnet_messaging::adapter::RxError::Protection(_),
+                )) => {
+                    self.stats.protection_errors += 1;
+                    ErrorCode::Protection
+                }
+                LinkError::Channel(splitnet_messaging::adapter::ChannelError::Rx(_)) => {
+                    self.stats.protocol_errors += 1;
+                    ErrorCode::Malformed
+                }
+                LinkError::Channel(_) => ErrorCode::Ok,
+            };
+            if code != ErrorCode::Ok {
+                warn!(session, "host broke the protocol: {e}; disconnecting it");
+                if let Some(link) = host.link.as_mut() {
+                    link.session_mut()
+                        .send(Lane::Control, &Message::Goodbye(Goodbye { code }));
+                    let _ = link.flush();
+                }
+            }
+        }
+        if let Some(mut link) = host.link.take() {
+            link.close(&mut self.reg);
+        }
+        let domain = splitnet_messaging::memory::DomainId(session as u32);
+        let left = self.reg.regions_of(domain);
+        if !left.is_empty() {
+            warn!(
+                session,
+                regions = left.len(),
+                "pools left after teardown; freeing"
+            );
+            for h in left {
+                let _ = self.reg.deregister(h);
+            }
+        }
+        host.wake.notify_one();
+        info!(
+            session,
+            mac = %fmt_mac(&host.mac),
+            hosts = self.hosts.len(),
+            "host removed: {why}"
+        );
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
+}

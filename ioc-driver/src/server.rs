@@ -1,0 +1,325 @@
+//! Start-up, the fabric listener with its handshake, the LAN and link-state tasks, and
+//! graceful shutdown.
+
+use crate::forward::LanProgress;
+use crate::ioc::{fmt_mac, Host, Ioc};
+use crate::{hosts, notify};
+use splitnet_config::{IocConfig, Promiscuous};
+use splitnet_messaging::endpoint::{Keepalive, Lane, Session};
+use splitnet_messaging::fabric::{self, LinkReady, Ready, TcpLink};
+use splitnet_messaging::memory::DomainId;
+use splitnet_messaging::sys::{netdev, packet::PacketSocket};
+use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Role};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::net::TcpStream;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+/// How often the NIC's link state and MTU are checked.
+const LINK_POLL: Duration = Duration::from_millis(250);
+/// Time allowed for flushing every host's pools on shutdown.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A start-up failure: the one line printed before exiting.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// The LAN interface could not be opened.
+    #[error("cannot open LAN interface {name}: {source} (does it exist? needs CAP_NET_RAW and CAP_NET_ADMIN)")]
+    Lan {
+        /// Interface.
+        name: String,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The fabric address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// Address.
+        addr: std::net::SocketAddr,
+        /// Cause.
+        source: io::Error,
+    },
+    /// Signal handlers or reactor registration failed.
+    #[error("cannot set up the event loop: {0}")]
+    Runtime(#[from] io::Error),
+}
+
+/// Control channels waiting for their data channel, by session id.
+type Pending = Rc<RefCell<HashMap<u64, (TcpStream, u64)>>>;
+
+/// Runs the IOC until SIGTERM/SIGINT.
+pub async fn run(cfg: IocConfig) -> Result<(), StartError> {
+    let name = cfg.lan.interface.clone();
+    let lan_err = |source| StartError::Lan {
+        name: name.clone(),
+        source,
+    };
+    netdev::set_up(&name).map_err(lan_err)?;
+    let nic = PacketSocket::open(&name).map_err(lan_err)?;
+    if cfg.lan.promiscuous != Promiscuous::Off {
+        nic.set_promiscuous().map_err(lan_err)?;
+    }
+    let mtu = match cfg.lan.mtu {
+        Some(m) => m,
+        None => netdev::mtu(&name).map_err(lan_err)?,
+    };
+    let link_up = netdev::is_running(&name).unwrap_or(false);
+    let nic_ready = Ready::new(&nic)?;
+    let listen = cfg.fabric.listen;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: listen,
+            source,
+        })?;
+    info!(lan = %name, mac = %fmt_mac(&netdev::mac(&name).unwrap_or_default()), mtu, link_up, %listen, "IOC ready");
+    let ioc = Rc::new(RefCell::new(Ioc::new(cfg, nic, mtu, link_up)));
+    notify::ready(&format!("listening on {listen}, LAN {name}"));
+    let pending: Pending = Rc::default();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let lan_task = tokio::task::spawn_local(lan(ioc.clone(), nic_ready));
+    let link_task = tokio::task::spawn_local(link_monitor(ioc.clone(), name));
+    loop {
+        tokio::select! {
+            a = listener.accept() => match a {
+                Ok((sock, peer)) => {
+                    let accepted = sock.into_std().map(|s| {
+                        tokio::task::spawn_local(handshake(ioc.clone(), pending.clone(), s, peer));
+                    });
+                    if let Err(e) = accepted {
+                        warn!(%peer, "cannot take the connection: {e}");
+                    }
+                }
+                Err(e) => warn!("accept failed: {e}"),
+            },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    lan_task.abort();
+    link_task.abort();
+    shutdown(&ioc).await;
+    Ok(())
+}
+
+/// Completes the handshake of one new connection (a control or a data channel).
+async fn handshake(
+    ioc: Rc<RefCell<Ioc>>,
+    pending: Pending,
+    sock: TcpStream,
+    peer: std::net::SocketAddr,
+) {
+    let timeout = ioc.borrow().cfg.fabric.handshake_timeout();
+    let (sock, hello, version) = match fabric::accept_hello(sock, timeout).await {
+        Ok(h) => h,
+        Err(e) => {
+            ioc.borrow_mut().stats.handshake_failures += 1;
+            warn!(%peer, "handshake refused: {e}");
+            return;
+        }
+    };
+    let refuse = |sock: TcpStream, status: ErrorCode, why: &str| {
+        warn!(%peer, ?status, "connection refused: {why}");
+        fabric::reply_hello(sock, version, status, 0, timeout)
+    };
+    if hello.role != Role::Host {
+        return refuse(sock, ErrorCode::Refused, "peer is not a host").await;
+    }
+    if hello.channel == wire::CONTROL_CHANNEL {
+        let session = {
+            let st = ioc.borrow();
+            if st.stopping {
+                drop(st);
+                return refuse(sock, ErrorCode::ShuttingDown, "shutting down").await;
+            }
+            if st.hosts.len() + pending.borrow().len() >= st.cfg.fabric.max_hosts as usize {
+                drop(st);
+                return refuse(sock, ErrorCode::Busy, "max_hosts reached").await;
+            }
+            next_session(&st, &pending)
+        };
+        let Ok(reply_sock) = sock.try_clone() else {
+            return;
+        };
+        pending.borrow_mut().insert(session, (sock, hello.node_id));
+        fabric::reply_hello(reply_sock, version, ErrorCode::Ok, session, timeout).await;
+        debug!(%peer, session, "control channel open, waiting for the data channel");
+        // A host that never opens its data channel is dropped after the handshake timeout.
+        tokio::time::sleep(timeout).await;
+        if pending.borrow_mut().remove(&session).is_some() {
+            ioc.borrow_mut().stats.handshake_failures += 1;
+            warn!(%peer, session, "no data channel within {timeout:?}; dropped");
+        }
+        return;
+    }
+    let Some((ctrl, node_id)) = pending.borrow_mut().remove(&hello.session) else {
+        return refuse(sock, ErrorCode::UnknownSession, "unknown session").await;
+    };
+    let Ok(reply_sock) = sock.try_clone() else {
+        return;
+    };
+    let session = hello.session;
+    let host = {
+        let mut st = ioc.borrow_mut();
+        let sc = st.session_config();
+        let mut s = Session::new(DomainId(session as u32), sc);
+        if let Err(e) = s.start(&mut st.reg) {
+            drop(st);
+            warn!(%peer, "cannot register pools for a new host: {e}");
+            return refuse(reply_sock, ErrorCode::ResourceLimit, "out of pool memory").await;
+        }
+        let tl = match TcpLink::new(s, ctrl, sock) {
+            Ok(tl) => tl,
+            Err(e) => {
+                warn!(%peer, "cannot register the host's sockets: {e}");
+                return;
+            }
+        };
+        let TcpLink { ready, mut link } = tl;
+        let mac = st.assign_mac(node_id);
+        let f = st.cfg.fabric.clone();
+        let link_up = st.link_up;
+        let mtu = st.mtu;
+        link.session_mut().cfg_request(
+            CfgCode::LinkChange,
+            &wire::LinkChange { up: link_up, mtu }.emit(),
+        );
+        let wake = Rc::new(Notify::new());
+        st.hosts.insert(
+            session,
+            Host {
+                session,
+                node_id,
+                mac,
+                mtu,
+                promisc: false,
+                multicast: Vec::new(),
+                features: 0,
+                link: Some(link),
+                wake: wake.clone(),
+                keepalive: Keepalive::new(
+                    f.keepalive_interval(),
+                    f.keepalive_timeout(),
+                    Instant::now(),
+                ),
+                stats: wire::Stats::default(),
+            },
+        );
+        info!(%peer, session, node_id, mac = %fmt_mac(&mac), hosts = st.hosts.len(), "host connected");
+        (ready, wake)
+    };
+    fabric::reply_hello(reply_sock, version, ErrorCode::Ok, session, timeout).await;
+    let (ready, wake): (LinkReady, _) = host;
+    hosts::serve(ioc, session, ready, wake).await;
+}
+
+fn next_session(st: &Ioc, pending: &Pending) -> u64 {
+    let p = pending.borrow();
+    (1..)
+        .find(|s| !st.hosts.contains_key(s) && !p.contains_key(s))
+        .unwrap_or(u64::MAX)
+}
+
+/// Moves frames from the NIC to the hosts.
+async fn lan(ioc: Rc<RefCell<Ioc>>, ready: Ready) {
+    loop {
+        let mut g = match ready.readable().await {
+            Ok(g) => g,
+            Err(e) => {
+                warn!("NIC readiness failed: {e}");
+                return;
+            }
+        };
+        let (progress, freed) = {
+            let mut st = ioc.borrow_mut();
+            (st.drive_lan(), st.buffers_freed.clone())
+        };
+        match progress {
+            LanProgress::Drained => g.clear_ready(),
+            // More may be waiting: let the hosts' tasks run, then continue.
+            LanProgress::Budget => tokio::task::yield_now().await,
+            // Every buffer is queued towards a host: wait until one is written.
+            LanProgress::NoBuffers => freed.notified().await,
+        }
+    }
+}
+
+/// Watches the NIC's link state and MTU and tells every host when they change.
+async fn link_monitor(ioc: Rc<RefCell<Ioc>>, name: String) {
+    let mut tick = tokio::time::interval(LINK_POLL);
+    loop {
+        tick.tick().await;
+        let up = netdev::is_running(&name).unwrap_or(false);
+        let mut st = ioc.borrow_mut();
+        if up == st.link_up {
+            continue;
+        }
+        st.link_up = up;
+        info!(lan = %name, up, "NIC link change");
+        let change = wire::LinkChange { up, mtu: st.mtu }.emit();
+        for h in st.hosts.values_mut() {
+            if let Some(link) = h.link.as_mut() {
+                link.session_mut().cfg_request(CfgCode::LinkChange, &change);
+            }
+        }
+        st.kick_hosts();
+    }
+}
+
+/// SIGTERM: flush every host's pools (both directions), say goodbye, stop.
+async fn shutdown(ioc: &Rc<RefCell<Ioc>>) {
+    notify::stopping();
+    {
+        let mut st = ioc.borrow_mut();
+        st.stopping = true;
+        info!(
+            hosts = st.hosts.len(),
+            "shutting down: flushing pools with every host"
+        );
+        let Ioc { reg, hosts, .. } = &mut *st;
+        for h in hosts.values_mut() {
+            if let Some(link) = h.link.as_mut() {
+                link.session_mut().start_flush(reg);
+            }
+        }
+        st.kick_hosts();
+    }
+    let deadline = Instant::now() + FLUSH_TIMEOUT;
+    loop {
+        let done = ioc
+            .borrow()
+            .hosts
+            .values()
+            .all(|h| h.link.as_ref().is_none_or(|l| l.session().is_flushed()));
+        if done || Instant::now() >= deadline {
+            if !done {
+                warn!("pool flush incomplete within {FLUSH_TIMEOUT:?}");
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut st = ioc.borrow_mut();
+    let sessions: Vec<u64> = st.hosts.keys().copied().collect();
+    for s in sessions {
+        if let Some(link) = st.hosts.get_mut(&s).and_then(|h| h.link.as_mut()) {
+            link.session_mut().send(
+                Lane::Control,
+                &Message::Goodbye(Goodbye {
+                    code: ErrorCode::ShuttingDown,
+                }),
+            );
+            let _ = link.flush();
+        }
+        st.remove_host(s, "IOC shutting down", None);
+    }
+    info!("stopped");
+}
