@@ -269,11 +269,11 @@ impl<'a> Conn<'a> {
                     Err(e) => Err(e.to_string()),
                 },
                 g = ready.ctrl.readable() => match g {
-                    Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, g, &mut events) }
+                    Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, Some(g), &mut events) }
                     Err(e) => Err(e.to_string()),
                 },
                 g = ready.data.readable() => match g {
-                    Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, g, &mut events) }
+                    Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, Some(g), &mut events) }
                     Err(e) => Err(e.to_string()),
                 },
                 g = ready.data.writable(), if pending => match g {
@@ -295,6 +295,17 @@ impl<'a> Conn<'a> {
                 _ = tokio::time::sleep_until(deadline) => Ok(()),
             };
             if let Err(why) = step {
+                // A leaving IOC sends Goodbye on the control channel and closes both; the
+                // data channel's end of stream may be seen first.
+                let TcpLink { ready, link } = &mut self.tl;
+                let _ = ready;
+                let mut dropped = 0;
+                let _ = Self::poll_lane(link, &mut self.reg, self.tap, &mut dropped, Lane::Control, None, &mut events);
+                for ev in events.drain(..) {
+                    if let LinkEvent::Goodbye(code) = ev {
+                        return End::Lost(format!("IOC closed the connection ({code:?})"));
+                    }
+                }
                 return End::Lost(why);
             }
             let now = Instant::now();
@@ -327,7 +338,7 @@ impl<'a> Conn<'a> {
         tap: &Tap,
         rx_dropped: &mut u64,
         lane: Lane,
-        mut guard: fabric::Guard<'_>,
+        guard: Option<fabric::Guard<'_>>,
         events: &mut Vec<LinkEvent>,
     ) -> Result<(), String> {
         let mut sink = |frame: &[u8]| match vnet::check_frame(frame) {
@@ -345,7 +356,9 @@ impl<'a> Conn<'a> {
         match link.poll(reg, lane, RX_BUDGET, &mut sink, events) {
             Ok(true) => Ok(()),
             Ok(false) => {
-                guard.clear_ready();
+                if let Some(mut g) = guard {
+                    g.clear_ready();
+                }
                 Ok(())
             }
             Err(e) => Err(e.to_string()),
@@ -519,7 +532,7 @@ impl<'a> Conn<'a> {
                 self.tap,
                 &mut drop_frames,
                 lane,
-                g,
+                Some(g),
                 &mut events,
             )
             .is_err()

@@ -194,12 +194,13 @@ impl Ioc {
             h.link = Some(link);
         }
         self.kick_hosts();
-        let drained = match r {
-            Ok(more) => !more,
-            Err(e) => return Err(HostEnd::Failed(e)),
-        };
-        self.on_events(session, events).map_err(HostEnd::Closed)?;
-        Ok(drained)
+        // Events first: a Goodbye read just before the end of stream explains it.
+        let ev = self.on_events(session, events);
+        match (r, ev) {
+            (_, Err(why)) => Err(HostEnd::Closed(why)),
+            (Err(e), Ok(())) => Err(HostEnd::Failed(e)),
+            (Ok(more), Ok(())) => Ok(!more),
+        }
     }
 }
 

@@ -75,6 +75,14 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
                     }
                 }
             }
+            // A peer that leaves sends Goodbye on the control channel and closes both;
+            // the other channel's end of stream may be seen first.
+            Err(HostEnd::Failed(e)) if lane == Some(Lane::Data) => {
+                match st.drive_host(session, Lane::Control) {
+                    Err(HostEnd::Closed(why)) => break Err(HostEnd::Closed(why)),
+                    _ => break Err(HostEnd::Failed(e)),
+                }
+            }
             Err(e) => break Err(e),
         }
     };
