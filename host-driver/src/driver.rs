@@ -300,7 +300,15 @@ impl<'a> Conn<'a> {
                 let TcpLink { ready, link } = &mut self.tl;
                 let _ = ready;
                 let mut dropped = 0;
-                let _ = Self::poll_lane(link, &mut self.reg, self.tap, &mut dropped, Lane::Control, None, &mut events);
+                let _ = Self::poll_lane(
+                    link,
+                    &mut self.reg,
+                    self.tap,
+                    &mut dropped,
+                    Lane::Control,
+                    None,
+                    &mut events,
+                );
                 for ev in events.drain(..) {
                     if let LinkEvent::Goodbye(code) = ev {
                         return End::Lost(format!("IOC closed the connection ({code:?})"));

@@ -345,6 +345,7 @@ impl Ioc {
         host.wake.notify_one();
         info!(
             session,
+            node_id = host.node_id,
             mac = %fmt_mac(&host.mac),
             hosts = self.hosts.len(),
             "host removed: {why}"

@@ -134,17 +134,19 @@ async fn handshake(
         return refuse(sock, ErrorCode::Refused, "peer is not a host").await;
     }
     if hello.channel == wire::CONTROL_CHANNEL {
-        let session = {
+        let admitted = {
             let st = ioc.borrow();
             if st.stopping {
-                drop(st);
-                return refuse(sock, ErrorCode::ShuttingDown, "shutting down").await;
+                Err((ErrorCode::ShuttingDown, "shutting down"))
+            } else if st.hosts.len() + pending.borrow().len() >= st.cfg.fabric.max_hosts as usize {
+                Err((ErrorCode::Busy, "max_hosts reached"))
+            } else {
+                Ok(next_session(&st, &pending))
             }
-            if st.hosts.len() + pending.borrow().len() >= st.cfg.fabric.max_hosts as usize {
-                drop(st);
-                return refuse(sock, ErrorCode::Busy, "max_hosts reached").await;
-            }
-            next_session(&st, &pending)
+        };
+        let session = match admitted {
+            Ok(s) => s,
+            Err((status, why)) => return refuse(sock, status, why).await,
         };
         let Ok(reply_sock) = sock.try_clone() else {
             return;
@@ -172,49 +174,66 @@ async fn handshake(
         let sc = st.session_config();
         let mut s = Session::new(DomainId(session as u32), sc);
         if let Err(e) = s.start(&mut st.reg) {
-            drop(st);
             warn!(%peer, "cannot register pools for a new host: {e}");
-            return refuse(reply_sock, ErrorCode::ResourceLimit, "out of pool memory").await;
-        }
-        let tl = match TcpLink::new(s, ctrl, sock) {
-            Ok(tl) => tl,
-            Err(e) => {
-                warn!(%peer, "cannot register the host's sockets: {e}");
-                return;
+            None
+        } else {
+            match TcpLink::new(s, ctrl, sock) {
+                Err(e) => {
+                    warn!(%peer, "cannot register the host's sockets: {e}");
+                    for h in st.reg.regions_of(DomainId(session as u32)) {
+                        let _ = st.reg.deregister(h);
+                    }
+                    None
+                }
+                Ok(tl) => {
+                    let TcpLink { ready, mut link } = tl;
+                    let mac = st.assign_mac(node_id);
+                    let f = st.cfg.fabric.clone();
+                    let link_up = st.link_up;
+                    let mtu = st.mtu;
+                    link.session_mut().cfg_request(
+                        CfgCode::LinkChange,
+                        &wire::LinkChange { up: link_up, mtu }.emit(),
+                    );
+                    let wake = Rc::new(Notify::new());
+                    st.hosts.insert(
+                        session,
+                        Host {
+                            session,
+                            node_id,
+                            mac,
+                            mtu,
+                            promisc: false,
+                            multicast: Vec::new(),
+                            features: 0,
+                            link: Some(link),
+                            wake: wake.clone(),
+                            keepalive: Keepalive::new(
+                                f.keepalive_interval(),
+                                f.keepalive_timeout(),
+                                Instant::now(),
+                            ),
+                            stats: wire::Stats::default(),
+                        },
+                    );
+                    info!(%peer, session, node_id, mac = %fmt_mac(&mac), hosts = st.hosts.len(), "host connected");
+                    notify::status(&format!(
+                        "{} host(s) connected, LAN {}",
+                        st.hosts.len(),
+                        st.cfg.lan.interface
+                    ));
+                    Some((ready, wake))
+                }
             }
-        };
-        let TcpLink { ready, mut link } = tl;
-        let mac = st.assign_mac(node_id);
-        let f = st.cfg.fabric.clone();
-        let link_up = st.link_up;
-        let mtu = st.mtu;
-        link.session_mut().cfg_request(
-            CfgCode::LinkChange,
-            &wire::LinkChange { up: link_up, mtu }.emit(),
-        );
-        let wake = Rc::new(Notify::new());
-        st.hosts.insert(
-            session,
-            Host {
-                session,
-                node_id,
-                mac,
-                mtu,
-                promisc: false,
-                multicast: Vec::new(),
-                features: 0,
-                link: Some(link),
-                wake: wake.clone(),
-                keepalive: Keepalive::new(
-                    f.keepalive_interval(),
-                    f.keepalive_timeout(),
-                    Instant::now(),
-                ),
-                stats: wire::Stats::default(),
-            },
-        );
-        info!(%peer, session, node_id, mac = %fmt_mac(&mac), hosts = st.hosts.len(), "host connected");
-        (ready, wake)
+        }
+    };
+    let Some(host) = host else {
+        return refuse(
+            reply_sock,
+            ErrorCode::ResourceLimit,
+            "cannot admit the host",
+        )
+        .await;
     };
     fabric::reply_hello(reply_sock, version, ErrorCode::Ok, session, timeout).await;
     let (ready, wake): (LinkReady, _) = host;

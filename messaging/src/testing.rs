@@ -11,20 +11,27 @@ use crate::endpoint::{
 use crate::memory::{DomainId, Registry, SendBufCache};
 use crate::wire;
 
-/// Channel type of the harness.
+/// Channel type of the in-process harness.
 pub type PipeChannel = StreamChannel<PipeEnd>;
+
+/// Channel type of the TCP loopback harness.
+pub type TcpChannel = StreamChannel<std::net::TcpStream>;
 
 /// One side of a [`Pair`].
 #[derive(Debug)]
-pub struct Peer {
+pub struct Peer<C = PipeChannel> {
     /// Its adapter's memory.
     pub reg: Registry,
     /// Its connection to the other side.
-    pub link: Link<PipeChannel>,
+    pub link: Link<C>,
     /// Its send buffers.
     pub cache: SendBufCache,
-    /// Frames delivered to it, in order.
+    /// Frames delivered to it, in order (kept only while `keep_frames`).
     pub received: Vec<Vec<u8>>,
+    /// Frames delivered to it, counted.
+    pub delivered: u64,
+    /// Whether delivered frames are copied into `received` (benchmarks turn this off).
+    pub keep_frames: bool,
     /// Events it saw, in order.
     pub events: Vec<LinkEvent>,
 }
@@ -84,14 +91,19 @@ pub enum Outcome {
 
 /// Two connected peers.
 #[derive(Debug)]
-pub struct Pair {
+pub struct Pair<C = PipeChannel> {
     /// First peer.
-    pub a: Peer,
+    pub a: Peer<C>,
     /// Second peer.
-    pub b: Peer,
+    pub b: Peer<C>,
 }
 
-fn peer(domain: u32, config: SessionConfig, ctrl: PipeEnd, data: PipeEnd) -> Peer {
+fn peer<S: std::io::Read + std::io::Write>(
+    domain: u32,
+    config: SessionConfig,
+    ctrl: S,
+    data: S,
+) -> Peer<StreamChannel<S>> {
     let d = DomainId(domain);
     let max = wire::MAX_MESSAGE_LEN;
     let mut reg = Registry::new(1 << 30);
@@ -108,6 +120,8 @@ fn peer(domain: u32, config: SessionConfig, ctrl: PipeEnd, data: PipeEnd) -> Pee
         ),
         cache: SendBufCache::new(70_000, 256),
         received: Vec::new(),
+        delivered: 0,
+        keep_frames: true,
         events: Vec::new(),
     }
 }
@@ -122,9 +136,35 @@ impl Pair {
             b: peer(2, b, c1, d1),
         }
     }
+}
 
+impl Pair<TcpChannel> {
+    /// Two peers over real TCP connections on loopback (non-blocking, `TCP_NODELAY`),
+    /// both driven from the calling thread.
+    pub fn tcp(a: SessionConfig, b: SessionConfig) -> std::io::Result<Pair<TcpChannel>> {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        let conn = || -> std::io::Result<(std::net::TcpStream, std::net::TcpStream)> {
+            let x = std::net::TcpStream::connect(addr)?;
+            let (y, _) = l.accept()?;
+            for s in [&x, &y] {
+                s.set_nodelay(true)?;
+                s.set_nonblocking(true)?;
+            }
+            Ok((x, y))
+        };
+        let (c0, c1) = conn()?;
+        let (d0, d1) = conn()?;
+        Ok(Pair {
+            a: peer(1, a, c0, d0),
+            b: peer(2, b, c1, d1),
+        })
+    }
+}
+
+impl<S: std::io::Read + std::io::Write> Pair<StreamChannel<S>> {
     /// The peer on `side`.
-    pub fn peer(&mut self, side: Side) -> &mut Peer {
+    pub fn peer(&mut self, side: Side) -> &mut Peer<StreamChannel<S>> {
         match side {
             Side::A => &mut self.a,
             Side::B => &mut self.b,
@@ -159,7 +199,7 @@ impl Pair {
             let mut progress = false;
             for side in [Side::A, Side::B] {
                 let p = self.peer(side);
-                let before = (p.received.len(), p.events.len(), p.link.pending());
+                let before = (p.delivered, p.events.len(), p.link.pending());
                 p.link.flush().map_err(|e| (side, e))?;
                 p.link.reclaim(&mut p.cache);
                 for lane in [Lane::Control, Lane::Data] {
@@ -167,17 +207,25 @@ impl Pair {
                         reg,
                         link,
                         received,
+                        delivered,
+                        keep_frames,
                         events,
                         ..
                     } = p;
+                    let mut sink = |f: &[u8]| {
+                        *delivered += 1;
+                        if *keep_frames {
+                            received.push(f.to_vec());
+                        }
+                    };
                     while link
-                        .poll(reg, lane, 64, &mut |f| received.push(f.to_vec()), events)
+                        .poll(reg, lane, 64, &mut sink, events)
                         .map_err(|e| (side, e))?
                     {}
                 }
                 p.link.session_mut().flush_credits(&mut p.reg);
                 p.link.flush().map_err(|e| (side, e))?;
-                let after = (p.received.len(), p.events.len(), p.link.pending());
+                let after = (p.delivered, p.events.len(), p.link.pending());
                 progress |= before != after;
             }
             if !progress && self.a.link.pending() == 0 && self.b.link.pending() == 0 {

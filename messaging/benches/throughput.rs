@@ -1,0 +1,72 @@
+//! Frames/s and bytes/s through an initiator/target pair, over the in-process transport and
+//! over TCP on loopback, for 64 B, 1500 B and 64 KiB frames. Both peers run on the
+//! benchmark's thread: the figure is what one core does for both ends.
+//!
+//! `cargo bench -p splitnet-messaging --bench throughput`
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use splitnet_messaging::adapter::StreamChannel;
+use splitnet_messaging::testing::{config, Outcome, Pair, Side};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+const SIZES: [usize; 3] = [64, 1500, 65_536];
+
+/// Sends `n` frames of `len` bytes from A to B and waits until all arrived.
+fn transfer<S: Read + Write>(p: &mut Pair<StreamChannel<S>>, n: u64, frame: &[u8]) {
+    let target = p.b.delivered + n;
+    let mut sent = 0;
+    while p.b.delivered < target {
+        while sent < n {
+            match p.send(Side::A, frame) {
+                Outcome::Inline | Outcome::Rdma => sent += 1,
+                Outcome::Backpressure => break,
+                Outcome::TooLarge => panic!("frame too large"),
+            }
+        }
+        p.drive().expect("link failed");
+    }
+}
+
+fn prepare<S: Read + Write>(mut p: Pair<StreamChannel<S>>) -> Pair<StreamChannel<S>> {
+    p.a.keep_frames = false;
+    p.b.keep_frames = false;
+    p.drive().expect("set-up");
+    p
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("push_push");
+    g.measurement_time(Duration::from_secs(4));
+    g.warm_up_time(Duration::from_secs(1));
+    for len in SIZES {
+        let frame = vec![0x5a; len];
+        let batch: u64 = if len < 2000 { 4096 } else { 256 };
+        g.throughput(Throughput::Bytes(batch * len as u64));
+        // send_data_max 128: 64-byte frames go inline (SendData), larger ones by RDMA write.
+        let mut inproc = prepare(Pair::new(config(128), config(128), 4 << 20));
+        g.bench_with_input(BenchmarkId::new("in_process", len), &len, |b, _| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    transfer(&mut inproc, batch, &frame);
+                }
+                t.elapsed()
+            })
+        });
+        let mut tcp = prepare(Pair::tcp(config(128), config(128)).expect("loopback"));
+        g.bench_with_input(BenchmarkId::new("tcp_loopback", len), &len, |b, _| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    transfer(&mut tcp, batch, &frame);
+                }
+                t.elapsed()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
