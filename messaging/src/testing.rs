@@ -171,11 +171,12 @@ impl<S: std::io::Read + std::io::Write> Pair<StreamChannel<S>> {
         }
     }
 
-    /// Posts `frame` from `side`. A frame not posted goes back to the cache.
+    /// Posts `frame` from `side`. A frame not posted goes back to the cache; with every
+    /// send buffer in flight the answer is backpressure, as for a lack of credit.
     pub fn send(&mut self, side: Side, frame: &[u8]) -> Outcome {
         let p = self.peer(side);
         let Some(mut buf) = p.cache.get() else {
-            panic!("harness send-buffer cache exhausted");
+            return Outcome::Backpressure;
         };
         assert!(buf.fill_from(frame), "frame larger than harness buffers");
         match p.link.post_frame(buf) {
