@@ -153,3 +153,7 @@ PY
 }
 
 pass() { printf 'PASS: %s\n' "$1"; }
+
+# fds PID / rss_kib PID: open descriptors and resident memory of a process.
+fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
+rss_kib() { awk '/VmRSS/{print $2}' "/proc/$1/status" 2>/dev/null; }

@@ -50,13 +50,13 @@ pub(crate) fn default_interval() -> u64 {
     200
 }
 pub(crate) fn default_timeout() -> u64 {
-    1000
+    750
 }
 fn default_reconnect_min() -> u64 {
     100
 }
 fn default_reconnect_max() -> u64 {
-    2000
+    500
 }
 
 impl HostFabric {

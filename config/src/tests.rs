@@ -30,7 +30,7 @@ fn defaults() {
     assert_eq!(h.interface.name, "sd0");
     assert!(h.interface.offload);
     assert_eq!(h.fabric.keepalive_interval_ms, 200);
-    assert_eq!(h.fabric.keepalive_timeout_ms, 1000);
+    assert_eq!(h.fabric.keepalive_timeout_ms, 750);
     assert_eq!(h.pools.advertise.len(), 2);
     assert_eq!(h.log.level, "info");
     let i = ioc("").unwrap();

@@ -348,6 +348,8 @@ impl Ioc {
             node_id = host.node_id,
             mac = %fmt_mac(&host.mac),
             hosts = self.hosts.len(),
+            pool_regions = self.reg.stats().regions,
+            pool_bytes = self.reg.stats().bytes,
             "host removed: {why}"
         );
     }

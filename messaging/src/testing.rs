@@ -162,6 +162,59 @@ impl Pair<TcpChannel> {
     }
 }
 
+impl<S: std::io::Read + std::io::Write> Peer<StreamChannel<S>> {
+    /// Posts `frame`. A frame not posted goes back to the cache; with every send buffer in
+    /// flight the answer is backpressure, as for a lack of credit.
+    pub fn send(&mut self, frame: &[u8]) -> Outcome {
+        let Some(mut buf) = self.cache.get() else {
+            return Outcome::Backpressure;
+        };
+        assert!(buf.fill_from(frame), "frame larger than harness buffers");
+        match self.link.post_frame(buf) {
+            Posted::SendData => Outcome::Inline,
+            Posted::Rdma => Outcome::Rdma,
+            Posted::Backpressure(b) => {
+                self.cache.put(b);
+                Outcome::Backpressure
+            }
+            Posted::TooLarge(b) => {
+                self.cache.put(b);
+                Outcome::TooLarge
+            }
+        }
+    }
+
+    /// One round: flush, take sent buffers back, handle every completion on both lanes,
+    /// return credits, flush again. True if anything moved.
+    pub fn step(&mut self) -> Result<bool, LinkError> {
+        let before = (self.delivered, self.events.len(), self.link.pending());
+        self.link.flush()?;
+        self.link.reclaim(&mut self.cache);
+        for lane in [Lane::Control, Lane::Data] {
+            let Peer {
+                reg,
+                link,
+                received,
+                delivered,
+                keep_frames,
+                events,
+                ..
+            } = self;
+            let mut sink = |f: &[u8]| {
+                *delivered += 1;
+                if *keep_frames {
+                    received.push(f.to_vec());
+                }
+            };
+            while link.poll(reg, lane, 64, &mut sink, events)? {}
+        }
+        self.link.session_mut().flush_credits(&mut self.reg);
+        self.link.flush()?;
+        let after = (self.delivered, self.events.len(), self.link.pending());
+        Ok(before != after)
+    }
+}
+
 impl<S: std::io::Read + std::io::Write> Pair<StreamChannel<S>> {
     /// The peer on `side`.
     pub fn peer(&mut self, side: Side) -> &mut Peer<StreamChannel<S>> {
@@ -171,65 +224,18 @@ impl<S: std::io::Read + std::io::Write> Pair<StreamChannel<S>> {
         }
     }
 
-    /// Posts `frame` from `side`. A frame not posted goes back to the cache; with every
-    /// send buffer in flight the answer is backpressure, as for a lack of credit.
+    /// Posts `frame` from `side` (see [`Peer::send`]).
     pub fn send(&mut self, side: Side, frame: &[u8]) -> Outcome {
-        let p = self.peer(side);
-        let Some(mut buf) = p.cache.get() else {
-            return Outcome::Backpressure;
-        };
-        assert!(buf.fill_from(frame), "frame larger than harness buffers");
-        match p.link.post_frame(buf) {
-            Posted::SendData => Outcome::Inline,
-            Posted::Rdma => Outcome::Rdma,
-            Posted::Backpressure(b) => {
-                p.cache.put(b);
-                Outcome::Backpressure
-            }
-            Posted::TooLarge(b) => {
-                p.cache.put(b);
-                Outcome::TooLarge
-            }
-        }
+        self.peer(side).send(frame)
     }
 
     /// Moves everything both ways until no peer makes progress. Returns the first side
     /// whose link failed, with its error.
     pub fn drive(&mut self) -> Result<(), (Side, LinkError)> {
         loop {
-            let mut progress = false;
-            for side in [Side::A, Side::B] {
-                let p = self.peer(side);
-                let before = (p.delivered, p.events.len(), p.link.pending());
-                p.link.flush().map_err(|e| (side, e))?;
-                p.link.reclaim(&mut p.cache);
-                for lane in [Lane::Control, Lane::Data] {
-                    let Peer {
-                        reg,
-                        link,
-                        received,
-                        delivered,
-                        keep_frames,
-                        events,
-                        ..
-                    } = p;
-                    let mut sink = |f: &[u8]| {
-                        *delivered += 1;
-                        if *keep_frames {
-                            received.push(f.to_vec());
-                        }
-                    };
-                    while link
-                        .poll(reg, lane, 64, &mut sink, events)
-                        .map_err(|e| (side, e))?
-                    {}
-                }
-                p.link.session_mut().flush_credits(&mut p.reg);
-                p.link.flush().map_err(|e| (side, e))?;
-                let after = (p.delivered, p.events.len(), p.link.pending());
-                progress |= before != after;
-            }
-            if !progress && self.a.link.pending() == 0 && self.b.link.pending() == 0 {
+            let a = self.a.step().map_err(|e| (Side::A, e))?;
+            let b = self.b.step().map_err(|e| (Side::B, e))?;
+            if !a && !b && self.a.link.pending() == 0 && self.b.link.pending() == 0 {
                 return Ok(());
             }
         }

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The NIC's link state reaches sd0's carrier through CfgUtil (LinkChange).
+. "$(dirname "$0")/../lib.sh"
+need_root; need_tools ip ping
+topo_up 1; start_ioc; start_host 1
+wait_carrier sd-host up 10 >/dev/null
+ip -n sd-lan link set lan1 down
+ms=$(wait_carrier sd-host down 3); log "LAN link down: sd0 NO-CARRIER after ${ms} ms"
+ip -n sd-lan link set lan1 up
+ms=$(wait_carrier sd-host up 3); log "LAN link up: carrier back after ${ms} ms"
+ping_ok sd-host 10.50.0.2
+pass "NIC link state follows to sd0"
