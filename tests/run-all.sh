@@ -12,7 +12,7 @@ step() {
 step "cargo fmt" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test" cargo test --workspace
-step "cargo build --release" cargo build --release --workspace
+step "cargo build --release" cargo build --release --workspace --examples
 step "systemd units" tests/units.sh
 step "fuzz smoke (${FUZZ_SECONDS:-10} s per target)" fuzz/run.sh "${FUZZ_SECONDS:-10}"
 for t in tests/e2e/*.sh; do

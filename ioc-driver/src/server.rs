@@ -216,7 +216,7 @@ async fn handshake(
                             stats: wire::Stats::default(),
                         },
                     );
-                    info!(%peer, session, node_id, mac = %fmt_mac(&mac), hosts = st.hosts.len(), "host connected");
+                    info!(%peer, session, node_id, mac = %fmt_mac(&mac), hosts = st.hosts.len(), pool_regions = st.reg.stats().regions, "host connected");
                     notify::status(&format!(
                         "{} host(s) connected, LAN {}",
                         st.hosts.len(),

@@ -1,0 +1,340 @@
+//! A hostile fabric peer for the reliability tests.
+//!
+//! `rogue host ADDR` connects to an ioc-driver at ADDR once per attack, speaks the protocol
+//! correctly up to the attack, and checks that the IOC closes the connection afterwards.
+//! `rogue ioc ADDR` listens at ADDR like an IOC and attacks each host-driver connection in
+//! turn. Exit status 0 when every attack was refused as expected.
+//!
+//! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
+
+use splitnet_messaging::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel};
+use splitnet_messaging::endpoint::handshake;
+use splitnet_messaging::memory::{DomainId, Handle, Registry};
+use splitnet_messaging::wire::{self, Message, PoolEntry, PoolGet, PoolRun, Role};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+type Ch = StreamChannel<TcpStream>;
+
+const WAIT: Duration = Duration::from_secs(3);
+
+fn chan(s: TcpStream) -> Ch {
+    s.set_read_timeout(Some(Duration::from_millis(50))).ok();
+    s.set_nodelay(true).ok();
+    StreamChannel::new(s, DomainId(0), wire::MAX_MESSAGE_LEN)
+}
+
+fn send(ch: &mut Ch, msg: Vec<u8>) {
+    ch.post(Op::Send, &[], Payload::Bytes(msg));
+    let _ = ch.flush();
+}
+
+fn msg(m: &Message<'_>) -> Vec<u8> {
+    let mut v = Vec::new();
+    m.emit(1, &mut v);
+    v
+}
+
+/// Next message within `WAIT`, or None.
+fn recv(ch: &mut Ch, reg: &mut Registry) -> Option<Vec<u8>> {
+    let end = Instant::now() + WAIT;
+    while Instant::now() < end {
+        match ch.poll_recv(reg) {
+            Ok(Some(RxCompletion::Recv { .. })) => return Some(ch.received().to_vec()),
+            Ok(_) => {}
+            Err(ChannelError::Io(e))
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// True if the peer closes the channel within `within` (whatever it sends first is read).
+fn closed(ch: &mut Ch, reg: &mut Registry, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        match ch.poll_recv(reg) {
+            Ok(_) => {}
+            Err(ChannelError::Io(e))
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+struct Conn {
+    ctrl: Ch,
+    data: Ch,
+    reg: Registry,
+    pools: Vec<PoolEntry>,
+}
+
+/// A correct handshake as a host, then the IOC's pools.
+fn connect_host(addr: &str) -> Result<Conn, String> {
+    let mut reg = Registry::new(0);
+    let mut ctrl = chan(TcpStream::connect(addr).map_err(|e| e.to_string())?);
+    send(&mut ctrl, handshake::hello(Role::Host, 0, 0, 0xbad, 70_000));
+    let r = recv(&mut ctrl, &mut reg).ok_or("no HelloReply")?;
+    let r = handshake::accept_reply(&r).map_err(|e| e.to_string())?;
+    let mut data = chan(TcpStream::connect(addr).map_err(|e| e.to_string())?);
+    send(&mut data, handshake::hello(Role::Host, 1, r.session, 0xbad, 70_000));
+    recv(&mut data, &mut reg).ok_or("no data HelloReply")?;
+    let mut pools = Vec::new();
+    while pools.is_empty() {
+        let m = recv(&mut ctrl, &mut reg).ok_or("no BufferRecvPool")?;
+        if let Ok((_, Message::BufferRecvPool(p))) = Message::parse(&m) {
+            pools = p;
+        }
+    }
+    // The IOC advertises its initial pools one message each; collect the rest.
+    let end = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < end {
+        if let Ok(Some(RxCompletion::Recv { .. })) = ctrl.poll_recv(&mut reg) {
+            if let Ok((_, Message::BufferRecvPool(p))) = Message::parse(ctrl.received()) {
+                pools.extend(p);
+            }
+        }
+    }
+    Ok(Conn { ctrl, data, reg, pools })
+}
+
+fn write(ch: &mut Ch, handle: u64, addr: u64, len: usize) {
+    ch.post(Op::Write { handle, addr }, &[], Payload::Bytes(vec![0xEE; len]));
+    let _ = ch.flush();
+}
+
+/// Attacks an ioc-driver; returns the attacks that were not refused.
+fn attack_ioc(addr: &str) -> Vec<&'static str> {
+    type Attack = fn(&mut Conn);
+    let attacks: Vec<(&'static str, Attack)> = vec![
+        ("truncated message", |c| send(&mut c.ctrl, vec![0x01, 0x01, 0, 1, 0])),
+        ("unknown function", |c| {
+            let mut m = msg(&Message::Keepalive);
+            m[0] = 0x7f;
+            send(&mut c.ctrl, m)
+        }),
+        ("unknown version", |c| {
+            let mut m = msg(&Message::Keepalive);
+            m[3] = 9;
+            send(&mut c.ctrl, m)
+        }),
+        ("oversized SEND", |c| {
+            c.ctrl.post(Op::Send, &[], Payload::Bytes(vec![0; wire::MAX_MESSAGE_LEN + 1]));
+            let _ = c.ctrl.flush();
+        }),
+        ("SendData over the frame limit", |c| {
+            let mut m = msg(&Message::SendData(&[]));
+            m[12..16].copy_from_slice(&(1u32 << 20).to_be_bytes());
+            send(&mut c.data, m)
+        }),
+        ("write out of bounds", |c| {
+            let p = c.pools[0];
+            let end = p.address + u64::from(p.element_size) * u64::from(p.element_count);
+            write(&mut c.data, p.handle, end, 64)
+        }),
+        ("offset + length overflow", |c| {
+            let p = c.pools[0];
+            write(&mut c.data, p.handle, u64::MAX - 8, 64)
+        }),
+        ("stale generation", |c| {
+            let p = c.pools[0];
+            let h = Handle::from_u64(p.handle);
+            let stale = Handle::new(h.index(), h.generation().wrapping_add(1));
+            write(&mut c.data, stale.to_u64(), p.address, 64)
+        }),
+        ("another host's domain", |c| {
+            // Slot 0 belongs to the first host connected to this IOC.
+            let p = c.pools[0];
+            let foreign = Handle::new(0, 0);
+            if foreign.to_u64() == p.handle {
+                write(&mut c.data, Handle::new(1, 0).to_u64(), p.address, 64)
+            } else {
+                write(&mut c.data, foreign.to_u64(), p.address, 64)
+            }
+        }),
+        ("flushed pool", |c| {
+            let p = c.pools[0];
+            let mut m = Vec::new();
+            Message::BufferPoolFlushRequest(vec![p.pool_ref]).emit(77, &mut m);
+            send(&mut c.data, m);
+            std::thread::sleep(Duration::from_millis(200));
+            write(&mut c.data, p.handle, p.address, 64)
+        }),
+        ("beyond credits", |c| {
+            let p = c.pools[0];
+            write(&mut c.data, p.handle, p.address, 64);
+            write(&mut c.data, p.handle, p.address, 64)
+        }),
+        ("credit returned that was never used", |c| {
+            send(
+                &mut c.ctrl,
+                msg(&Message::BufferRecvPoolUpdate(vec![PoolRun { pool_ref: 0, first: 0, count: 1 }])),
+            )
+        }),
+    ];
+    let mut missed = Vec::new();
+    for (name, attack) in attacks {
+        let mut c = match connect_host(addr) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{name}: cannot connect: {e}");
+                missed.push(name);
+                continue;
+            }
+        };
+        attack(&mut c);
+        let ok = closed(&mut c.data, &mut c.reg, WAIT) || closed(&mut c.ctrl, &mut c.reg, WAIT);
+        println!("{name}: {}", if ok { "refused, connection closed" } else { "NOT refused" });
+        if !ok {
+            missed.push(name);
+        }
+    }
+    // A flood of pool requests: declined beyond the bound; the connection may stay.
+    if let Ok(mut c) = connect_host(addr) {
+        for _ in 0..2000 {
+            c.ctrl.post(
+                Op::Send,
+                &[],
+                Payload::Bytes(msg(&Message::BufferRecvPoolGet(PoolGet { element_size: 1 << 20, element_count: 4096 }))),
+            );
+        }
+        let _ = c.ctrl.flush();
+        let mut granted = 0u64;
+        while let Some(m) = recv(&mut c.ctrl, &mut c.reg) {
+            if let Ok((_, Message::BufferRecvPool(p))) = Message::parse(&m) {
+                granted += p.iter().map(|e| u64::from(e.element_size) * u64::from(e.element_count)).sum::<u64>();
+            }
+        }
+        println!("BufferRecvPoolGet flood: {granted} bytes granted beyond the initial pools");
+        if granted > 64 << 20 {
+            missed.push("BufferRecvPoolGet flood");
+        }
+    }
+    // A peer that connects and never speaks is dropped after the handshake timeout.
+    if let Ok(s) = TcpStream::connect(addr) {
+        let mut c = chan(s);
+        let mut reg = Registry::new(0);
+        let ok = closed(&mut c, &mut reg, Duration::from_secs(5));
+        println!("silent peer: {}", if ok { "dropped" } else { "NOT dropped" });
+        if !ok {
+            missed.push("silent peer");
+        }
+    }
+    // An unknown version in the Hello itself.
+    if let Ok(s) = TcpStream::connect(addr) {
+        let mut c = chan(s);
+        let mut reg = Registry::new(0);
+        let mut h = handshake::hello(Role::Host, 0, 0, 1, 70_000);
+        h[12..16].copy_from_slice(&[0, 50, 0, 60]); // versions 50..=60
+        send(&mut c, h);
+        let refused = recv(&mut c, &mut reg)
+            .map(|r| handshake::accept_reply(&r).is_err())
+            .unwrap_or(true);
+        println!("unsupported Hello version: {}", if refused { "refused" } else { "NOT refused" });
+        if !refused {
+            missed.push("unsupported Hello version");
+        }
+    }
+    missed
+}
+
+/// Plays a hostile IOC for `rounds` host connections.
+fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
+    let listener = match TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cannot listen on {addr}: {e}");
+            return vec!["listen"];
+        }
+    };
+    type Attack = fn(&mut Ch, &mut Ch, &[PoolEntry]);
+    let attacks: Vec<(&'static str, Attack)> = vec![
+        ("write out of bounds", |_, d, p| {
+            let e = p[0];
+            write(d, e.handle, e.address + u64::from(e.element_size) * u64::from(e.element_count), 64)
+        }),
+        ("credit violation", |c, _, _| {
+            send(c, msg(&Message::BufferRecvPoolUpdate(vec![PoolRun { pool_ref: 0, first: 0, count: 1 }])))
+        }),
+        ("unknown function", |c, _, _| {
+            let mut m = msg(&Message::Keepalive);
+            m[0] = 0x66;
+            send(c, m)
+        }),
+        ("unbounded pool advertisement", |c, _, _| {
+            send(
+                c,
+                msg(&Message::BufferRecvPool(vec![PoolEntry {
+                    pool_ref: 0,
+                    element_count: u32::MAX,
+                    element_size: u32::MAX,
+                    address: 0,
+                    handle: 0,
+                    context: 0,
+                }])),
+            )
+        }),
+    ];
+    let mut missed = Vec::new();
+    let mut reg = Registry::new(0);
+    for (name, attack) in attacks.into_iter().take(rounds) {
+        let accept = |reg: &mut Registry| -> Option<(Ch, u64)> {
+            let (s, _) = listener.accept().ok()?;
+            let mut ch = chan(s);
+            let h = recv(&mut ch, reg)?;
+            let (hello, v) = handshake::accept_hello(&h).ok()?;
+            send(&mut ch, handshake::reply(v, wire::ErrorCode::Ok, 9, 70_000));
+            Some((ch, hello.session))
+        };
+        let Some((mut ctrl, _)) = accept(&mut reg) else {
+            missed.push(name);
+            continue;
+        };
+        let Some((mut data, _)) = accept(&mut reg) else {
+            missed.push(name);
+            continue;
+        };
+        let mut pools = Vec::new();
+        while pools.is_empty() {
+            match recv(&mut ctrl, &mut reg) {
+                Some(m) => {
+                    if let Ok((_, Message::BufferRecvPool(p))) = Message::parse(&m) {
+                        pools = p;
+                    }
+                }
+                None => break,
+            }
+        }
+        if pools.is_empty() {
+            missed.push(name);
+            continue;
+        }
+        attack(&mut ctrl, &mut data, &pools);
+        let ok = closed(&mut data, &mut reg, WAIT) || closed(&mut ctrl, &mut reg, WAIT);
+        println!("{name}: {}", if ok { "refused, connection closed" } else { "NOT refused" });
+        if !ok {
+            missed.push(name);
+        }
+    }
+    missed
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let missed = match (args.get(1).map(String::as_str), args.get(2)) {
+        (Some("host"), Some(addr)) => attack_ioc(addr),
+        (Some("ioc"), Some(addr)) => attack_host(addr, 4),
+        _ => {
+            eprintln!("usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR");
+            std::process::exit(2);
+        }
+    };
+    if missed.is_empty() {
+        println!("all attacks refused");
+    } else {
+        println!("NOT refused: {missed:?}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A rogue host attacks ioc-driver while a well-behaved host runs iperf3 through the same IOC:
+# every attack is refused with a counted, logged error and the rogue's connection closed; the
+# good host's traffic is not interrupted; the IOC's memory stays bounded.
+. "$(dirname "$0")/../lib.sh"
+need_root; need_tools ip iperf3 python3
+ROGUE=$ROOT/target/release/examples/rogue
+[ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
+topo_up 2; start_ioc; start_host 1
+wait_carrier sd-host up 10 >/dev/null
+ping_ok sd-host 10.50.0.2
+rss0=$(rss_kib "$IOC_PID")
+iperf sd-host 10.50.0.2 5231 -t 25 >"$T/good.rate" & good=$!
+sleep 1
+ip netns exec sd-host2 "$ROGUE" host 10.200.0.2:7400 >"$T/rogue.out" 2>&1; rc=$?
+sed 's/^/  rogue: /' "$T/rogue.out"
+[ "$rc" = 0 ] || fail "some attack was not refused"
+wait $good || fail "the good host's iperf3 was interrupted"
+log "good host: $(cat "$T/good.rate") Gb/s during the attacks"
+kill -0 "$IOC_PID" || fail "ioc-driver died"
+n=$(grep -c "host broke the protocol" "$T/ioc.log")
+[ "$n" -ge 10 ] || fail "only $n protocol/protection errors logged"
+rss1=$(rss_kib "$IOC_PID")
+log "IOC resident memory ${rss0} KiB before, ${rss1} KiB after; $n errors logged"
+[ "$rss1" -lt $((256 * 1024)) ] || fail "IOC resident memory grew to $rss1 KiB"
+ping_ok sd-host 10.50.0.2
+pass "rogue host refused; good host unaffected"
