@@ -11,28 +11,34 @@ use std::str::FromStr;
 pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
-    /// True for a unicast address (group bit clear).
+    /// True for a unicast address (group bit, bit 0 of the first octet, clear).
     pub fn is_unicast(&self) -> bool {
         self.0[0] & 1 == 0
+    }
+
+    /// True for 00:00:00:00:00:00.
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 6]
     }
 }
 
 impl FromStr for MacAddr {
     type Err = String;
 
+    /// Parses six colon-separated pairs of hex digits.
     fn from_str(s: &str) -> Result<MacAddr, String> {
+        let bad = || format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)");
         let mut mac = [0u8; 6];
         let mut parts = s.split(':');
         for b in mac.iter_mut() {
             let p = parts
                 .next()
-                .filter(|p| p.len() == 2)
-                .ok_or_else(|| format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"))?;
-            *b = u8::from_str_radix(p, 16)
-                .map_err(|_| format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"))?;
+                .filter(|p| p.len() == 2 && p.bytes().all(|c| c.is_ascii_hexdigit()))
+                .ok_or_else(bad)?;
+            *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
         }
         if parts.next().is_some() {
-            return Err(format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"));
+            return Err(bad());
         }
         Ok(MacAddr(mac))
     }
@@ -182,6 +188,20 @@ impl Log {
     }
 }
 
+/// Checks a MAC address that must be a non-zero unicast address.
+pub(crate) fn unicast(key: &str, mac: MacAddr) -> Result<(), Invalid> {
+    if mac.is_zero() {
+        Err(Invalid::new(key, format!("{mac} is the all-zero address")))
+    } else if !mac.is_unicast() {
+        Err(Invalid::new(
+            key,
+            format!("{mac} is a group address; a unicast address is required"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Checks `v` against `lo..=hi`.
 pub(crate) fn range(key: &str, v: u64, lo: u64, hi: u64) -> Result<(), Invalid> {
     if (lo..=hi).contains(&v) {
@@ -197,10 +217,13 @@ pub(crate) fn range(key: &str, v: u64, lo: u64, hi: u64) -> Result<(), Invalid> 
 /// Checks a Linux interface name.
 pub(crate) fn ifname(key: &str, name: &str) -> Result<(), Invalid> {
     let n = name.len();
-    if n == 0 || n > 15 {
+    if n == 0 {
+        return Err(Invalid::new(key, "is empty; an interface name is required"));
+    }
+    if n > 15 {
         return Err(Invalid::new(
             key,
-            format!("{name:?} is {n} bytes, 1 to 15 allowed"),
+            format!("{name:?} is {n} bytes, at most 15 allowed"),
         ));
     }
     if name == "." || name == ".." {
@@ -221,12 +244,11 @@ pub(crate) fn ifname(key: &str, name: &str) -> Result<(), Invalid> {
 /// Checks a keepalive interval and timeout pair.
 pub(crate) fn keepalive(interval_ms: u64, timeout_ms: u64) -> Result<(), Invalid> {
     range("fabric.keepalive_interval_ms", interval_ms, 10, 60_000)?;
-    range("fabric.keepalive_timeout_ms", timeout_ms, 20, 600_000)?;
     if timeout_ms <= 2 * interval_ms {
         return Err(Invalid::new(
             "fabric.keepalive_timeout_ms",
             format!("{timeout_ms} must exceed twice fabric.keepalive_interval_ms ({interval_ms})"),
         ));
     }
-    Ok(())
+    range("fabric.keepalive_timeout_ms", timeout_ms, 0, 600_000)
 }

@@ -1,6 +1,6 @@
 //! host.toml: the host driver's configuration.
 
-use crate::common::{ifname, keepalive, range, Log, MacAddr, Pools};
+use crate::common::{ifname, keepalive, range, unicast, Log, MacAddr, Pools};
 use crate::error::Invalid;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -41,7 +41,7 @@ pub struct HostFabric {
     /// Longest reconnect delay (ms).
     #[serde(default = "default_reconnect_max")]
     pub reconnect_max_ms: u64,
-    /// Stable identity of this host; absent derives one at run time.
+    /// Stable identity of this host; `None` (key absent or 0) derives one at run time.
     #[serde(default)]
     pub node_id: Option<u64>,
 }
@@ -88,7 +88,7 @@ pub struct Interface {
     pub mac: Option<MacAddr>,
     /// Checksum and segmentation offload pass-through.
     pub offload: bool,
-    /// TAP queues and data channels.
+    /// TAP queues and data channels (this version: exactly 1).
     pub queues: u16,
 }
 
@@ -104,6 +104,11 @@ impl Default for Interface {
 }
 
 impl HostConfig {
+    /// Maps values with a "use the default" meaning onto it (`node_id = 0` is absent).
+    pub(crate) fn normalize(&mut self) {
+        self.fabric.node_id = self.fabric.node_id.filter(|&id| id != 0);
+    }
+
     pub(crate) fn validate(&self) -> Result<(), Invalid> {
         let f = &self.fabric;
         keepalive(f.keepalive_interval_ms, f.keepalive_timeout_ms)?;
@@ -122,14 +127,19 @@ impl HostConfig {
         }
         ifname("interface.name", &self.interface.name)?;
         if let Some(mac) = self.interface.mac {
-            if !mac.is_unicast() || mac.0 == [0; 6] {
-                return Err(Invalid::new(
-                    "interface.mac",
-                    format!("{mac} is not a unicast address"),
-                ));
-            }
+            unicast("interface.mac", mac)?;
         }
-        range("interface.queues", self.interface.queues.into(), 1, 16)?;
+        // Multi-queue (several TAP queues and data channels) is designed for but not built
+        // yet: refuse rather than silently run with one queue.
+        if self.interface.queues != 1 {
+            return Err(Invalid::new(
+                "interface.queues",
+                format!(
+                    "{} queues requested; this version supports exactly 1",
+                    self.interface.queues
+                ),
+            ));
+        }
         self.pools.validate()?;
         self.log.validate()
     }

@@ -1,6 +1,6 @@
 //! ioc.toml: the I/O unit driver's configuration.
 
-use crate::common::{ifname, keepalive, range, Log, MacAddr, Pools};
+use crate::common::{ifname, keepalive, range, unicast, Log, MacAddr, Pools};
 use crate::error::Invalid;
 use crate::host::{default_interval, default_timeout};
 use serde::Deserialize;
@@ -123,12 +123,7 @@ impl IocConfig {
             60_000,
         )?;
         ifname("lan.interface", &self.lan.interface)?;
-        if !self.lan.mac_base.is_unicast() {
-            return Err(Invalid::new(
-                "lan.mac_base",
-                format!("{} is not a unicast address", self.lan.mac_base),
-            ));
-        }
+        unicast("lan.mac_base", self.lan.mac_base)?;
         if let Some(mtu) = self.lan.mtu {
             range("lan.mtu", mtu.into(), 68, 65_535)?;
         }

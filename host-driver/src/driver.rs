@@ -72,7 +72,9 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
     let min = cfg.fabric.reconnect_min();
     let mut backoff = min;
     let mut ready_sent = false;
+    let mut watchdog = notify::Watchdog::from_env();
     loop {
+        watchdog.kick(Instant::now());
         notify::status(&format!("connecting to IOC {}", cfg.fabric.ioc));
         let node_id = cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name));
         let connect = fabric::connect(cfg.fabric.ioc, node_id, cfg.fabric.keepalive_timeout());
@@ -100,7 +102,9 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
         backoff = min;
         info!(ioc = %cfg.fabric.ioc, session = reply.session, version = reply.version, "fabric up");
         let mut conn = Conn::new(&cfg, &tap, &tap_ready, ctrl, data, offloads.tso)?;
-        let end = conn.run(&mut term, &mut int, &mut ready_sent).await;
+        let end = conn
+            .run(&mut term, &mut int, &mut ready_sent, &mut watchdog)
+            .await;
         let _ = tap.set_carrier(false);
         conn.close();
         match end {
@@ -169,11 +173,51 @@ fn session_config(cfg: &HostConfig) -> SessionConfig {
     }
 }
 
+/// The STATUS= line: peer, carrier and throughput, refreshed every few seconds.
+struct StatusLine {
+    at: Instant,
+    last: splitnet_messaging::endpoint::LinkStats,
+}
+
+impl StatusLine {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn new(stats: splitnet_messaging::endpoint::LinkStats) -> StatusLine {
+        StatusLine {
+            at: Instant::now(),
+            last: stats,
+        }
+    }
+
+    fn update(
+        &mut self,
+        now: Instant,
+        s: splitnet_messaging::endpoint::LinkStats,
+        peer: &str,
+        carrier: bool,
+    ) {
+        let dt = now.duration_since(self.at);
+        if dt < Self::EVERY {
+            return;
+        }
+        let rate = |b: u64, a: u64| (b - a) as f64 * 8.0 / dt.as_secs_f64() / 1e6;
+        notify::status(&format!(
+            "fabric up to IOC {peer}, carrier {}, tx {:.0} Mb/s, rx {:.0} Mb/s",
+            if carrier { "on" } else { "off" },
+            rate(s.tx_bytes, self.last.tx_bytes),
+            rate(s.rx_bytes, self.last.rx_bytes),
+        ));
+        self.at = now;
+        self.last = s;
+    }
+}
+
 /// One connection to the IOC.
 struct Conn<'a> {
     tap: &'a Tap,
     tap_ready: &'a fabric::Ready,
     name: String,
+    peer: String,
     mac_override: Option<[u8; 6]>,
     tl: TcpLink,
     reg: Registry,
@@ -224,6 +268,7 @@ impl<'a> Conn<'a> {
             tap,
             tap_ready,
             name: cfg.interface.name.clone(),
+            peer: cfg.fabric.ioc.to_string(),
             mac_override: cfg.interface.mac.map(|m| m.0),
             tl,
             reg,
@@ -243,8 +288,15 @@ impl<'a> Conn<'a> {
         })
     }
 
-    async fn run(&mut self, term: &mut Signal, int: &mut Signal, ready_sent: &mut bool) -> End {
+    async fn run(
+        &mut self,
+        term: &mut Signal,
+        int: &mut Signal,
+        ready_sent: &mut bool,
+        watchdog: &mut notify::Watchdog,
+    ) -> End {
         let mut events = Vec::new();
+        let mut status = StatusLine::new(self.tl.link.stats());
         loop {
             if let Err(e) = self.tl.link.flush() {
                 return End::Lost(e.to_string());
@@ -320,6 +372,9 @@ impl<'a> Conn<'a> {
             if rx_seen {
                 self.keepalive.on_rx(now);
             }
+            // The keepalive timer turns this loop at least every keepalive interval.
+            watchdog.kick(now);
+            status.update(now, self.tl.link.stats(), &self.peer, self.carrier);
             match self.keepalive.poll(now) {
                 Liveness::Idle => {}
                 Liveness::SendKeepalive => self

@@ -1,4 +1,7 @@
-//! systemd notifications (a no-op when not started by systemd).
+//! systemd notifications: READY, STATUS, STOPPING and a watchdog fed from the data path.
+//! Every call is a no-op when the daemon was not started by systemd (no NOTIFY_SOCKET).
+
+use std::time::{Duration, Instant};
 
 /// READY=1 with a status line.
 pub fn ready(status: &str) {
@@ -19,4 +22,36 @@ pub fn status(status: &str) {
 /// STOPPING=1.
 pub fn stopping() {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+}
+
+/// The service watchdog (`WatchdogSec=`). The data path calls [`Watchdog::kick`] on every
+/// turn of its loop, so a loop that stops turning stops feeding it and systemd restarts us.
+#[derive(Debug)]
+pub struct Watchdog {
+    every: Option<Duration>,
+    last: Instant,
+}
+
+impl Watchdog {
+    /// Reads `WATCHDOG_USEC`; disabled when systemd did not ask for a watchdog.
+    pub fn from_env() -> Watchdog {
+        let mut usec = 0;
+        let every = sd_notify::watchdog_enabled(false, &mut usec)
+            .then(|| Duration::from_micros(usec / 2))
+            .filter(|d| !d.is_zero());
+        Watchdog {
+            every,
+            last: Instant::now(),
+        }
+    }
+
+    /// Sends WATCHDOG=1 if half the watchdog interval passed since the last one.
+    pub fn kick(&mut self, now: Instant) {
+        if let Some(every) = self.every {
+            if now.duration_since(self.last) >= every {
+                self.last = now;
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            }
+        }
+    }
 }

@@ -272,12 +272,28 @@ async fn lan(ioc: Rc<RefCell<Ioc>>, ready: Ready) {
 }
 
 /// Watches the NIC's link state and MTU and tells every host when they change.
+/// Also feeds the service watchdog and refreshes the STATUS= line: every task of the IOC
+/// shares this thread, so a data path stuck in a loop starves this task and stops the feed.
 async fn link_monitor(ioc: Rc<RefCell<Ioc>>, name: String) {
     let mut tick = tokio::time::interval(LINK_POLL);
+    let mut watchdog = notify::Watchdog::from_env();
+    let mut status_at = Instant::now();
     loop {
         tick.tick().await;
+        let now = Instant::now();
+        watchdog.kick(now);
         let up = netdev::is_running(&name).unwrap_or(false);
         let mut st = ioc.borrow_mut();
+        if now.duration_since(status_at) >= Duration::from_secs(5) {
+            status_at = now;
+            notify::status(&format!(
+                "{} host(s), LAN {name} link {}, {} frames from and {} to the LAN",
+                st.hosts.len(),
+                if st.link_up { "up" } else { "down" },
+                st.stats.lan_rx,
+                st.stats.lan_tx
+            ));
+        }
         if up == st.link_up {
             continue;
         }

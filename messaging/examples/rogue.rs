@@ -7,7 +7,9 @@
 //!
 //! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
 
-use splitnet_messaging::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel};
+use splitnet_messaging::adapter::{
+    Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
+};
 use splitnet_messaging::endpoint::handshake;
 use splitnet_messaging::memory::{DomainId, Handle, Registry};
 use splitnet_messaging::wire::{self, Message, PoolEntry, PoolGet, PoolRun, Role};
@@ -43,7 +45,10 @@ fn recv(ch: &mut Ch, reg: &mut Registry) -> Option<Vec<u8>> {
             Ok(Some(RxCompletion::Recv { .. })) => return Some(ch.received().to_vec()),
             Ok(_) => {}
             Err(ChannelError::Io(e))
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return None,
         }
     }
@@ -57,7 +62,10 @@ fn closed(ch: &mut Ch, reg: &mut Registry, within: Duration) -> bool {
         match ch.poll_recv(reg) {
             Ok(_) => {}
             Err(ChannelError::Io(e))
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return true,
         }
     }
@@ -79,7 +87,10 @@ fn connect_host(addr: &str) -> Result<Conn, String> {
     let r = recv(&mut ctrl, &mut reg).ok_or("no HelloReply")?;
     let r = handshake::accept_reply(&r).map_err(|e| e.to_string())?;
     let mut data = chan(TcpStream::connect(addr).map_err(|e| e.to_string())?);
-    send(&mut data, handshake::hello(Role::Host, 1, r.session, 0xbad, 70_000));
+    send(
+        &mut data,
+        handshake::hello(Role::Host, 1, r.session, 0xbad, 70_000),
+    );
     recv(&mut data, &mut reg).ok_or("no data HelloReply")?;
     let mut pools = Vec::new();
     while pools.is_empty() {
@@ -97,11 +108,20 @@ fn connect_host(addr: &str) -> Result<Conn, String> {
             }
         }
     }
-    Ok(Conn { ctrl, data, reg, pools })
+    Ok(Conn {
+        ctrl,
+        data,
+        reg,
+        pools,
+    })
 }
 
 fn write(ch: &mut Ch, handle: u64, addr: u64, len: usize) {
-    ch.post(Op::Write { handle, addr }, &[], Payload::Bytes(vec![0xEE; len]));
+    ch.post(
+        Op::Write { handle, addr },
+        &[],
+        Payload::Bytes(vec![0xEE; len]),
+    );
     let _ = ch.flush();
 }
 
@@ -109,7 +129,9 @@ fn write(ch: &mut Ch, handle: u64, addr: u64, len: usize) {
 fn attack_ioc(addr: &str) -> Vec<&'static str> {
     type Attack = fn(&mut Conn);
     let attacks: Vec<(&'static str, Attack)> = vec![
-        ("truncated message", |c| send(&mut c.ctrl, vec![0x01, 0x01, 0, 1, 0])),
+        ("truncated message", |c| {
+            send(&mut c.ctrl, vec![0x01, 0x01, 0, 1, 0])
+        }),
         ("unknown function", |c| {
             let mut m = msg(&Message::Keepalive);
             m[0] = 0x7f;
@@ -121,7 +143,11 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
             send(&mut c.ctrl, m)
         }),
         ("oversized SEND", |c| {
-            c.ctrl.post(Op::Send, &[], Payload::Bytes(vec![0; wire::MAX_MESSAGE_LEN + 1]));
+            c.ctrl.post(
+                Op::Send,
+                &[],
+                Payload::Bytes(vec![0; wire::MAX_MESSAGE_LEN + 1]),
+            );
             let _ = c.ctrl.flush();
         }),
         ("SendData over the frame limit", |c| {
@@ -170,7 +196,11 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
         ("credit returned that was never used", |c| {
             send(
                 &mut c.ctrl,
-                msg(&Message::BufferRecvPoolUpdate(vec![PoolRun { pool_ref: 0, first: 0, count: 1 }])),
+                msg(&Message::BufferRecvPoolUpdate(vec![PoolRun {
+                    pool_ref: 0,
+                    first: 0,
+                    count: 1,
+                }])),
             )
         }),
     ];
@@ -186,7 +216,14 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
         };
         attack(&mut c);
         let ok = closed(&mut c.data, &mut c.reg, WAIT) || closed(&mut c.ctrl, &mut c.reg, WAIT);
-        println!("{name}: {}", if ok { "refused, connection closed" } else { "NOT refused" });
+        println!(
+            "{name}: {}",
+            if ok {
+                "refused, connection closed"
+            } else {
+                "NOT refused"
+            }
+        );
         if !ok {
             missed.push(name);
         }
@@ -197,14 +234,20 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
             c.ctrl.post(
                 Op::Send,
                 &[],
-                Payload::Bytes(msg(&Message::BufferRecvPoolGet(PoolGet { element_size: 1 << 20, element_count: 4096 }))),
+                Payload::Bytes(msg(&Message::BufferRecvPoolGet(PoolGet {
+                    element_size: 1 << 20,
+                    element_count: 4096,
+                }))),
             );
         }
         let _ = c.ctrl.flush();
         let mut granted = 0u64;
         while let Some(m) = recv(&mut c.ctrl, &mut c.reg) {
             if let Ok((_, Message::BufferRecvPool(p))) = Message::parse(&m) {
-                granted += p.iter().map(|e| u64::from(e.element_size) * u64::from(e.element_count)).sum::<u64>();
+                granted += p
+                    .iter()
+                    .map(|e| u64::from(e.element_size) * u64::from(e.element_count))
+                    .sum::<u64>();
             }
         }
         println!("BufferRecvPoolGet flood: {granted} bytes granted beyond the initial pools");
@@ -217,7 +260,10 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
         let mut c = chan(s);
         let mut reg = Registry::new(0);
         let ok = closed(&mut c, &mut reg, Duration::from_secs(5));
-        println!("silent peer: {}", if ok { "dropped" } else { "NOT dropped" });
+        println!(
+            "silent peer: {}",
+            if ok { "dropped" } else { "NOT dropped" }
+        );
         if !ok {
             missed.push("silent peer");
         }
@@ -232,7 +278,10 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
         let refused = recv(&mut c, &mut reg)
             .map(|r| handshake::accept_reply(&r).is_err())
             .unwrap_or(true);
-        println!("unsupported Hello version: {}", if refused { "refused" } else { "NOT refused" });
+        println!(
+            "unsupported Hello version: {}",
+            if refused { "refused" } else { "NOT refused" }
+        );
         if !refused {
             missed.push("unsupported Hello version");
         }
@@ -253,10 +302,22 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
     let attacks: Vec<(&'static str, Attack)> = vec![
         ("write out of bounds", |_, d, p| {
             let e = p[0];
-            write(d, e.handle, e.address + u64::from(e.element_size) * u64::from(e.element_count), 64)
+            write(
+                d,
+                e.handle,
+                e.address + u64::from(e.element_size) * u64::from(e.element_count),
+                64,
+            )
         }),
         ("credit violation", |c, _, _| {
-            send(c, msg(&Message::BufferRecvPoolUpdate(vec![PoolRun { pool_ref: 0, first: 0, count: 1 }])))
+            send(
+                c,
+                msg(&Message::BufferRecvPoolUpdate(vec![PoolRun {
+                    pool_ref: 0,
+                    first: 0,
+                    count: 1,
+                }])),
+            )
         }),
         ("unknown function", |c, _, _| {
             let mut m = msg(&Message::Keepalive);
@@ -313,7 +374,14 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
         }
         attack(&mut ctrl, &mut data, &pools);
         let ok = closed(&mut data, &mut reg, WAIT) || closed(&mut ctrl, &mut reg, WAIT);
-        println!("{name}: {}", if ok { "refused, connection closed" } else { "NOT refused" });
+        println!(
+            "{name}: {}",
+            if ok {
+                "refused, connection closed"
+            } else {
+                "NOT refused"
+            }
+        );
         if !ok {
             missed.push(name);
         }

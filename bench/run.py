@@ -1,0 +1,321 @@
+#!/usr/bin/env python3
+"""splitnet against its peers, in one invocation, on the reference topology.
+
+Measures direct veth (the limit), kernel VXLAN + bridge, OpenVPN tap (cipher none) + bridge,
+and splitnet: iperf3 TCP each way (best of N runs), ping RTT (average and p99), CPU seconds
+per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate). Prints a
+table of absolute figures and ratios, writes bench/out/results.json and bench/out/chart.svg.
+
+    sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--only direct,vxlan,...]
+
+Needs root, iperf3, openvpn, iputils-ping, iproute2, and `cargo build --release` done.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release")
+OUT = os.path.join(ROOT, "bench", "out")
+NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
+procs = []
+
+
+def sh(cmd, check=True, **kw):
+    r = subprocess.run(cmd, shell=True, capture_output=True, text=True, **kw)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{cmd}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def bg(cmd, log):
+    p = subprocess.Popen(cmd, shell=True, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    procs.append(p)
+    return p
+
+
+def cleanup():
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    procs.clear()
+    sh("pkill -9 -f 'openvpn --dev tap' ; true", check=False)
+    for n in NS:
+        sh(f"ip netns del {n}", check=False)
+
+
+def base(hosts=1, bridge_fabric=False):
+    cleanup()
+    for n in ["sd-ioc", "sd-lan"]:
+        sh(f"ip netns add {n}; ip -n {n} link set lo up")
+    sh("ip link add lan0 netns sd-ioc type veth peer name lan1 netns sd-lan")
+    sh("ip -n sd-ioc link set lan0 up")
+    sh("ip -n sd-lan addr add 10.50.0.2/24 dev lan1; ip -n sd-lan link set lan1 up")
+    if not bridge_fabric:
+        sh("ip netns add sd-host; ip -n sd-host link set lo up")
+        sh("ip link add fab0 netns sd-host type veth peer name fab1 netns sd-ioc")
+        sh("ip -n sd-host addr add 10.200.0.1/24 dev fab0; ip -n sd-host link set fab0 up")
+        sh("ip -n sd-ioc addr add 10.200.0.2/24 dev fab1; ip -n sd-ioc link set fab1 up")
+        return
+    sh("ip -n sd-ioc link add fabbr type bridge; ip -n sd-ioc addr add 10.200.0.2/24 dev fabbr")
+    sh("ip -n sd-ioc link set fabbr up")
+    for k in range(1, hosts + 1):
+        ns = host_ns(k)
+        sh(f"ip netns add {ns}; ip -n {ns} link set lo up")
+        sh(f"ip link add fab0 netns {ns} type veth peer name fab{2*k-1} netns sd-ioc")
+        ip = "10.200.0.1" if k == 1 else f"10.200.0.{10+k}"
+        sh(f"ip -n {ns} addr add {ip}/24 dev fab0; ip -n {ns} link set fab0 up")
+        sh(f"ip -n sd-ioc link set fab{2*k-1} master fabbr; ip -n sd-ioc link set fab{2*k-1} up")
+
+
+def host_ns(k):
+    return "sd-host" if k == 1 else f"sd-host{k}"
+
+
+def host_ip(k):
+    return "10.50.0.1" if k == 1 else f"10.50.0.{k+1}"
+
+
+def setup_direct():
+    cleanup()
+    for n in ["sd-host", "sd-lan"]:
+        sh(f"ip netns add {n}; ip -n {n} link set lo up")
+    sh("ip link add h0 netns sd-host type veth peer name lan1 netns sd-lan")
+    sh("ip -n sd-host addr add 10.50.0.1/24 dev h0; ip -n sd-host link set h0 up")
+    sh("ip -n sd-lan addr add 10.50.0.2/24 dev lan1; ip -n sd-lan link set lan1 up")
+
+
+def setup_vxlan():
+    base()
+    sh("ip -n sd-host link add gt0 type vxlan id 42 local 10.200.0.1 remote 10.200.0.2 dstport 4789")
+    sh("ip -n sd-host addr add 10.50.0.1/24 dev gt0; ip -n sd-host link set gt0 up")
+    sh("ip -n sd-ioc link add gt1 type vxlan id 42 local 10.200.0.2 remote 10.200.0.1 dstport 4789")
+    sh("ip -n sd-ioc link add br0 type bridge; ip -n sd-ioc link set gt1 master br0")
+    sh("ip -n sd-ioc link set lan0 master br0; ip -n sd-ioc link set gt1 up; ip -n sd-ioc link set br0 up")
+
+
+def setup_openvpn():
+    base()
+    common = ("--dev-type tap --proto udp --cipher none --auth none --data-ciphers none "
+              "--allow-compression no --verb 0")
+    bg(f"ip netns exec sd-ioc openvpn --dev tap1 {common} --local 10.200.0.2 --lport 1194 "
+       f"--remote 10.200.0.1 --rport 1194", "/tmp/sd-ovpn1.log")
+    bg(f"ip netns exec sd-host openvpn --dev tap0 {common} --local 10.200.0.1 --lport 1194 "
+       f"--remote 10.200.0.2 --rport 1194", "/tmp/sd-ovpn0.log")
+    time.sleep(2)
+    sh("ip -n sd-host addr add 10.50.0.1/24 dev tap0; ip -n sd-host link set tap0 up")
+    sh("ip -n sd-ioc link add br0 type bridge; ip -n sd-ioc link set tap1 master br0")
+    sh("ip -n sd-ioc link set lan0 master br0; ip -n sd-ioc link set tap1 up; ip -n sd-ioc link set br0 up")
+    time.sleep(1)
+
+
+def wait_carrier(ns, timeout=10):
+    end = time.time() + timeout
+    while time.time() < end:
+        if "LOWER_UP" in sh(f"ip -n {ns} link show sd0", check=False):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"sd0 in {ns} has no carrier")
+
+
+def setup_splitnet(hosts=1):
+    base(hosts, bridge_fabric=hosts > 1)
+    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ROOT}/systemd/ioc.toml", "/tmp/sd-bench-ioc.log")
+    time.sleep(0.5)
+    for k in range(1, hosts + 1):
+        ns = host_ns(k)
+        bg(f"ip netns exec {ns} {BIN}/host-driver --config {ROOT}/systemd/host.toml",
+           f"/tmp/sd-bench-host{k}.log")
+        for _ in range(100):
+            if sh(f"ip -n {ns} link show sd0", check=False):
+                break
+            time.sleep(0.05)
+        sh(f"ip -n {ns} addr add {host_ip(k)}/24 dev sd0; ip -n {ns} link set sd0 up")
+    for k in range(1, hosts + 1):
+        wait_carrier(host_ns(k))
+    time.sleep(0.5)
+
+
+def cpu_busy():
+    """System-wide busy CPU seconds so far (all cores)."""
+    with open("/proc/stat") as f:
+        v = list(map(int, f.readline().split()[1:]))
+    idle = v[3] + v[4]
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def iperf(ns_list, secs, reverse=False):
+    """Concurrent iperf3 clients from each namespace; returns (Gb/s sum, bytes, cpu s)."""
+    servers = []
+    for i, _ in enumerate(ns_list):
+        servers.append(bg(f"ip netns exec sd-lan iperf3 -s -1 -p {5300+i}", f"/tmp/sd-bench-srv{i}.log"))
+    time.sleep(0.4)
+    c0 = cpu_busy()
+    clients = [subprocess.Popen(
+        f"ip netns exec {ns} iperf3 -c 10.50.0.2 -p {5300+i} -t {secs} -J {'-R' if reverse else ''}",
+        shell=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for i, ns in enumerate(ns_list)]
+    outs = [c.communicate(timeout=secs + 30)[0] for c in clients]
+    c1 = cpu_busy()
+    gbps, nbytes = 0.0, 0
+    for o in outs:
+        d = json.loads(o)
+        if "error" in d:
+            raise RuntimeError(d["error"])
+        s = d["end"]["sum_received"]
+        gbps += s["bits_per_second"] / 1e9
+        nbytes += s["bytes"]
+    for s in servers:
+        try:
+            os.killpg(s.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return gbps, nbytes, c1 - c0
+
+
+def ping(ns="sd-host", count=300):
+    out = sh(f"ip netns exec {ns} ping -c {count} -i 0.005 10.50.0.2", check=False)
+    rtts = sorted(float(l.split("time=")[1].split()[0]) * 1000 for l in out.splitlines() if "time=" in l)
+    if not rtts:
+        return None, None
+    return sum(rtts) / len(rtts), rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))]
+
+
+def measure(name, setup, secs, runs):
+    setup()
+    r = {"mode": name}
+    for d, rev in (("tx", False), ("rx", True)):
+        best, cpu_per_gb = 0.0, None
+        for _ in range(runs):
+            gbps, nbytes, cpu = iperf(["sd-host"], secs, rev)
+            if gbps > best:
+                best, cpu_per_gb = gbps, cpu / (nbytes / 1e9) if nbytes else None
+        r[f"{d}_gbps"] = round(best, 2)
+        r[f"{d}_cpu_s_per_gb"] = round(cpu_per_gb, 3) if cpu_per_gb else None
+    avg, p99 = ping()
+    r["ping_avg_us"] = round(avg) if avg else None
+    r["ping_p99_us"] = round(p99) if p99 else None
+    if name == "splitnet":
+        r["rss_kib"] = {p: rss(p) for p in ("ioc-driver", "host-driver")}
+    cleanup()
+    print(f"  {name:<10} tx {r['tx_gbps']:>6} Gb/s  rx {r['rx_gbps']:>6} Gb/s  "
+          f"ping {r['ping_avg_us']} us (p99 {r['ping_p99_us']})", flush=True)
+    return r
+
+
+def rss(proc):
+    out = sh(f"pgrep -f {BIN}/{proc}", check=False).split()
+    for pid in out:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for l in f:
+                    if l.startswith("VmRSS"):
+                        return int(l.split()[1])
+        except FileNotFoundError:
+            pass
+    return None
+
+
+def scale(hosts_list, secs):
+    res = []
+    for n in hosts_list:
+        setup_splitnet(n)
+        gbps, _, _ = iperf([host_ns(k) for k in range(1, n + 1)], secs)
+        rgbps, _, _ = iperf([host_ns(k) for k in range(1, n + 1)], secs, reverse=True)
+        cleanup()
+        res.append({"hosts": n, "tx_gbps": round(gbps, 2), "rx_gbps": round(rgbps, 2)})
+        print(f"  {n} host(s): aggregate tx {gbps:.2f} Gb/s, rx {rgbps:.2f} Gb/s", flush=True)
+    return res
+
+
+def svg(results, scaling, path):
+    """A bar chart of tx/rx per mode and the multi-host aggregate, as plain SVG."""
+    w, h, pad = 760, 340, 50
+    vmax = max([r["tx_gbps"] for r in results] + [r["rx_gbps"] for r in results] +
+               [s["tx_gbps"] for s in scaling] + [1])
+    items = [(r["mode"], r["tx_gbps"], r["rx_gbps"]) for r in results]
+    items += [(f"{s['hosts']}h agg", s["tx_gbps"], s["rx_gbps"]) for s in scaling]
+    bw = (w - 2 * pad) / max(len(items), 1)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+             f'<text x="{pad}" y="20" font-size="14">iperf3 TCP throughput (Gb/s): tx dark, rx light</text>']
+    for i, (name, tx, rx) in enumerate(items):
+        x = pad + i * bw
+        for j, (v, color) in enumerate(((tx, "#2b5c8a"), (rx, "#8ab6e0"))):
+            bh = (h - 2 * pad) * v / vmax
+            parts.append(f'<rect x="{x + 4 + j * (bw - 8) / 2:.1f}" y="{h - pad - bh:.1f}" '
+                         f'width="{(bw - 8) / 2:.1f}" height="{bh:.1f}" fill="{color}"/>')
+            parts.append(f'<text x="{x + 4 + j * (bw - 8) / 2:.1f}" y="{h - pad - bh - 3:.1f}">{v:.1f}</text>')
+        parts.append(f'<text x="{x + 4:.1f}" y="{h - pad + 15}">{name}</text>')
+    parts.append(f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>')
+    parts.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(parts))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--hosts", default="1,2,4,8")
+    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces)")
+    for tool in ("iperf3", "ip", "ping") + (("openvpn",) if "openvpn" in a.only else ()):
+        if not shutil.which(tool):
+            sys.exit(f"missing tool: {tool}")
+    for b in ("host-driver", "ioc-driver"):
+        if not os.access(os.path.join(BIN, b), os.X_OK):
+            sys.exit(f"missing {BIN}/{b}: run cargo build --release")
+    os.makedirs(OUT, exist_ok=True)
+    setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn,
+              "splitnet": setup_splitnet}
+    results = []
+    try:
+        print(f"== peers and splitnet: iperf3 {a.seconds}s x best of {a.runs}, ping 300 x 5 ms")
+        for m in a.only.split(","):
+            results.append(measure(m, setups[m], a.seconds, a.runs))
+        print("== splitnet, hosts sharing one IOC (aggregate)")
+        scaling = scale([int(x) for x in a.hosts.split(",") if x], a.seconds)
+    finally:
+        cleanup()
+    by = {r["mode"]: r for r in results}
+    print()
+    print(f"{'mode':<10} {'tx Gb/s':>8} {'rx Gb/s':>8} {'ping us':>8} {'p99 us':>7} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}")
+    for r in results:
+        print(f"{r['mode']:<10} {r['tx_gbps']:>8} {r['rx_gbps']:>8} {str(r['ping_avg_us']):>8} "
+              f"{str(r['ping_p99_us']):>7} {str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}")
+    ratios = {}
+    s = by.get("splitnet")
+    if s:
+        for peer in ("direct", "vxlan", "openvpn"):
+            p = by.get(peer)
+            if p and p["tx_gbps"] and p["rx_gbps"]:
+                ratios[f"tx_vs_{peer}"] = round(s["tx_gbps"] / p["tx_gbps"], 2)
+                ratios[f"rx_vs_{peer}"] = round(s["rx_gbps"] / p["rx_gbps"], 2)
+                if p["ping_avg_us"] and s["ping_avg_us"]:
+                    ratios[f"ping_vs_{peer}"] = round(s["ping_avg_us"] / p["ping_avg_us"], 2)
+        if scaling and scaling[0]["tx_gbps"]:
+            last = scaling[-1]
+            ratios[f"agg_{last['hosts']}h_vs_1h_tx"] = round(last["tx_gbps"] / scaling[0]["tx_gbps"], 2)
+            ratios[f"agg_{last['hosts']}h_vs_1h_rx"] = round(last["rx_gbps"] / scaling[0]["rx_gbps"], 2)
+        print("\nratios (splitnet / peer):", json.dumps(ratios))
+        print("resident memory (KiB):", s.get("rss_kib"))
+    doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": a.seconds,
+           "runs": a.runs, "results": results, "scaling": scaling, "ratios": ratios}
+    with open(os.path.join(OUT, "results.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+    svg(results, scaling, os.path.join(OUT, "chart.svg"))
+    print(f"\nwrote {OUT}/results.json and {OUT}/chart.svg")
+
+
+if __name__ == "__main__":
+    main()

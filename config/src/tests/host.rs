@@ -1,0 +1,186 @@
+//! host.toml: defaults and every rule of `[fabric]` and `[interface]`.
+
+use super::{err, host, host_text, invalid, parse_error, P};
+use crate::MacAddr;
+use std::time::Duration;
+
+#[test]
+fn defaults() {
+    let h = host("").unwrap();
+    assert_eq!(h.fabric.ioc.to_string(), "10.0.0.1:7400");
+    assert_eq!(h.fabric.keepalive_interval(), Duration::from_millis(200));
+    assert_eq!(h.fabric.keepalive_timeout(), Duration::from_millis(750));
+    assert_eq!(h.fabric.reconnect_min(), Duration::from_millis(100));
+    assert_eq!(h.fabric.reconnect_max(), Duration::from_millis(500));
+    assert_eq!(h.fabric.node_id, None);
+    assert_eq!(h.interface.name, "sd0");
+    assert_eq!(h.interface.mac, None);
+    assert!(h.interface.offload);
+    assert_eq!(h.interface.queues, 1);
+    assert_eq!(h.pools, crate::Pools::default());
+    assert_eq!(h.log.level, "info");
+}
+
+#[test]
+fn every_key_is_read() {
+    let h = host(
+        "keepalive_interval_ms = 10\nkeepalive_timeout_ms = 21\nreconnect_min_ms = 10\n\
+         reconnect_max_ms = 10\nnode_id = 42\n\
+         [interface]\nname = \"a-b_c.9\"\nmac = \"02:AB:cd:00:00:01\"\noffload = false\nqueues = 1\n\
+         [log]\nlevel = \"trace\"",
+    )
+    .unwrap();
+    assert_eq!(h.fabric.keepalive_interval_ms, 10);
+    assert_eq!(h.fabric.keepalive_timeout_ms, 21);
+    assert_eq!(h.fabric.reconnect_min_ms, 10);
+    assert_eq!(h.fabric.reconnect_max_ms, 10);
+    assert_eq!(h.fabric.node_id, Some(42));
+    assert_eq!(h.interface.name, "a-b_c.9");
+    assert_eq!(h.interface.mac, Some(MacAddr([0x02, 0xab, 0xcd, 0, 0, 1])));
+    assert!(!h.interface.offload);
+    assert_eq!(h.interface.queues, 1);
+    assert_eq!(h.log.level, "trace");
+}
+
+#[test]
+fn node_id_zero_means_derive() {
+    assert_eq!(host("node_id = 0").unwrap().fabric.node_id, None);
+}
+
+#[test]
+fn ioc_address() {
+    parse_error(host_text("[interface]\nname = \"sd0\""), &["fabric"]);
+    assert_eq!(
+        super::err(host_text("")),
+        format!("{P}: line 1, column 1: missing field `fabric`")
+    );
+    parse_error(host_text("[fabric]\nnode_id = 1"), &["ioc"]);
+    parse_error(host_text("[fabric]\nioc = \"not an address\""), &["ioc"]);
+    parse_error(host_text("[fabric]\nioc = \"10.0.0.1\""), &["ioc"]);
+    invalid(host_text("[fabric]\nioc = \"0.0.0.0:7400\""), "fabric.ioc");
+    invalid(host_text("[fabric]\nioc = \"10.0.0.1:0\""), "fabric.ioc");
+    let h = host_text("[fabric]\nioc = \"[fd00::2]:7400\"").unwrap();
+    assert!(h.fabric.ioc.is_ipv6());
+}
+
+#[test]
+fn keepalive_interval_range() {
+    invalid(
+        host("keepalive_interval_ms = 9"),
+        "fabric.keepalive_interval_ms",
+    );
+    invalid(
+        host("keepalive_interval_ms = 60001\nkeepalive_timeout_ms = 600000"),
+        "fabric.keepalive_interval_ms",
+    );
+    host("keepalive_interval_ms = 60000\nkeepalive_timeout_ms = 120001").unwrap();
+}
+
+#[test]
+fn keepalive_timeout_exceeds_twice_interval() {
+    let r = invalid(
+        host("keepalive_interval_ms = 500\nkeepalive_timeout_ms = 1000"),
+        "fabric.keepalive_timeout_ms",
+    );
+    assert!(r.contains("twice"), "{r}");
+    host("keepalive_interval_ms = 500\nkeepalive_timeout_ms = 1001").unwrap();
+    invalid(
+        host("keepalive_timeout_ms = 400"),
+        "fabric.keepalive_timeout_ms",
+    );
+}
+
+#[test]
+fn keepalive_timeout_ceiling() {
+    invalid(
+        host("keepalive_timeout_ms = 600001"),
+        "fabric.keepalive_timeout_ms",
+    );
+    host("keepalive_timeout_ms = 600000").unwrap();
+}
+
+#[test]
+fn reconnect_bounds() {
+    invalid(host("reconnect_min_ms = 9"), "fabric.reconnect_min_ms");
+    invalid(
+        host("reconnect_min_ms = 60001\nreconnect_max_ms = 70000"),
+        "fabric.reconnect_min_ms",
+    );
+    let r = invalid(
+        host("reconnect_min_ms = 300\nreconnect_max_ms = 299"),
+        "fabric.reconnect_max_ms",
+    );
+    assert!(r.contains("299"), "{r}");
+    invalid(host("reconnect_max_ms = 600001"), "fabric.reconnect_max_ms");
+    host("reconnect_min_ms = 60000\nreconnect_max_ms = 600000").unwrap();
+}
+
+#[test]
+fn interface_name_too_long_message() {
+    let e = err(host("[interface]\nname = \"averyveryverylongname\""));
+    assert_eq!(
+        e,
+        format!("{P}: interface.name: \"averyveryverylongname\" is 21 bytes, at most 15 allowed")
+    );
+    host("[interface]\nname = \"fifteen-bytes-x\"").unwrap();
+}
+
+#[test]
+fn interface_name_forms() {
+    for bad in ["", ".", "..", "sd 0", "sd/0", "sd:0", "sé0", "sd0\\n"] {
+        let text = format!("[interface]\nname = {bad:?}");
+        invalid(host(&text), "interface.name");
+    }
+    for good in ["sd0", "a", "x.y", "my_tap-1", ".a", "..."] {
+        let text = format!("[interface]\nname = {good:?}");
+        assert_eq!(host(&text).unwrap().interface.name, good);
+    }
+}
+
+#[test]
+fn interface_mac() {
+    let r = invalid(
+        host("[interface]\nmac = \"03:00:00:00:00:01\""),
+        "interface.mac",
+    );
+    assert!(r.contains("unicast"), "{r}");
+    invalid(
+        host("[interface]\nmac = \"ff:ff:ff:ff:ff:ff\""),
+        "interface.mac",
+    );
+    let r = invalid(
+        host("[interface]\nmac = \"00:00:00:00:00:00\""),
+        "interface.mac",
+    );
+    assert!(r.contains("zero"), "{r}");
+    parse_error(
+        host("[interface]\nmac = \"zz:00:00:00:00:01\""),
+        &["mac", "MAC"],
+    );
+    parse_error(host("[interface]\nmac = 5"), &["mac"]);
+}
+
+#[test]
+fn interface_queues() {
+    invalid(host("[interface]\nqueues = 0"), "interface.queues");
+    invalid(host("[interface]\nqueues = 2"), "interface.queues");
+    parse_error(host("[interface]\nqueues = -1"), &["queues"]);
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    parse_error(host("[interface]\nnmae = \"sd0\""), &["nmae"]);
+    parse_error(host("keepalive_ms = 5"), &["keepalive_ms"]);
+    parse_error(host("[pools]\nelement_size = 5"), &["element_size"]);
+    parse_error(host("[log]\nfile = \"x\""), &["file"]);
+    parse_error(host("[lan]\ninterface = \"lan0\""), &["lan"]);
+}
+
+#[test]
+fn wrong_types_are_named() {
+    parse_error(
+        host("keepalive_interval_ms = \"200\""),
+        &["keepalive_interval_ms"],
+    );
+    parse_error(host("[interface]\noffload = 1"), &["offload"]);
+}

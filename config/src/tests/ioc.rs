@@ -1,0 +1,169 @@
+//! ioc.toml: defaults and every rule of `[fabric]` and `[lan]`.
+
+use super::{invalid, ioc, ioc_text, parse_error};
+use crate::{MacAddr, Promiscuous};
+use std::time::Duration;
+
+#[test]
+fn defaults() {
+    let i = ioc("", "", "").unwrap();
+    assert_eq!(i.fabric.listen.to_string(), "10.0.0.1:7400");
+    assert_eq!(i.fabric.max_hosts, 8);
+    assert_eq!(i.fabric.keepalive_interval(), Duration::from_millis(200));
+    assert_eq!(i.fabric.keepalive_timeout(), Duration::from_millis(750));
+    assert_eq!(i.fabric.handshake_timeout(), Duration::from_millis(2000));
+    assert_eq!(i.lan.interface, "lan0");
+    assert_eq!(i.lan.promiscuous, Promiscuous::Auto);
+    assert_eq!(i.lan.mac_base, MacAddr([0x02, 0x5d, 0, 0, 0, 0]));
+    assert_eq!(i.lan.mtu, None);
+    assert!(i.lan.offload);
+    assert_eq!(i.pools, crate::Pools::default());
+    assert_eq!(i.log.level, "info");
+}
+
+#[test]
+fn every_key_is_read() {
+    let i = ioc(
+        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100",
+        "promiscuous = \"off\"\nmac_base = \"06:11:22:33:44:55\"\nmtu = 9000\noffload = false",
+        "[log]\nlevel = \"warn\"",
+    )
+    .unwrap();
+    assert_eq!(i.fabric.max_hosts, 64);
+    assert_eq!(i.fabric.keepalive_interval_ms, 100);
+    assert_eq!(i.fabric.keepalive_timeout_ms, 201);
+    assert_eq!(i.fabric.handshake_timeout_ms, 100);
+    assert_eq!(i.lan.promiscuous, Promiscuous::Off);
+    assert_eq!(i.lan.mac_base.to_string(), "06:11:22:33:44:55");
+    assert_eq!(i.lan.mtu, Some(9000));
+    assert!(!i.lan.offload);
+    assert_eq!(i.log.level, "warn");
+}
+
+#[test]
+fn required_keys() {
+    parse_error(ioc_text("[fabric]\nlisten = \"10.0.0.1:7400\""), &["lan"]);
+    parse_error(ioc_text("[lan]\ninterface = \"lan0\""), &["fabric"]);
+    parse_error(
+        ioc_text("[fabric]\nlisten = \"10.0.0.1:7400\"\n[lan]\nmtu = 1500"),
+        &["interface"],
+    );
+    parse_error(
+        ioc_text("[fabric]\nmax_hosts = 2\n[lan]\ninterface = \"lan0\""),
+        &["listen"],
+    );
+}
+
+#[test]
+fn listen_address() {
+    let i = ioc_text("[fabric]\nlisten = \"0.0.0.0:7400\"\n[lan]\ninterface = \"lan0\"").unwrap();
+    assert!(i.fabric.listen.ip().is_unspecified());
+    invalid(
+        ioc_text("[fabric]\nlisten = \"10.0.0.1:0\"\n[lan]\ninterface = \"lan0\""),
+        "fabric.listen",
+    );
+    parse_error(
+        ioc_text("[fabric]\nlisten = \"lan0:7400\"\n[lan]\ninterface = \"lan0\""),
+        &["listen"],
+    );
+}
+
+#[test]
+fn max_hosts_range() {
+    invalid(ioc("max_hosts = 0", "", ""), "fabric.max_hosts");
+    invalid(ioc("max_hosts = 65", "", ""), "fabric.max_hosts");
+    ioc("max_hosts = 1", "", "").unwrap();
+}
+
+#[test]
+fn keepalive_rules() {
+    invalid(
+        ioc("keepalive_interval_ms = 9", "", ""),
+        "fabric.keepalive_interval_ms",
+    );
+    invalid(
+        ioc("keepalive_interval_ms = 375", "", ""),
+        "fabric.keepalive_timeout_ms",
+    );
+    invalid(
+        ioc("keepalive_timeout_ms = 600001", "", ""),
+        "fabric.keepalive_timeout_ms",
+    );
+}
+
+#[test]
+fn handshake_timeout_range() {
+    invalid(
+        ioc("handshake_timeout_ms = 99", "", ""),
+        "fabric.handshake_timeout_ms",
+    );
+    invalid(
+        ioc("handshake_timeout_ms = 60001", "", ""),
+        "fabric.handshake_timeout_ms",
+    );
+    ioc("handshake_timeout_ms = 60000", "", "").unwrap();
+}
+
+#[test]
+fn lan_interface_name() {
+    let text = "[fabric]\nlisten = \"10.0.0.1:7400\"\n[lan]\ninterface = \"averyveryverylongname\"";
+    let r = invalid(ioc_text(text), "lan.interface");
+    assert!(r.contains("at most 15"), "{r}");
+    for bad in ["", ".", "..", "eth 0"] {
+        let text = format!("[fabric]\nlisten = \"10.0.0.1:7400\"\n[lan]\ninterface = {bad:?}");
+        invalid(ioc_text(&text), "lan.interface");
+    }
+}
+
+#[test]
+fn promiscuous_values() {
+    for (s, p) in [
+        ("auto", Promiscuous::Auto),
+        ("on", Promiscuous::On),
+        ("off", Promiscuous::Off),
+    ] {
+        let lan = format!("promiscuous = {s:?}");
+        assert_eq!(ioc("", &lan, "").unwrap().lan.promiscuous, p);
+    }
+    parse_error(ioc("", "promiscuous = \"maybe\"", ""), &["maybe"]);
+    parse_error(ioc("", "promiscuous = \"On\"", ""), &["On"]);
+    parse_error(ioc("", "promiscuous = true", ""), &["promiscuous"]);
+}
+
+#[test]
+fn mac_base_rules() {
+    let r = invalid(
+        ioc("", "mac_base = \"03:5d:00:00:00:00\"", ""),
+        "lan.mac_base",
+    );
+    assert!(r.contains("unicast"), "{r}");
+    invalid(
+        ioc("", "mac_base = \"00:00:00:00:00:00\"", ""),
+        "lan.mac_base",
+    );
+    parse_error(ioc("", "mac_base = \"02:5d:00:00:00\"", ""), &["mac_base"]);
+}
+
+#[test]
+fn mtu_range() {
+    invalid(ioc("", "mtu = 67", ""), "lan.mtu");
+    invalid(ioc("", "mtu = 65536", ""), "lan.mtu");
+    assert_eq!(ioc("", "mtu = 68", "").unwrap().lan.mtu, Some(68));
+    assert_eq!(ioc("", "mtu = 65535", "").unwrap().lan.mtu, Some(65535));
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    parse_error(ioc("", "promisc = \"on\"", ""), &["promisc"]);
+    parse_error(ioc("reconnect_min_ms = 100", "", ""), &["reconnect_min_ms"]);
+    parse_error(ioc("", "", "[interface]\nname = \"sd0\""), &["interface"]);
+}
+
+#[test]
+fn shared_sections_are_validated() {
+    invalid(
+        ioc("", "", "[pools]\ncredit_batch = 0"),
+        "pools.credit_batch",
+    );
+    invalid(ioc("", "", "[log]\nlevel = \"loud\""), "log.level");
+}
