@@ -212,7 +212,7 @@ def measure(name, setup, secs, runs):
 
 
 def rss(proc):
-    out = sh(f"pgrep -f {BIN}/{proc}", check=False).split()
+    out = sh(f"pgrep -x {proc}", check=False).split()
     for pid in out:
         try:
             with open(f"/proc/{pid}/status") as f:

@@ -21,7 +21,18 @@ fuzz_target!(|input: (Vec<u8>, Vec<u8>)| {
     let mut rx = RxStream::new(DomainId(1), 1024);
     let mut pos = 0;
     let mut cut = cuts.iter().cycle();
-    while pos < bytes.len() {
+    'feed: while pos < bytes.len() {
+        loop {
+            match rx.poll_staged(&mut reg) {
+                Ok(Some(RxCompletion::Write { handle, len, .. })) => {
+                    assert_eq!(handle, mine);
+                    assert!(len <= 256);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(_) => break 'feed,
+            }
+        }
         let want = usize::from(*cut.next().unwrap_or(&255)).max(1);
         let buf = rx.buffer(&mut reg);
         let n = want.min(buf.len()).min(bytes.len() - pos);

@@ -237,8 +237,8 @@ impl<'a> Conn<'a> {
         cfg: &HostConfig,
         tap: &'a Tap,
         tap_ready: &'a fabric::Ready,
-        ctrl: std::net::TcpStream,
-        data: std::net::TcpStream,
+        ctrl: fabric::TcpChannel,
+        data: fabric::TcpChannel,
         offload: bool,
     ) -> io::Result<Conn<'a>> {
         let sc = session_config(cfg);

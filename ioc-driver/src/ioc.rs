@@ -187,6 +187,72 @@ impl Ioc {
         }
     }
 
+    /// Admits a host whose handshake completed: tells it the NIC's state and sends what its
+    /// link has queued (the HelloReply and the pool advertisements). Returns the notifier
+    /// that wakes its task.
+    pub fn add_host(
+        &mut self,
+        session: u64,
+        node_id: u64,
+        mut link: Link<TcpChannel>,
+        peer: std::net::SocketAddr,
+    ) -> Rc<Notify> {
+        let mac = self.assign_mac(node_id);
+        let f = &self.cfg.fabric;
+        link.session_mut().cfg_request(
+            CfgCode::LinkChange,
+            &wire::LinkChange {
+                up: self.link_up,
+                mtu: self.mtu,
+            }
+            .emit(),
+        );
+        let wake = Rc::new(Notify::new());
+        self.hosts.insert(
+            session,
+            Host {
+                session,
+                node_id,
+                mac,
+                mtu: self.mtu,
+                promisc: false,
+                multicast: Vec::new(),
+                features: 0,
+                link: Some(link),
+                wake: wake.clone(),
+                keepalive: Keepalive::new(
+                    f.keepalive_interval(),
+                    f.keepalive_timeout(),
+                    std::time::Instant::now(),
+                ),
+                stats: Stats::default(),
+            },
+        );
+        info!(
+            %peer,
+            session,
+            node_id,
+            mac = %fmt_mac(&mac),
+            hosts = self.hosts.len(),
+            pool_regions = self.reg.stats().regions,
+            "host connected"
+        );
+        crate::notify::status(&format!(
+            "{} host(s) connected, LAN {}",
+            self.hosts.len(),
+            self.cfg.lan.interface
+        ));
+        self.kick_hosts();
+        wake
+    }
+
+    /// Frees every region of `domain` (a host that could not be admitted).
+    pub fn free_domain(&mut self, domain: splitnet_messaging::memory::DomainId) {
+        for h in self.reg.regions_of(domain) {
+            let _ = self.reg.deregister(h);
+        }
+    }
+
     /// Answers a host's CfgUtilRequest.
     pub fn cfg_request(&mut self, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
         let (mtu_max, link_up) = (self.mtu, self.link_up);

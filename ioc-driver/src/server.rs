@@ -2,11 +2,11 @@
 //! graceful shutdown.
 
 use crate::forward::LanProgress;
-use crate::ioc::{fmt_mac, Host, Ioc};
+use crate::ioc::{fmt_mac, Ioc};
 use crate::{hosts, notify};
 use splitnet_config::{IocConfig, Promiscuous};
-use splitnet_messaging::endpoint::{Keepalive, Lane, Session};
-use splitnet_messaging::fabric::{self, LinkReady, Ready, TcpLink};
+use splitnet_messaging::endpoint::{Lane, Session};
+use splitnet_messaging::fabric::{self, Ready, TcpLink};
 use splitnet_messaging::memory::DomainId;
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Role};
@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 /// How often the NIC's link state and MTU are checked.
@@ -52,7 +51,7 @@ pub enum StartError {
 }
 
 /// Control channels waiting for their data channel, by session id.
-type Pending = Rc<RefCell<HashMap<u64, (TcpStream, u64)>>>;
+type Pending = Rc<RefCell<HashMap<u64, (fabric::TcpChannel, u64)>>>;
 
 /// Runs the IOC until SIGTERM/SIGINT.
 pub async fn run(cfg: IocConfig) -> Result<(), StartError> {
@@ -118,7 +117,7 @@ async fn handshake(
     peer: std::net::SocketAddr,
 ) {
     let timeout = ioc.borrow().cfg.fabric.handshake_timeout();
-    let (sock, hello, version) = match fabric::accept_hello(sock, timeout).await {
+    let (mut ch, hello, version) = match fabric::accept_hello(sock, timeout).await {
         Ok(h) => h,
         Err(e) => {
             ioc.borrow_mut().stats.handshake_failures += 1;
@@ -126,12 +125,12 @@ async fn handshake(
             return;
         }
     };
-    let refuse = |sock: TcpStream, status: ErrorCode, why: &str| {
+    let refuse = |ch, status: ErrorCode, why: &str| {
         warn!(%peer, ?status, "connection refused: {why}");
-        fabric::reply_hello(sock, version, status, 0, timeout)
+        fabric::refuse(ch, version, status, timeout)
     };
     if hello.role != Role::Host {
-        return refuse(sock, ErrorCode::Refused, "peer is not a host").await;
+        return refuse(ch, ErrorCode::Refused, "peer is not a host").await;
     }
     if hello.channel == wire::CONTROL_CHANNEL {
         let admitted = {
@@ -146,13 +145,14 @@ async fn handshake(
         };
         let session = match admitted {
             Ok(s) => s,
-            Err((status, why)) => return refuse(sock, status, why).await,
+            Err((status, why)) => return refuse(ch, status, why).await,
         };
-        let Ok(reply_sock) = sock.try_clone() else {
+        fabric::post_reply(&mut ch, version, ErrorCode::Ok, session);
+        if let Err(e) = fabric::flush(&mut ch, timeout).await {
+            warn!(%peer, "cannot answer the Hello: {e}");
             return;
-        };
-        pending.borrow_mut().insert(session, (sock, hello.node_id));
-        fabric::reply_hello(reply_sock, version, ErrorCode::Ok, session, timeout).await;
+        }
+        pending.borrow_mut().insert(session, (ch, hello.node_id));
         debug!(%peer, session, "control channel open, waiting for the data channel");
         // A host that never opens its data channel is dropped after the handshake timeout.
         tokio::time::sleep(timeout).await;
@@ -163,80 +163,29 @@ async fn handshake(
         return;
     }
     let Some((ctrl, node_id)) = pending.borrow_mut().remove(&hello.session) else {
-        return refuse(sock, ErrorCode::UnknownSession, "unknown session").await;
-    };
-    let Ok(reply_sock) = sock.try_clone() else {
-        return;
+        return refuse(ch, ErrorCode::UnknownSession, "unknown session").await;
     };
     let session = hello.session;
-    let host = {
-        let mut st = ioc.borrow_mut();
-        let sc = st.session_config();
-        let mut s = Session::new(DomainId(session as u32), sc);
-        if let Err(e) = s.start(&mut st.reg) {
-            warn!(%peer, "cannot register pools for a new host: {e}");
-            None
-        } else {
-            match TcpLink::new(s, ctrl, sock) {
-                Err(e) => {
-                    warn!(%peer, "cannot register the host's sockets: {e}");
-                    for h in st.reg.regions_of(DomainId(session as u32)) {
-                        let _ = st.reg.deregister(h);
-                    }
-                    None
-                }
-                Ok(tl) => {
-                    let TcpLink { ready, mut link } = tl;
-                    let mac = st.assign_mac(node_id);
-                    let f = st.cfg.fabric.clone();
-                    let link_up = st.link_up;
-                    let mtu = st.mtu;
-                    link.session_mut().cfg_request(
-                        CfgCode::LinkChange,
-                        &wire::LinkChange { up: link_up, mtu }.emit(),
-                    );
-                    let wake = Rc::new(Notify::new());
-                    st.hosts.insert(
-                        session,
-                        Host {
-                            session,
-                            node_id,
-                            mac,
-                            mtu,
-                            promisc: false,
-                            multicast: Vec::new(),
-                            features: 0,
-                            link: Some(link),
-                            wake: wake.clone(),
-                            keepalive: Keepalive::new(
-                                f.keepalive_interval(),
-                                f.keepalive_timeout(),
-                                Instant::now(),
-                            ),
-                            stats: wire::Stats::default(),
-                        },
-                    );
-                    info!(%peer, session, node_id, mac = %fmt_mac(&mac), hosts = st.hosts.len(), pool_regions = st.reg.stats().regions, "host connected");
-                    notify::status(&format!(
-                        "{} host(s) connected, LAN {}",
-                        st.hosts.len(),
-                        st.cfg.lan.interface
-                    ));
-                    Some((ready, wake))
-                }
-            }
+    let domain = DomainId(session as u32);
+    let mut s = Session::new(domain, ioc.borrow().session_config());
+    let started = s.start(&mut ioc.borrow_mut().reg);
+    if let Err(e) = started {
+        warn!(%peer, "cannot register pools for a new host: {e}");
+        ioc.borrow_mut().free_domain(domain);
+        return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+    }
+    // The reply goes first on the data channel, ahead of anything posted to the host later.
+    fabric::post_reply(&mut ch, version, ErrorCode::Ok, session);
+    let tl = match TcpLink::new(s, ctrl, ch) {
+        Ok(tl) => tl,
+        Err(e) => {
+            warn!(%peer, "cannot register the host's sockets: {e}");
+            ioc.borrow_mut().free_domain(domain);
+            return;
         }
     };
-    let Some(host) = host else {
-        return refuse(
-            reply_sock,
-            ErrorCode::ResourceLimit,
-            "cannot admit the host",
-        )
-        .await;
-    };
-    fabric::reply_hello(reply_sock, version, ErrorCode::Ok, session, timeout).await;
-    let (ready, wake): (LinkReady, _) = host;
+    let TcpLink { ready, link } = tl;
+    let wake = ioc.borrow_mut().add_host(session, node_id, link, peer);
     hosts::serve(ioc, session, ready, wake).await;
 }
 

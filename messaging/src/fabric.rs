@@ -5,7 +5,7 @@
 //! [`TcpLink::ready`] and then drive the link until the sockets would block; nothing here
 //! buffers or copies frames.
 
-use crate::adapter::{Channel, ChannelError, RxCompletion, StreamChannel};
+use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel};
 use crate::endpoint::handshake::{self, HandshakeError};
 use crate::endpoint::{Lane, Link, Session};
 use crate::memory::{DomainId, Registry};
@@ -78,31 +78,35 @@ fn prepare(sock: &TcpStream) -> io::Result<()> {
     sock.set_nonblocking(true)
 }
 
-/// Sends one message and waits for one in return, within `timeout`.
-async fn exchange(
-    sock: TcpStream,
-    msg: Option<Vec<u8>>,
-    timeout: Duration,
-) -> Result<(TcpStream, Vec<u8>), FabricError> {
+/// A channel for a new connection; its domain is set once the session is known.
+fn channel(sock: TcpStream) -> io::Result<TcpChannel> {
     prepare(&sock)?;
-    let ready = Ready::new(&sock)?;
-    let mut ch = StreamChannel::new(sock, DomainId(0), wire::MAX_MESSAGE_LEN);
-    let mut reg = Registry::new(0);
-    if let Some(m) = msg {
-        ch.post(
-            crate::adapter::Op::Send,
-            &[],
-            crate::adapter::Payload::Bytes(m),
-        );
-    }
+    Ok(StreamChannel::new(sock, DomainId(0), wire::MAX_MESSAGE_LEN))
+}
+
+/// Writes everything posted on `ch`, within `timeout`.
+pub async fn flush(ch: &mut TcpChannel, timeout: Duration) -> Result<(), FabricError> {
+    let ready = Ready::new(ch.stream())?;
     let work = async {
         loop {
             let mut g = ready.writable().await?;
             if ch.flush()? {
-                break;
+                return Ok::<(), FabricError>(());
             }
             g.clear_ready();
         }
+    };
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| FabricError::Timeout(timeout))?
+}
+
+/// Waits for the next message on `ch`, within `timeout`. The channel keeps whatever was
+/// read ahead, so nothing that follows the message is lost.
+pub async fn recv_message(ch: &mut TcpChannel, timeout: Duration) -> Result<Vec<u8>, FabricError> {
+    let ready = Ready::new(ch.stream())?;
+    let mut reg = Registry::new(0);
+    let work = async {
         loop {
             let mut g = ready.readable().await?;
             match ch.poll_recv(&mut reg)? {
@@ -112,32 +116,9 @@ async fn exchange(
             }
         }
     };
-    let reply = tokio::time::timeout(timeout, work)
+    tokio::time::timeout(timeout, work)
         .await
-        .map_err(|_| FabricError::Timeout(timeout))??;
-    drop(ready);
-    Ok((ch.into_stream(), reply))
-}
-
-/// Sends one message without waiting for an answer (a refusal before closing).
-pub async fn send_only(sock: TcpStream, msg: Vec<u8>, timeout: Duration) {
-    let _ = prepare(&sock);
-    let Ok(ready) = Ready::new(&sock) else { return };
-    let mut ch = StreamChannel::new(sock, DomainId(0), 0);
-    ch.post(
-        crate::adapter::Op::Send,
-        &[],
-        crate::adapter::Payload::Bytes(msg),
-    );
-    let _ = tokio::time::timeout(timeout, async {
-        while let Ok(mut g) = ready.writable().await {
-            match ch.flush() {
-                Ok(false) => g.clear_ready(),
-                _ => return,
-            }
-        }
-    })
-    .await;
+        .map_err(|_| FabricError::Timeout(timeout))?
 }
 
 /// The connecting side: opens both channels to `addr` and completes the handshake.
@@ -145,20 +126,21 @@ pub async fn connect(
     addr: SocketAddr,
     node_id: u64,
     timeout: Duration,
-) -> Result<(TcpStream, TcpStream, HelloReply), FabricError> {
+) -> Result<(TcpChannel, TcpChannel, HelloReply), FabricError> {
     let max = wire::MAX_MESSAGE_LEN as u32;
-    let open = |addr| async move {
+    let open = |channel_no: u8, session: u64| async move {
         let s = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr))
             .await
             .map_err(|_| FabricError::Timeout(timeout))??;
-        Ok::<_, FabricError>(s.into_std()?)
+        let mut ch = channel(s.into_std()?)?;
+        let hello = handshake::hello(Role::Host, channel_no, session, node_id, max);
+        ch.post(Op::Send, &[], Payload::Bytes(hello));
+        flush(&mut ch, timeout).await?;
+        let reply = recv_message(&mut ch, timeout).await?;
+        Ok::<_, FabricError>((ch, handshake::accept_reply(&reply)?))
     };
-    let hello = handshake::hello(Role::Host, wire::CONTROL_CHANNEL, 0, node_id, max);
-    let (ctrl, reply) = exchange(open(addr).await?, Some(hello), timeout).await?;
-    let r = handshake::accept_reply(&reply)?;
-    let hello = handshake::hello(Role::Host, 1, r.session, node_id, max);
-    let (data, reply) = exchange(open(addr).await?, Some(hello), timeout).await?;
-    let r2 = handshake::accept_reply(&reply)?;
+    let (ctrl, r) = open(wire::CONTROL_CHANNEL, 0).await?;
+    let (data, r2) = open(1, r.session).await?;
     if r2.session != r.session {
         return Err(HandshakeError::Refused(ErrorCode::UnknownSession).into());
     }
@@ -169,22 +151,24 @@ pub async fn connect(
 pub async fn accept_hello(
     sock: TcpStream,
     timeout: Duration,
-) -> Result<(TcpStream, Hello, u16), FabricError> {
-    let (sock, bytes) = exchange(sock, None, timeout).await?;
+) -> Result<(TcpChannel, Hello, u16), FabricError> {
+    let mut ch = channel(sock)?;
+    let bytes = recv_message(&mut ch, timeout).await?;
     let (hello, version) = handshake::accept_hello(&bytes)?;
-    Ok((sock, hello, version))
+    Ok((ch, hello, version))
 }
 
-/// The listening side: answers a Hello.
-pub async fn reply_hello(
-    sock: TcpStream,
-    version: u16,
-    status: ErrorCode,
-    session: u64,
-    timeout: Duration,
-) {
+/// The listening side: queues a HelloReply on `ch` (sent by the next flush, ahead of
+/// anything posted after it).
+pub fn post_reply(ch: &mut TcpChannel, version: u16, status: ErrorCode, session: u64) {
     let msg = handshake::reply(version, status, session, wire::MAX_MESSAGE_LEN as u32);
-    send_only(sock, msg, timeout).await;
+    ch.post(Op::Send, &[], Payload::Bytes(msg));
+}
+
+/// The listening side: refuses a connection with `status` and closes it.
+pub async fn refuse(mut ch: TcpChannel, version: u16, status: ErrorCode, timeout: Duration) {
+    post_reply(&mut ch, version, status, 0);
+    let _ = flush(&mut ch, timeout).await;
 }
 
 /// Readiness of a link's two sockets.
@@ -216,23 +200,22 @@ pub struct TcpLink {
 }
 
 impl TcpLink {
-    /// Wraps two handshaken sockets carrying writes by `session`'s domain.
-    pub fn new(session: Session, ctrl: TcpStream, data: TcpStream) -> io::Result<TcpLink> {
-        prepare(&ctrl)?;
-        prepare(&data)?;
+    /// Wraps two handshaken channels; they now carry writes by `session`'s domain.
+    pub fn new(
+        session: Session,
+        mut ctrl: TcpChannel,
+        mut data: TcpChannel,
+    ) -> io::Result<TcpLink> {
         let d = session.domain();
+        ctrl.set_domain(d);
+        data.set_domain(d);
         let ready = LinkReady {
-            ctrl: Ready::new(&ctrl)?,
-            data: Ready::new(&data)?,
+            ctrl: Ready::new(ctrl.stream())?,
+            data: Ready::new(data.stream())?,
         };
-        let max = wire::MAX_MESSAGE_LEN;
         Ok(TcpLink {
             ready,
-            link: Link::new(
-                session,
-                StreamChannel::new(ctrl, d, max),
-                StreamChannel::new(data, d, max),
-            ),
+            link: Link::new(session, ctrl, data),
         })
     }
 }

@@ -165,14 +165,15 @@ fn hundred_thousand_frames_each_way_over_tcp() {
     let server = std::thread::spawn(move || {
         rt().block_on(async {
             let (c, _) = listener.accept().unwrap();
-            let (c, hello, v) = fabric::accept_hello(c, TIMEOUT).await.unwrap();
+            let (mut c, hello, v) = fabric::accept_hello(c, TIMEOUT).await.unwrap();
             assert_eq!(hello.session, 0);
-            let c2 = c.try_clone().unwrap();
-            fabric::reply_hello(c2, v, ErrorCode::Ok, 1, TIMEOUT).await;
+            fabric::post_reply(&mut c, v, ErrorCode::Ok, 1);
+            fabric::flush(&mut c, TIMEOUT).await.unwrap();
             let (d, _) = listener.accept().unwrap();
-            let (d, hello, v) = fabric::accept_hello(d, TIMEOUT).await.unwrap();
+            let (mut d, hello, v) = fabric::accept_hello(d, TIMEOUT).await.unwrap();
             assert_eq!((hello.session, hello.channel), (1, 1));
-            fabric::reply_hello(d.try_clone().unwrap(), v, ErrorCode::Ok, 1, TIMEOUT).await;
+            // Posted first: the link's first flush sends it ahead of any frame.
+            fabric::post_reply(&mut d, v, ErrorCode::Ok, 1);
             let mut reg = Registry::new(1 << 30);
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();

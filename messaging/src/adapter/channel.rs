@@ -72,6 +72,12 @@ impl<S: Read + Write> StreamChannel<S> {
         &self.stream
     }
 
+    /// Changes the protection domain whose writes this channel carries (set once the
+    /// handshake has named the session).
+    pub fn set_domain(&mut self, domain: DomainId) {
+        self.rx.set_domain(domain);
+    }
+
     /// Gives the stream back (between messages, e.g. after a handshake).
     pub fn into_stream(self) -> S {
         self.stream
@@ -105,6 +111,9 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
 
     fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
         loop {
+            if let Some(c) = self.rx.poll_staged(reg)? {
+                return Ok(Some(c));
+            }
             let buf = self.rx.buffer(reg);
             match self.stream.read(buf) {
                 Ok(0) => return Err(ChannelError::Closed),

@@ -4,8 +4,9 @@
 //! reads into it, and reports the count with [`RxStream::advance`]. While a header is being
 //! read the buffer is the header; once a write's header has passed every check of the
 //! [`Registry`], the buffer *is* the target element, so the payload goes from the socket
-//! straight into registered memory with no intermediate copy. SEND payloads land in the
-//! receive buffer (the posted receive of a real adapter).
+//! straight into registered memory with no intermediate copy (beyond the few bytes read
+//! ahead with the header, see `READ_AHEAD`). SEND payloads land in the receive buffer (the
+//! posted receive of a real adapter).
 
 use super::op::{Op, OpError, OpHeader, OP_HEADER_LEN};
 use crate::memory::{DomainId, Handle, Placement, ProtectionError, Registry};
@@ -67,6 +68,11 @@ enum State {
     },
 }
 
+/// Bytes read ahead while a header is awaited. Small operations (acknowledgements, SendData,
+/// credit updates) then arrive several per read; a large write's payload beyond this is read
+/// straight into its element, so at most this much of it is ever copied.
+const READ_AHEAD: usize = 2048;
+
 /// Incremental decoder of one channel's incoming operations.
 #[derive(Debug)]
 pub struct RxStream {
@@ -75,6 +81,10 @@ pub struct RxStream {
     header: [u8; OP_HEADER_LEN],
     recv: Box<[u8]>,
     received: usize,
+    stage: Box<[u8]>,
+    stage_pos: usize,
+    stage_end: usize,
+    reading_stage: bool,
 }
 
 impl RxStream {
@@ -86,13 +96,28 @@ impl RxStream {
             header: [0; OP_HEADER_LEN],
             recv: vec![0u8; max_send].into_boxed_slice(),
             received: 0,
+            stage: vec![0u8; READ_AHEAD].into_boxed_slice(),
+            stage_pos: 0,
+            stage_end: 0,
+            reading_stage: false,
         }
     }
 
-    /// Where the next bytes read from the transport go. Never empty.
+    /// Changes the protection domain of the writer.
+    pub fn set_domain(&mut self, domain: DomainId) {
+        self.domain = domain;
+    }
+
+    /// Where the next bytes read from the transport go. Never empty. Call only once
+    /// [`RxStream::poll_staged`] returned `None` (nothing read ahead is left).
     pub fn buffer<'a>(&'a mut self, reg: &'a mut Registry) -> &'a mut [u8] {
+        self.reading_stage = matches!(self.state, State::Header { .. });
         match &self.state {
-            State::Header { filled } => &mut self.header[*filled..],
+            State::Header { .. } => {
+                self.stage_pos = 0;
+                self.stage_end = 0;
+                &mut self.stage[..]
+            }
             State::Send { len, filled } => &mut self.recv[*filled..*len],
             State::Write {
                 placement, filled, ..
@@ -111,6 +136,41 @@ impl RxStream {
         n: usize,
         reg: &mut Registry,
     ) -> Result<Option<RxCompletion>, RxError> {
+        if self.reading_stage {
+            self.stage_pos = 0;
+            self.stage_end = n.min(self.stage.len());
+            return self.poll_staged(reg);
+        }
+        self.filled(n, reg)
+    }
+
+    /// Decodes bytes read ahead; `None` once they are all consumed.
+    pub fn poll_staged(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, RxError> {
+        while self.stage_pos < self.stage_end {
+            let avail = &self.stage[self.stage_pos..self.stage_end];
+            let dst: &mut [u8] = match &self.state {
+                State::Header { filled } => &mut self.header[*filled..],
+                State::Send { len, filled } => &mut self.recv[*filled..*len],
+                State::Write {
+                    placement, filled, ..
+                } => {
+                    let d = reg.placement_mut(placement);
+                    let f = (*filled).min(d.len());
+                    &mut d[f..]
+                }
+            };
+            let take = dst.len().min(avail.len());
+            dst[..take].copy_from_slice(&avail[..take]);
+            self.stage_pos += take;
+            if let Some(c) = self.filled(take, reg)? {
+                return Ok(Some(c));
+            }
+        }
+        Ok(None)
+    }
+
+    /// `n` more bytes of the current header or payload are in place.
+    fn filled(&mut self, n: usize, reg: &mut Registry) -> Result<Option<RxCompletion>, RxError> {
         match &mut self.state {
             State::Header { filled } => {
                 *filled += n;
@@ -199,5 +259,7 @@ impl RxStream {
             reg.abort_write(placement);
         }
         self.state = State::Header { filled: 0 };
+        self.stage_pos = 0;
+        self.stage_end = 0;
     }
 }
