@@ -1,7 +1,6 @@
 //! The host driver's life: TAP up, connect with backoff, configure over CfgUtil, move
 //! frames until the fabric is lost or a signal arrives, and start again.
 
-use crate::notify;
 use splitnet_config::HostConfig;
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
@@ -9,6 +8,7 @@ use splitnet_messaging::endpoint::{
 };
 use splitnet_messaging::fabric::{self, TcpLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
+use splitnet_messaging::service::notify;
 use splitnet_messaging::sys::{netdev, tap::Tap};
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message};

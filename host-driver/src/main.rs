@@ -7,9 +7,9 @@
 #![deny(unsafe_code)]
 
 mod driver;
-mod notify;
 
 use clap::Parser;
+use splitnet_messaging::service;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -55,11 +55,8 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    init_logging(&cfg.log.level);
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    service::init_logging(&cfg.log.level);
+    let rt = match service::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("host-driver: cannot start the runtime: {e}");
@@ -74,15 +71,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }

@@ -11,6 +11,7 @@ use splitnet_messaging::endpoint::{
 };
 use splitnet_messaging::fabric::TcpChannel;
 use splitnet_messaging::memory::{Registry, SendBufCache};
+use splitnet_messaging::service::notify;
 use splitnet_messaging::sys::packet::PacketSocket;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message, Stats};
 use std::collections::BTreeMap;
@@ -237,7 +238,7 @@ impl Ioc {
             pool_regions = self.reg.stats().regions,
             "host connected"
         );
-        crate::notify::status(&format!(
+        notify::status(&format!(
             "{} host(s) connected, LAN {}",
             self.hosts.len(),
             self.cfg.lan.interface

@@ -9,10 +9,10 @@
 mod forward;
 mod hosts;
 mod ioc;
-mod notify;
 mod server;
 
 use clap::Parser;
+use splitnet_messaging::service;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -59,18 +59,8 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log.level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    service::init_logging(&cfg.log.level);
+    let rt = match service::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ioc-driver: cannot start the runtime: {e}");
