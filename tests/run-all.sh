@@ -16,7 +16,7 @@ step "cargo build --release" cargo build --release --workspace --examples
 step "systemd units" tests/units.sh
 step "fuzz smoke (${FUZZ_SECONDS:-10} s per target)" fuzz/run.sh "${FUZZ_SECONDS:-10}"
 for t in tests/e2e/*.sh; do
-    step "e2e $(basename "$t" .sh)" timeout 180 bash "$t"
+    step "e2e $(basename "$t" .sh)" timeout 1200 bash "$t"
 done
 echo
 if [ ${#failed[@]} -eq 0 ]; then
