@@ -225,6 +225,16 @@ struct Conn<'a> {
     held: Option<SendBuf>,
     keepalive: Keepalive,
     mtu_known: bool,
+    /// MTU agreed with the IOC and set on the TAP.
+    mtu: u32,
+    /// Largest MTU the IOC accepts.
+    mtu_max: u32,
+    /// An MTU set on the TAP by an administrator, asked of the IOC, not yet answered.
+    mtu_pending: Option<u32>,
+    /// Promiscuous mode last reported to the IOC.
+    promisc: bool,
+    /// Next time the TAP's settings are compared with what the IOC knows.
+    next_watch: Instant,
     mac_known: bool,
     link_up: bool,
     carrier: bool,
@@ -280,6 +290,11 @@ impl<'a> Conn<'a> {
                 Instant::now(),
             ),
             mtu_known: false,
+            mtu: 0,
+            mtu_max: 0,
+            mtu_pending: None,
+            promisc: false,
+            next_watch: Instant::now(),
             mac_known: false,
             link_up: false,
             carrier: false,
@@ -374,6 +389,7 @@ impl<'a> Conn<'a> {
             }
             // The keepalive timer turns this loop at least every keepalive interval.
             watchdog.kick(now);
+            self.watch_interface(now);
             status.update(now, self.tl.link.stats(), &self.peer, self.carrier);
             match self.keepalive.poll(now) {
                 Liveness::Idle => {}
@@ -483,7 +499,10 @@ impl<'a> Conn<'a> {
                         Ok(c) => {
                             info!(up = c.up, mtu = c.mtu, "NIC link change");
                             self.link_up = c.up;
-                            self.apply_mtu(c.mtu);
+                            self.mtu_max = c.mtu;
+                            if !self.mtu_known || self.mtu > c.mtu {
+                                self.apply_mtu(c.mtu);
+                            }
                             ErrorCode::Ok
                         }
                         Err(_) => ErrorCode::Malformed,
@@ -504,6 +523,15 @@ impl<'a> Conn<'a> {
     fn on_cfg_reply(&mut self, code: CfgCode, status: ErrorCode, data: &[u8]) {
         if status != ErrorCode::Ok {
             warn!(?code, ?status, "IOC refused a configuration request");
+            if code == CfgCode::SetMtu {
+                if let Some(asked) = self.mtu_pending.take() {
+                    warn!(
+                        "MTU {asked} on {} refused by the IOC ({status:?}); back to {}",
+                        self.name, self.mtu
+                    );
+                    let _ = netdev::set_mtu(&self.name, self.mtu);
+                }
+            }
             if code == CfgCode::SetMac {
                 // Fall back to the MAC the IOC assigns.
                 self.tl.link.session_mut().cfg_request(CfgCode::GetMac, &[]);
@@ -529,8 +557,18 @@ impl<'a> Conn<'a> {
             }
             CfgCode::GetMtu => {
                 if let Ok(m) = wire::Mtu::parse(data) {
+                    self.mtu_max = m.max;
                     self.apply_mtu(m.current);
                 }
+            }
+            CfgCode::SetMtu => {
+                if let Some(n) = self.mtu_pending.take() {
+                    info!(mtu = n, "MTU accepted by the IOC");
+                    self.mtu = n;
+                }
+            }
+            CfgCode::SetPromisc => {
+                debug!(promisc = self.promisc, "promiscuous mode set on the IOC")
             }
             CfgCode::GetLink => {
                 if let Ok(v) = wire::parse_u8(data) {
@@ -546,9 +584,51 @@ impl<'a> Conn<'a> {
         match netdev::set_mtu(&self.name, mtu) {
             Ok(()) => {
                 info!(mtu, "MTU set from the IOC");
+                self.mtu = mtu;
                 self.mtu_known = true;
             }
             Err(e) => warn!("cannot set MTU {mtu} on {}: {e}", self.name),
+        }
+    }
+
+    /// Maps what Linux tools did to the TAP onto CfgUtil: `ip link set sd0 mtu N` becomes
+    /// SetMtu (refused at once beyond the IOC's maximum, and reverted if the IOC refuses),
+    /// `ip link set sd0 promisc on|off` becomes SetPromisc.
+    fn watch_interface(&mut self, now: Instant) {
+        if now < self.next_watch || !self.mtu_known {
+            return;
+        }
+        self.next_watch = now + Duration::from_millis(250);
+        if self.mtu_pending.is_none() {
+            if let Ok(cur) = netdev::mtu(&self.name) {
+                if cur != self.mtu {
+                    if cur > self.mtu_max || cur < 68 {
+                        warn!(
+                            "MTU {cur} on {} refused: the IOC allows 68..={}; back to {}",
+                            self.name, self.mtu_max, self.mtu
+                        );
+                        let _ = netdev::set_mtu(&self.name, self.mtu);
+                    } else {
+                        info!(mtu = cur, "MTU changed on {}; asking the IOC", self.name);
+                        self.mtu_pending = Some(cur);
+                        self.tl
+                            .link
+                            .session_mut()
+                            .cfg_request(CfgCode::SetMtu, &cur.to_be_bytes());
+                    }
+                }
+            }
+        }
+        if let Ok(flags) = netdev::flags(&self.name) {
+            let promisc = flags & libc::IFF_PROMISC != 0;
+            if promisc != self.promisc {
+                self.promisc = promisc;
+                info!(promisc, "promiscuous mode changed on {}", self.name);
+                self.tl
+                    .link
+                    .session_mut()
+                    .cfg_request(CfgCode::SetPromisc, &[u8::from(promisc)]);
+            }
         }
     }
 
