@@ -364,11 +364,9 @@ impl<'a> Conn<'a> {
             if let Err(why) = step {
                 // A leaving IOC sends Goodbye on the control channel and closes both; the
                 // data channel's end of stream may be seen first.
-                let TcpLink { ready, link } = &mut self.tl;
-                let _ = ready;
                 let mut dropped = 0;
                 let _ = Self::poll_lane(
-                    link,
+                    &mut self.tl.link,
                     &mut self.reg,
                     self.tap,
                     &mut dropped,
