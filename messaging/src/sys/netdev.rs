@@ -105,8 +105,16 @@ pub fn set_up(name: &str) -> io::Result<()> {
     ioctl(libc::SIOCSIFFLAGS, &mut r)
 }
 
-/// True when the interface is up and has carrier (`IFF_RUNNING`).
+/// True when the interface is up and has carrier. The carrier is read from sysfs, which
+/// follows the driver at once; `IFF_RUNNING` (the fallback) trails it by up to a second
+/// because the kernel's link watcher updates the operational state lazily.
 pub fn is_running(name: &str) -> io::Result<bool> {
     let f = flags(name)?;
-    Ok(f & libc::IFF_UP != 0 && f & libc::IFF_RUNNING != 0)
+    if f & libc::IFF_UP == 0 {
+        return Ok(false);
+    }
+    match std::fs::read_to_string(format!("/sys/class/net/{name}/carrier")) {
+        Ok(c) => Ok(c.trim() == "1"),
+        Err(_) => Ok(f & libc::IFF_RUNNING != 0),
+    }
 }
