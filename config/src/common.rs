@@ -160,6 +160,27 @@ impl Pools {
     }
 }
 
+/// The `[metrics]` section: counters in Prometheus text format over HTTP, off unless a
+/// listening address is given.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Metrics {
+    /// Where to serve `GET /metrics` (e.g. "127.0.0.1:9701"); absent: no listener.
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+impl Metrics {
+    pub(crate) fn validate(&self) -> Result<(), Invalid> {
+        match self.listen {
+            Some(a) if a.port() == 0 => Err(Invalid::new(
+                "metrics.listen",
+                format!("{a}: a fixed port is required"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The `[log]` section.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

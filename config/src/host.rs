@@ -1,6 +1,6 @@
 //! host.toml: the host driver's configuration.
 
-use crate::common::{ifname, keepalive, range, unicast, Log, MacAddr, Pools};
+use crate::common::{ifname, keepalive, range, unicast, Log, MacAddr, Metrics, Pools};
 use crate::error::Invalid;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -21,6 +21,9 @@ pub struct HostConfig {
     /// `[log]`.
     #[serde(default)]
     pub log: Log,
+    /// `[metrics]`: the opt-in Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: Metrics,
 }
 
 /// The `[fabric]` section of host.toml.
@@ -141,6 +144,7 @@ impl HostConfig {
             ));
         }
         self.pools.validate()?;
+        self.metrics.validate()?;
         self.log.validate()
     }
 }

@@ -1,6 +1,6 @@
 //! ioc.toml: the I/O unit driver's configuration.
 
-use crate::common::{ifname, keepalive, range, unicast, Log, MacAddr, Pools};
+use crate::common::{ifname, keepalive, range, unicast, Log, MacAddr, Metrics, Pools};
 use crate::error::Invalid;
 use crate::host::{default_interval, default_timeout};
 use serde::Deserialize;
@@ -21,6 +21,9 @@ pub struct IocConfig {
     /// `[log]`.
     #[serde(default)]
     pub log: Log,
+    /// `[metrics]`: the opt-in Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: Metrics,
 }
 
 /// The `[fabric]` section of ioc.toml.
@@ -128,6 +131,7 @@ impl IocConfig {
             range("lan.mtu", mtu.into(), 68, 65_535)?;
         }
         self.pools.validate()?;
+        self.metrics.validate()?;
         self.log.validate()
     }
 }

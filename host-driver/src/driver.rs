@@ -8,11 +8,13 @@ use splitnet_messaging::endpoint::{
 };
 use splitnet_messaging::fabric::{self, TcpLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
-use splitnet_messaging::service::notify;
+use splitnet_messaging::service::{metrics, notify};
 use splitnet_messaging::sys::{netdev, tap::Tap};
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message};
+use std::cell::RefCell;
 use std::io;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -35,6 +37,14 @@ pub enum StartError {
     Tap {
         /// Interface name.
         name: String,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The metrics address could not be bound.
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Metrics {
+        /// Address.
+        addr: std::net::SocketAddr,
         /// Cause.
         source: io::Error,
     },
@@ -67,6 +77,15 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
     tap.set_carrier(false)?;
     info!(interface = %name, ?offloads, "TAP ready, carrier off until the fabric is up");
     let tap_ready = fabric::Ready::new(&tap)?;
+    let gauges = Rc::new(RefCell::new(Gauges::default()));
+    if let Some(addr) = cfg.metrics.listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Metrics { addr, source })?;
+        info!(%addr, "metrics at http://{addr}/metrics");
+        let g = gauges.clone();
+        tokio::task::spawn_local(metrics::serve(l, move || g.borrow().render()));
+    }
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let min = cfg.fabric.reconnect_min();
@@ -101,12 +120,26 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
         };
         backoff = min;
         info!(ioc = %cfg.fabric.ioc, session = reply.session, version = reply.version, "fabric up");
-        let mut conn = Conn::new(&cfg, &tap, &tap_ready, ctrl, data, offloads.tso)?;
+        gauges.borrow_mut().connects += 1;
+        let mut conn = Conn::new(
+            &cfg,
+            &tap,
+            &tap_ready,
+            ctrl,
+            data,
+            offloads.tso,
+            gauges.clone(),
+        )?;
         let end = conn
             .run(&mut term, &mut int, &mut ready_sent, &mut watchdog)
             .await;
         let _ = tap.set_carrier(false);
         conn.close();
+        {
+            let mut g = gauges.borrow_mut();
+            g.fabric_up = false;
+            g.carrier = false;
+        }
         match end {
             End::Shutdown => {
                 info!("stopped");
@@ -170,6 +203,98 @@ fn session_config(cfg: &HostConfig) -> SessionConfig {
             pool_get: largest,
         },
         advertise,
+    }
+}
+
+/// What the metrics endpoint reports, refreshed by the data path on every turn.
+#[derive(Debug, Default)]
+struct Gauges {
+    fabric_up: bool,
+    carrier: bool,
+    connects: u64,
+    rx_dropped: u64,
+    credits_free: u64,
+    credits_in_use: u64,
+    link: splitnet_messaging::endpoint::LinkStats,
+}
+
+impl Gauges {
+    fn render(&self) -> String {
+        let l = &self.link;
+        let mut e = metrics::Exposition::new();
+        e.metric(
+            "splitnet_host_fabric_up",
+            "gauge",
+            "Connected to the IOC (1).",
+            u64::from(self.fabric_up),
+        )
+        .metric(
+            "splitnet_host_carrier",
+            "gauge",
+            "Carrier of the TAP (1 on).",
+            u64::from(self.carrier),
+        )
+        .metric(
+            "splitnet_host_connects_total",
+            "counter",
+            "Connections made to the IOC.",
+            self.connects,
+        )
+        .metric(
+            "splitnet_host_tx_frames_total",
+            "counter",
+            "Frames sent to the IOC (this connection).",
+            l.tx_frames,
+        )
+        .metric(
+            "splitnet_host_tx_bytes_total",
+            "counter",
+            "Bytes sent to the IOC (this connection).",
+            l.tx_bytes,
+        )
+        .metric(
+            "splitnet_host_tx_inline_total",
+            "counter",
+            "Frames sent inline as SendData.",
+            l.tx_inline,
+        )
+        .metric(
+            "splitnet_host_tx_backpressure_total",
+            "counter",
+            "Times a frame waited for credit.",
+            l.tx_backpressure,
+        )
+        .metric(
+            "splitnet_host_rx_frames_total",
+            "counter",
+            "Frames from the IOC (this connection).",
+            l.rx_frames,
+        )
+        .metric(
+            "splitnet_host_rx_bytes_total",
+            "counter",
+            "Bytes from the IOC (this connection).",
+            l.rx_bytes,
+        )
+        .metric(
+            "splitnet_host_rx_dropped_total",
+            "counter",
+            "Frames from the IOC dropped (this connection).",
+            self.rx_dropped,
+        )
+        .metric(
+            "splitnet_host_credits_free",
+            "gauge",
+            "Free elements in the IOC's pools.",
+            self.credits_free,
+        )
+        .metric(
+            "splitnet_host_credits_in_use",
+            "gauge",
+            "Elements of the IOC's pools in use.",
+            self.credits_in_use,
+        );
+        e.finish()
     }
 }
 
@@ -240,6 +365,7 @@ struct Conn<'a> {
     carrier: bool,
     offload: bool,
     rx_dropped: u64,
+    gauges: Rc<RefCell<Gauges>>,
 }
 
 impl<'a> Conn<'a> {
@@ -250,6 +376,7 @@ impl<'a> Conn<'a> {
         ctrl: fabric::TcpChannel,
         data: fabric::TcpChannel,
         offload: bool,
+        gauges: Rc<RefCell<Gauges>>,
     ) -> io::Result<Conn<'a>> {
         let sc = session_config(cfg);
         let mut reg = Registry::new(cfg.pools.max_granted_bytes);
@@ -300,6 +427,7 @@ impl<'a> Conn<'a> {
             carrier: false,
             offload,
             rx_dropped: 0,
+            gauges,
         })
     }
 
@@ -388,6 +516,7 @@ impl<'a> Conn<'a> {
             // The keepalive timer turns this loop at least every keepalive interval.
             watchdog.kick(now);
             self.watch_interface(now);
+            self.refresh_gauges();
             status.update(now, self.tl.link.stats(), &self.peer, self.carrier);
             match self.keepalive.poll(now) {
                 Liveness::Idle => {}
@@ -628,6 +757,17 @@ impl<'a> Conn<'a> {
                     .cfg_request(CfgCode::SetPromisc, &[u8::from(promisc)]);
             }
         }
+    }
+
+    fn refresh_gauges(&self) {
+        let ini = self.tl.link.session().initiator();
+        let mut g = self.gauges.borrow_mut();
+        g.fabric_up = true;
+        g.carrier = self.carrier;
+        g.rx_dropped = self.rx_dropped;
+        g.credits_free = ini.credits();
+        g.credits_in_use = ini.in_use();
+        g.link = self.tl.link.stats();
     }
 
     fn update_carrier(&mut self, ready_sent: &mut bool) {

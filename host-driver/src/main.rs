@@ -63,7 +63,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(driver::run(cfg)) {
+    let local = tokio::task::LocalSet::new();
+    match local.block_on(&rt, driver::run(cfg)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

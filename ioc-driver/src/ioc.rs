@@ -247,6 +247,120 @@ impl Ioc {
         wake
     }
 
+    /// Every counter, in Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        let s = &self.stats;
+        let r = self.reg.stats();
+        let mut e = splitnet_messaging::service::metrics::Exposition::new();
+        e.metric(
+            "splitnet_ioc_hosts",
+            "gauge",
+            "Hosts connected.",
+            self.hosts.len() as u64,
+        )
+        .metric(
+            "splitnet_ioc_lan_link_up",
+            "gauge",
+            "NIC link state (1 up).",
+            u64::from(self.link_up),
+        )
+        .metric(
+            "splitnet_ioc_lan_rx_frames_total",
+            "counter",
+            "Frames read from the NIC.",
+            s.lan_rx,
+        )
+        .metric(
+            "splitnet_ioc_lan_tx_frames_total",
+            "counter",
+            "Frames written to the NIC.",
+            s.lan_tx,
+        )
+        .metric(
+            "splitnet_ioc_lan_filtered_total",
+            "counter",
+            "NIC frames for no host.",
+            s.lan_filtered,
+        )
+        .metric(
+            "splitnet_ioc_lan_tx_errors_total",
+            "counter",
+            "Frames the NIC refused.",
+            s.lan_tx_errors,
+        )
+        .metric(
+            "splitnet_ioc_protocol_errors_total",
+            "counter",
+            "Hosts disconnected for protocol errors.",
+            s.protocol_errors,
+        )
+        .metric(
+            "splitnet_ioc_protection_errors_total",
+            "counter",
+            "RDMA writes refused by the memory protection checks.",
+            r.protection_errors,
+        )
+        .metric(
+            "splitnet_ioc_handshake_failures_total",
+            "counter",
+            "Connections refused or timed out in the handshake.",
+            s.handshake_failures,
+        )
+        .metric(
+            "splitnet_ioc_pool_regions",
+            "gauge",
+            "Registered pool regions.",
+            u64::from(r.regions),
+        )
+        .metric(
+            "splitnet_ioc_pool_bytes",
+            "gauge",
+            "Bytes of registered pool regions.",
+            r.bytes,
+        );
+        type Counter = (&'static str, &'static str, fn(&Stats) -> u64);
+        let per_host: [Counter; 6] = [
+            (
+                "splitnet_ioc_host_rx_frames_total",
+                "Frames delivered to the host.",
+                |s| s.rx_frames,
+            ),
+            (
+                "splitnet_ioc_host_rx_bytes_total",
+                "Bytes delivered to the host.",
+                |s| s.rx_bytes,
+            ),
+            (
+                "splitnet_ioc_host_tx_frames_total",
+                "Frames from the host forwarded.",
+                |s| s.tx_frames,
+            ),
+            (
+                "splitnet_ioc_host_tx_bytes_total",
+                "Bytes from the host forwarded.",
+                |s| s.tx_bytes,
+            ),
+            (
+                "splitnet_ioc_host_rx_dropped_total",
+                "Frames for the host dropped (no credit).",
+                |s| s.rx_dropped,
+            ),
+            (
+                "splitnet_ioc_host_tx_dropped_total",
+                "Frames from the host dropped.",
+                |s| s.tx_dropped,
+            ),
+        ];
+        for (name, help, get) in per_host {
+            e.family(name, "counter", help);
+            for h in self.hosts.values() {
+                let labels = format!("session=\"{}\",mac=\"{}\"", h.session, fmt_mac(&h.mac));
+                e.sample(name, &labels, get(&h.stats));
+            }
+        }
+        e.finish()
+    }
+
     /// Frees every region of `domain` (a host that could not be admitted).
     pub fn free_domain(&mut self, domain: splitnet_messaging::memory::DomainId) {
         for h in self.reg.regions_of(domain) {

@@ -8,7 +8,7 @@ use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_messaging::endpoint::{Lane, Session};
 use splitnet_messaging::fabric::{self, Ready, TcpLink};
 use splitnet_messaging::memory::DomainId;
-use splitnet_messaging::service::notify;
+use splitnet_messaging::service::{metrics, notify};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Role};
 use std::cell::RefCell;
@@ -85,6 +85,15 @@ pub async fn run(cfg: IocConfig) -> Result<(), StartError> {
     let pending: Pending = Rc::default();
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let metrics_addr = ioc.borrow().cfg.metrics.listen;
+    if let Some(addr) = metrics_addr {
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Listen { addr, source })?;
+        info!(%addr, "metrics at http://{addr}/metrics");
+        let st = ioc.clone();
+        tokio::task::spawn_local(metrics::serve(l, move || st.borrow().render_metrics()));
+    }
     let lan_task = tokio::task::spawn_local(lan(ioc.clone(), nic_ready));
     let link_task = tokio::task::spawn_local(link_monitor(ioc.clone(), name));
     loop {

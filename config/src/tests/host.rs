@@ -184,3 +184,14 @@ fn wrong_types_are_named() {
     );
     parse_error(host("[interface]\noffload = 1"), &["offload"]);
 }
+
+#[test]
+fn metrics_listener_is_opt_in() {
+    assert_eq!(host("").unwrap().metrics.listen, None);
+    let h = host("[metrics]\nlisten = \"127.0.0.1:9701\"").unwrap();
+    assert_eq!(h.metrics.listen.unwrap().port(), 9701);
+    invalid(
+        host("[metrics]\nlisten = \"127.0.0.1:0\""),
+        "metrics.listen",
+    );
+}

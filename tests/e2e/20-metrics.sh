@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The opt-in metrics endpoint of both daemons: Prometheus text with live counters.
+. "$(dirname "$0")/../lib.sh"
+need_root; need_tools ip ping python3
+sed 's/^# listen = "127.0.0.1:9701"/listen = "127.0.0.1:9701"/' "$HOST_CONF" >"$T/host.toml"
+sed 's/^# listen = "127.0.0.1:9702"/listen = "127.0.0.1:9702"/' "$IOC_CONF" >"$T/ioc.toml"
+HOST_CONF=$T/host.toml IOC_CONF=$T/ioc.toml
+topo_up 1; start_ioc; start_host 1
+wait_carrier sd-host up 10 >/dev/null
+ping_ok sd-host 10.50.0.2
+get() { ip netns exec "$1" python3 -c "import sys, urllib.request as u
+try: print(u.urlopen('http://127.0.0.1:$2$3', timeout=3).read().decode(), end='')
+except Exception as e: print('ERR', e); sys.exit(1)"; }
+sleep 0.3
+h=$(get sd-host 9701 /metrics) || fail "host metrics: $h"
+i=$(get sd-ioc 9702 /metrics) || fail "IOC metrics: $i"
+val() { echo "$1" | awk -v k="$2" '$1 == k {print $2}'; }
+[ "$(val "$h" splitnet_host_fabric_up)" = 1 ] || fail "host fabric_up: $(echo "$h" | grep fabric_up)"
+[ "$(val "$h" splitnet_host_carrier)" = 1 ] || fail "host carrier"
+[ "$(val "$h" splitnet_host_tx_frames_total)" -ge 3 ] || fail "host tx frames: $(val "$h" splitnet_host_tx_frames_total)"
+[ "$(val "$i" splitnet_ioc_hosts)" = 1 ] || fail "IOC hosts"
+[ "$(val "$i" splitnet_ioc_lan_rx_frames_total)" -ge 3 ] || fail "IOC lan rx"
+echo "$i" | grep -q '^splitnet_ioc_host_tx_frames_total{session="1",mac="02:5d:' || fail "per-host counters missing"
+echo "$i" | grep -q '^# TYPE splitnet_ioc_protection_errors_total counter' || fail "type lines missing"
+get sd-host 9701 /other 2>/dev/null | grep -q "ERR HTTP Error 404" || fail "other paths are not 404"
+log "host: tx $(val "$h" splitnet_host_tx_frames_total) frames, credits free $(val "$h" splitnet_host_credits_free); IOC: lan rx $(val "$i" splitnet_ioc_lan_rx_frames_total)"
+pass "metrics endpoints"
