@@ -107,6 +107,8 @@ pub struct Target {
     pools: Vec<Option<LocalPool>>,
     granted_bytes: u64,
     returns: Vec<(u32, u32)>,
+    /// Our flushes waiting for the peer's reply.
+    flushes: Vec<u64>,
 }
 
 impl Target {
@@ -118,6 +120,7 @@ impl Target {
             pools: Vec::new(),
             granted_bytes: 0,
             returns: Vec::new(),
+            flushes: Vec::new(),
         }
     }
 
@@ -384,6 +387,9 @@ impl Target {
             }
         }
         self.returns.retain(|(p, _)| !refs.contains(p));
+        if !refs.is_empty() {
+            self.flushes.push(txn);
+        }
         for chunk in refs.chunks(crate::wire::MAX_FLUSH_REFS) {
             out.push(
                 Lane::Control,
@@ -396,7 +402,14 @@ impl Target {
 
     /// The peer's BufferPoolFlushReply: it holds no more credits for the pools flushed with
     /// `txn`. Returns true if that transaction named any pool.
+    ///
+    /// A pool the peer gave back in the meantime with its own flush request (both sides
+    /// shutting down at once) is already gone; the reply still completes the transaction.
     pub fn on_flush_reply(&mut self, reg: &mut Registry, txn: u64) -> bool {
+        let Some(i) = self.flushes.iter().position(|t| *t == txn) else {
+            return false;
+        };
+        self.flushes.swap_remove(i);
         let refs: Vec<u32> = (0..self.pools.len() as u32)
             .filter(|&i| {
                 matches!(&self.pools[i as usize], Some(p) if p.state == PoolState::Quiescing(txn))
@@ -405,7 +418,7 @@ impl Target {
         for &r in &refs {
             self.drain(reg, r);
         }
-        !refs.is_empty()
+        true
     }
 
     /// The peer's BufferPoolFlushRequest: it stopped using `pool_refs`; free them and reply.
@@ -457,9 +470,9 @@ impl Target {
         }
     }
 
-    /// True when no pool is left (every flush completed).
+    /// True when no pool is left and no flush of ours waits for its reply.
     pub fn is_empty(&self) -> bool {
-        self.live_pools() == 0
+        self.live_pools() == 0 && self.flushes.is_empty()
     }
 
     /// Frees every pool at once: the connection is gone, nothing can be in flight any more
@@ -472,6 +485,7 @@ impl Target {
         }
         self.pools.clear();
         self.returns.clear();
+        self.flushes.clear();
         self.granted_bytes = 0;
     }
 

@@ -315,6 +315,24 @@ mod flush {
     }
 
     #[test]
+    fn both_sides_flushing_at_once_completes_cleanly() {
+        let mut p = pair();
+        for i in 0..6 {
+            p.send(Side::A, &frame(1500, i));
+            p.send(Side::B, &frame(1500, i));
+        }
+        p.a.link.session_mut().start_flush(&mut p.a.reg);
+        p.b.link.session_mut().start_flush(&mut p.b.reg);
+        p.drive().unwrap();
+        assert_eq!(p.a.received.len(), 6);
+        assert_eq!(p.b.received.len(), 6);
+        for peer in [&p.a, &p.b] {
+            assert!(peer.link.session().is_flushed());
+            assert_eq!(peer.reg.stats().regions, 0);
+        }
+    }
+
+    #[test]
     fn flush_reply_for_unknown_transaction_is_rejected() {
         let mut p = pair();
         let mut msg = Vec::new();
