@@ -20,7 +20,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release")
+BIN = os.environ.get("SPLITNET_BIN") or os.path.join(
+    os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"), "release"
+)
 OUT = os.path.join(ROOT, "bench", "out")
 NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
 procs = []
@@ -128,12 +130,13 @@ def wait_carrier(ns, timeout=10):
 
 def setup_splitnet(hosts=1):
     base(hosts, bridge_fabric=hosts > 1)
-    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ROOT}/systemd/ioc.toml", "/tmp/sd-bench-ioc.log")
+    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ROOT}/systemd/ioc.toml"
+       " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
     time.sleep(0.5)
     for k in range(1, hosts + 1):
         ns = host_ns(k)
-        bg(f"ip netns exec {ns} {BIN}/host-driver --config {ROOT}/systemd/host.toml",
-           f"/tmp/sd-bench-host{k}.log")
+        bg(f"ip netns exec {ns} {BIN}/host-driver --config {ROOT}/systemd/host.toml"
+           f" --control-socket /tmp/sd-bench-host{k}.sock", f"/tmp/sd-bench-host{k}.log")
         for _ in range(100):
             if sh(f"ip -n {ns} link show sd0", check=False):
                 break

@@ -1,29 +1,76 @@
 #!/usr/bin/env bash
-# The demo: builds splitnet, brings up the reference topology (host, IOC and LAN namespaces),
-# starts both daemons, pings and runs a short iperf3 through sd0, and tears it all down.
+# The demo: builds splitnet, brings up the reference topology (host, IOC and LAN namespaces
+# joined by veth pairs), starts ioc-driver and host-driver with the example configs, configures
+# sd0, pings the LAN peer 5 times and runs iperf3 for 3 s each way through sd0, then stops the
+# daemons and removes the topology, printing every step. Run it as root: sudo tests/demo.sh
 set -u
-cd "$(dirname "$0")/.."
-echo "== building (cargo build --release)"
-cargo build --release --workspace -q || exit 1
+cd "$(dirname "$0")/.." || exit 1
+. tests/cargo.sh
 . tests/lib.sh
-need_root; need_tools ip ping iperf3 python3
-echo "== topology: sd-host (fab0 10.200.0.1) <-> sd-ioc (fab1 10.200.0.2, lan0) <-> sd-lan (lan1 10.50.0.2)"
-topo_up 1
-echo "== starting ioc-driver in sd-ioc (owns lan0, listens on 10.200.0.2:7400)"
+say() { printf '\n== %s\n' "$*"; }
+need_root
+need_tool ip ping iperf3 python3 ss
+need_cargo || exit 1
+
+say "1. build (cargo build --release)"
+as_user cargo build --release || fail "cargo build --release failed"
+BIN=${SPLITNET_BIN:-$(release_dir)}
+need_daemons
+echo "   $BIN/host-driver: $("$BIN/host-driver" --version)"
+echo "   $BIN/ioc-driver:  $("$BIN/ioc-driver" --version)"
+
+say "2. topology (DESIGN.md): sd-host --fabric--> sd-ioc --LAN--> sd-lan"
+VERBOSE=1 topo_up 1
+cat <<'TXT'
+   sd-host  fab0 10.200.0.1/24   (the host machine; sd0 appears when host-driver starts)
+   sd-ioc   fab1 10.200.0.2/24   (the I/O unit; lan0 is its NIC, owned by ioc-driver)
+   sd-lan   lan1 10.50.0.2/24 fd50::2/64   (a machine on the LAN)
+TXT
+
+say "3. ioc-driver in sd-ioc: listens on 10.200.0.2:7400, owns lan0 (AF_PACKET)"
+echo "   + ip netns exec sd-ioc $BIN/ioc-driver --config $IOC_CONF --control-socket $T/ioc.sock  (log: $T/ioc.log)"
 start_ioc
-echo "== starting host-driver in sd-host (creates TAP sd0, 10.50.0.1/24 and fd50::1/64)"
-start_host 1
-ms=$(wait_carrier sd-host up 10)
-echo "   sd0 carrier up after ${ms} ms: $(ip -n sd-host -br link show sd0)"
-echo "== ping 10.50.0.2 (the LAN peer) through sd0"
-ip netns exec sd-host ping -c 5 -i 0.2 10.50.0.2 | tail -n 2 | sed 's/^/   /'
-echo "== ping -6 fd50::2 through sd0"
-ip netns exec sd-host ping -6 -c 3 -i 0.2 fd50::2 | tail -n 1 | sed 's/^/   /'
-echo "== iperf3 TCP, 3 s each way"
-echo "   host -> LAN: $(iperf sd-host 10.50.0.2 5201 -t 3) Gb/s"
-echo "   LAN -> host: $(iperf sd-host 10.50.0.2 5202 -t 3 -R) Gb/s"
-echo "== stopping (SIGTERM: pools flushed on both sides)"
-kill -TERM "${HOST_PID[1]}"; wait "${HOST_PID[1]}"
-kill -TERM "$IOC_PID"; wait "$IOC_PID"
-grep -h -E "pools flushed|host removed" "$T"/*.log | sed 's/^/   /'
-echo "== topology down"
+echo "   listening; lan0: $(ip -n sd-ioc -br link show lan0)"
+
+say "4. host-driver in sd-host: creates TAP sd0, connects to the IOC; then sd0 is configured"
+echo "   + ip netns exec sd-host $BIN/host-driver --config $HOST_CONF --control-socket $T/host1.sock  (log: $T/host1.log)"
+VERBOSE=1 start_host 1
+wait_carrier sd-host up 10
+echo "   carrier up ${WAITED_MS} ms later:"
+ip -n sd-host -br link show sd0 | sed 's/^/     /'
+ip -n sd-host -br addr show sd0 | sed 's/^/     /'
+
+say "5. ping the LAN peer through sd0 (5 times, IPv4), and once over IPv6"
+echo "   + ip netns exec sd-host ping -c 5 10.50.0.2"
+ip netns exec sd-host ping -c 5 -i 0.2 -W 2 10.50.0.2 | sed 's/^/     /'
+[ "${PIPESTATUS[0]}" = 0 ] || fail "ping 10.50.0.2 through sd0"
+echo "   + ip netns exec sd-host ping -6 -c 1 fd50::2"
+ip netns exec sd-host ping -6 -c 1 -W 2 fd50::2 | sed -n 2p | sed 's/^/     /'
+
+say "6. iperf3 TCP through sd0, 3 s each way (server: iperf3 -s in sd-lan)"
+echo "   + ip netns exec sd-host iperf3 -c 10.50.0.2 -t 3"
+tx=$(iperf sd-host 10.50.0.2 5201 -t 3) || fail "iperf3 host -> LAN: $tx"
+echo "     host -> LAN: $tx Gb/s ($(iperf_field 5201 "d['end']['sum_sent']['retransmits']") retransmits)"
+echo "   + ip netns exec sd-host iperf3 -c 10.50.0.2 -t 3 -R"
+rx=$(iperf sd-host 10.50.0.2 5202 -t 3 -R) || fail "iperf3 LAN -> host: $rx"
+echo "     LAN -> host: $rx Gb/s"
+
+say "6b. what the daemons say about it (splitnetctl over their control sockets)"
+echo "   + splitnetctl -s $T/host1.sock status"
+"$BIN/splitnetctl" -s "$T/host1.sock" status | sed 's/^/     /'
+echo "   + splitnetctl -s $T/ioc.sock hosts"
+"$BIN/splitnetctl" -s "$T/ioc.sock" hosts | sed 's/^/     /'
+
+say "7. stop both daemons (SIGTERM: buffer pools flushed with the peer, exit 0)"
+stop_host 1; echo "   host-driver exited with status $STOP_RC; sd0 is gone: $(ip -n sd-host link show sd0 >/dev/null 2>&1 && echo no || echo yes)"
+stop_ioc; echo "   ioc-driver exited with status $STOP_RC"
+echo "   last lines of their logs:"
+tail -n 3 "$T/host1.log" "$T/ioc.log" 2>/dev/null | sed 's/^/     /'
+
+say "8. remove the topology"
+topo_down || fail "topology not removed"
+remaining=$(ip netns list | grep -E '^sd-' || true)
+[ -z "$remaining" ] || fail "namespaces left: $remaining"
+echo "   namespaces sd-host, sd-ioc, sd-lan deleted; nothing left running (KEEP_LOGS=1 keeps the logs)"
+echo
+echo "demo done: ping and iperf3 went host -> fabric -> IOC -> LAN and back through sd0"

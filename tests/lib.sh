@@ -1,158 +1,389 @@
 #!/usr/bin/env bash
-# Shared helpers of the end-to-end tests: the reference topology of DESIGN.md in network
-# namespaces, the two daemons, and assertions. Every test sources this file, builds its own
-# topology and removes it on exit, even on failure. Traffic only ever goes to addresses
-# inside these namespaces.
+# shellcheck disable=SC2034  # STOP_RC, WAITED_MS, ...: read by the tests that source this file
+# Shared helpers of the end-to-end tests: the reference topology of ../shared/DESIGN.md in
+# network namespaces, the two daemons, and assertions that say what failed.
+#
+# Every test sources this file, builds its own topology and removes it on exit (EXIT trap: also
+# on failure, on SIGTERM from `timeout`, on Ctrl-C). Traffic only ever goes to addresses inside
+# these namespaces. A missing tool or missing root is a failure that names what is missing,
+# never a silent skip.
+#
+#   namespace   interface                     address
+#   sd-host     fab0 (veth, peer fab1)        10.200.0.1/24
+#   sd-host     sd0 (TAP of host-driver)      10.50.0.1/24, fd50::1/64
+#   sd-ioc      fab1                          10.200.0.2/24 (1 host) or fabbr bridge (N > 1)
+#   sd-ioc      lan0 (veth, peer lan1)        none: ioc-driver owns it (AF_PACKET)
+#   sd-lan      lan1                          10.50.0.2/24, fd50::2/64
+#   sd-hostK    fab0 (peer fab(2K-1))         10.200.0.(10+K)/24, sd0 10.50.0.(K+1)/24, fd50::(K+1)/64
+#
+# Environment: SPLITNET_BIN (where the daemons are; default $CARGO_TARGET_DIR/release or target/release), HOST_CONF and
+# IOC_CONF (default systemd/host.toml and systemd/ioc.toml, used unchanged), KEEP_LOGS=1 (keep
+# the daemons' logs directory after the test), VERBOSE=1 (print every set-up command).
 set -u
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${SPLITNET_BIN:-$ROOT/target/release}
+BIN=${SPLITNET_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 HOST_CONF=${HOST_CONF:-$ROOT/systemd/host.toml}
 IOC_CONF=${IOC_CONF:-$ROOT/systemd/ioc.toml}
+MAX_HOSTS=8
 T=$(mktemp -d /tmp/splitnet-test.XXXXXX)
-PIDS=()
-NETNS=()
+PIDS=()      # every background process a test starts (killed on exit)
+NETNS=()     # every namespace this test created (deleted on exit)
+IOC_PID=
+STOP_RC=
+WAITED_MS=
+declare -A HOST_PID
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
 
 log() { printf '  %s\n' "$*"; }
+pass() { printf 'PASS: %s\n' "$*"; }
+
+# fail MESSAGE: prints the message and the tail of every daemon log, exits 1 (cleanup runs).
 fail() {
+    local f
     printf 'FAIL: %s\n' "$*" >&2
-    for f in "$T"/*.log; do [ -f "$f" ] && { echo "--- $f (last 15 lines)" >&2; tail -n 15 "$f" >&2; }; done
+    for f in "$T"/*.log; do
+        [ -s "$f" ] || continue
+        echo "--- $(basename "$f") (last 15 lines)" >&2
+        tail -n 15 "$f" >&2
+    done
     exit 1
 }
 
-need_root() { [ "$(id -u)" = 0 ] || fail "needs root (network namespaces, TAP, AF_PACKET): run with sudo"; }
+# ---------------------------------------------------------------------------------------------
+# Preconditions: fail, naming what is missing.
 
-need_tools() {
-    local t
-    for t in "$@"; do
-        command -v "$t" >/dev/null 2>&1 || fail "missing tool '$t' (apt install: see .ci/run)"
-    done
-    [ -x "$BIN/host-driver" ] && [ -x "$BIN/ioc-driver" ] || fail "daemons not built in $BIN: run cargo build --release"
+need_root() {
+    [ "$(id -u)" = 0 ] || fail "needs root (network namespaces, TAP, AF_PACKET): run it with sudo"
 }
 
-cleanup() {
-    local p n
+# need_tool TOOL...: every tool must be on PATH; the message names all the missing ones and
+# the Debian package that has each.
+need_tool() {
+    local t missing=()
+    for t in "$@"; do command -v "$t" >/dev/null 2>&1 || missing+=("$t$(pkg_hint "$t")"); done
+    [ ${#missing[@]} -eq 0 ] || fail "missing tool(s): ${missing[*]} (.ci/run installs them all)"
+}
+
+pkg_hint() {
+    case $1 in
+        ip | ss | bridge) echo " (apt install iproute2)" ;;
+        ping) echo " (apt install iputils-ping)" ;;
+        iperf3) echo " (apt install iperf3)" ;;
+        dnsmasq) echo " (apt install dnsmasq-base)" ;;
+        dhclient) echo " (apt install isc-dhcp-client)" ;;
+        udhcpc) echo " (apt install udhcpc)" ;;
+        python3) echo " (apt install python3)" ;;
+        ethtool) echo " (apt install ethtool)" ;;
+        pgrep | pkill) echo " (apt install procps)" ;;
+        systemd-analyze) echo " (apt install systemd)" ;;
+        *) ;;
+    esac
+}
+
+# need_daemons: both daemons and splitnetctl built (tests never build; tests/run-all.sh does).
+need_daemons() {
+    local d
+    for d in host-driver ioc-driver splitnetctl; do
+        [ -x "$BIN/$d" ] || fail "not built: $BIN/$d (run cargo build --release)"
+    done
+}
+
+# need_tools TOOL...: the tools and both daemons (what most tests need).
+need_tools() { need_tool "$@"; need_daemons; }
+
+# ---------------------------------------------------------------------------------------------
+# Cleanup: processes first (sd0 goes with host-driver), then the namespaces.
+
+stop_processes() {
+    local p
     for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    PIDS=()
+    IOC_PID=
+    HOST_PID=()
+}
+
+# topo_down: kills everything running in this test's namespaces and deletes them; fails if one
+# cannot be removed.
+topo_down() {
+    local n left=()
+    stop_processes
     for n in "${NETNS[@]}"; do
         ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null
         ip netns del "$n" 2>/dev/null
         rm -rf "/etc/netns/$n"
+        [ -e "/run/netns/$n" ] && left+=("$n")
     done
-    rm -rf "$T"
+    NETNS=()
+    [ ${#left[@]} -eq 0 ] || { echo "FAIL: namespaces left behind: ${left[*]}" >&2; return 1; }
+}
+
+cleanup() {
+    local rc=$?
+    topo_down || rc=1
+    if [ "${KEEP_LOGS:-0}" = 1 ]; then echo "logs kept in $T" >&2; else rm -rf "$T"; fi
+    exit "$rc"
 }
 trap cleanup EXIT
 
-# host_ns K: namespace of host K (1 is sd-host, K>1 is sd-hostK).
+# ---------------------------------------------------------------------------------------------
+# The reference topology
+
+# host_ns K: namespace of host K (1 is sd-host, K > 1 is sd-hostK).
 host_ns() { if [ "$1" = 1 ]; then echo sd-host; else echo "sd-host$1"; fi; }
-# host_ip K: sd0's IPv4 address of host K (.1 for host 1, .K+1 otherwise; .2 is the LAN peer).
+# host_fab_ip K: host K's fabric address (10.200.0.1 for host 1, 10.200.0.(10+K) otherwise).
+host_fab_ip() { if [ "$1" = 1 ]; then echo 10.200.0.1; else echo "10.200.0.$((10 + $1))"; fi; }
+# host_ip K / host_ip6 K: sd0's addresses (.1 for host 1, .(K+1) otherwise; .2 is the LAN peer).
 host_ip() { if [ "$1" = 1 ]; then echo 10.50.0.1; else echo "10.50.0.$(($1 + 1))"; fi; }
 host_ip6() { if [ "$1" = 1 ]; then echo fd50::1; else echo "fd50::$(($1 + 1))"; fi; }
 
-addns() { ip netns add "$1" || fail "ip netns add $1"; NETNS+=("$1"); ip -n "$1" link set lo up; }
+ALL_NS=(sd-host sd-ioc sd-lan)
+for _k in $(seq 2 "$MAX_HOSTS"); do ALL_NS+=("sd-host$_k"); done
 
-# topo_up N [LAN_MTU]: the reference topology with N hosts (1..8).
+# run CMD...: runs a set-up command; on error fails with the command and what it printed.
+# VERBOSE=1 prints each command first (the demo does).
+run() {
+    local out
+    [ "${VERBOSE:-0}" = 1 ] && printf '   + %s\n' "$*"
+    out=$("$@" 2>&1) || fail "set-up command failed: $* => ${out:-no output}"
+}
+
+addns() {
+    run ip netns add "$1"
+    NETNS+=("$1")
+    run ip -n "$1" link set lo up
+}
+
+# topo_up N [LAN_MTU]: the reference topology with N hosts (1..8). One host: a veth pair
+# between sd-host and sd-ioc, no bridge. N > 1: bridge fabbr in sd-ioc holds 10.200.0.2/24 and
+# takes fab1, fab3, ... as ports. sd0 does not exist yet (host-driver creates it).
 topo_up() {
-    local n=$1 mtu=${2:-1500} k ns
-    for ns in sd-host sd-ioc sd-lan $(seq -f 'sd-host%g' 2 8); do
-        ip netns list | grep -qw "^$ns" && fail "namespace $ns already exists (another test running?)"
+    local n=${1:-1} mtu=${2:-1500} k ns port
+    case $n in [1-8]) ;; *) fail "topo_up: $n hosts (1..$MAX_HOSTS)" ;; esac
+    for ns in "${ALL_NS[@]}"; do
+        [ -e "/run/netns/$ns" ] &&
+            fail "namespace $ns already exists (another test running, or a killed one left it: ip netns del $ns)"
     done
-    addns sd-ioc; addns sd-lan
-    ip link add lan0 netns sd-ioc type veth peer name lan1 netns sd-lan
-    ip -n sd-ioc link set lan0 mtu "$mtu"; ip -n sd-lan link set lan1 mtu "$mtu"
-    ip -n sd-lan addr add 10.50.0.2/24 dev lan1
-    ip -n sd-lan addr add fd50::2/64 dev lan1 nodad
-    ip -n sd-lan link set lan1 up
+    addns sd-ioc
+    addns sd-lan
+    run ip link add lan0 netns sd-ioc mtu "$mtu" type veth peer name lan1 netns sd-lan mtu "$mtu"
+    run ip -n sd-lan addr add 10.50.0.2/24 dev lan1
+    run ip -n sd-lan addr add fd50::2/64 dev lan1 nodad
+    run ip -n sd-lan link set lan1 up
     if [ "$n" = 1 ]; then
         addns sd-host
-        ip link add fab0 netns sd-host type veth peer name fab1 netns sd-ioc
-        ip -n sd-host addr add 10.200.0.1/24 dev fab0; ip -n sd-host link set fab0 up
-        ip -n sd-ioc addr add 10.200.0.2/24 dev fab1; ip -n sd-ioc link set fab1 up
-        return
+        run ip link add fab0 netns sd-host type veth peer name fab1 netns sd-ioc
+        run ip -n sd-host addr add 10.200.0.1/24 dev fab0
+        run ip -n sd-host link set fab0 up
+        run ip -n sd-ioc addr add 10.200.0.2/24 dev fab1
+        run ip -n sd-ioc link set fab1 up
+        return 0
     fi
-    ip -n sd-ioc link add fabbr type bridge
-    ip -n sd-ioc addr add 10.200.0.2/24 dev fabbr; ip -n sd-ioc link set fabbr up
+    run ip -n sd-ioc link add fabbr type bridge
+    run ip -n sd-ioc addr add 10.200.0.2/24 dev fabbr
+    run ip -n sd-ioc link set fabbr up
     for k in $(seq 1 "$n"); do
-        ns=$(host_ns "$k"); addns "$ns"
-        ip link add fab0 netns "$ns" type veth peer name "fab$((2 * k - 1))" netns sd-ioc
-        if [ "$k" = 1 ]; then ip -n "$ns" addr add 10.200.0.1/24 dev fab0
-        else ip -n "$ns" addr add "10.200.0.$((10 + k))/24" dev fab0; fi
-        ip -n "$ns" link set fab0 up
-        ip -n sd-ioc link set "fab$((2 * k - 1))" master fabbr
-        ip -n sd-ioc link set "fab$((2 * k - 1))" up
+        ns=$(host_ns "$k")
+        port=fab$((2 * k - 1))
+        addns "$ns"
+        run ip link add fab0 netns "$ns" type veth peer name "$port" netns sd-ioc
+        run ip -n "$ns" addr add "$(host_fab_ip "$k")/24" dev fab0
+        run ip -n "$ns" link set fab0 up
+        run ip -n sd-ioc link set "$port" master fabbr
+        run ip -n sd-ioc link set "$port" up
     done
 }
 
-# start_ioc: ioc-driver in sd-ioc; IOC_PID is set.
+# ---------------------------------------------------------------------------------------------
+# The daemons: in the background, logs in $T (ioc.log, hostK.log), pids tracked.
+
+# start_ioc: ioc-driver in sd-ioc with IOC_CONF; waits until it listens on 10.200.0.2:7400.
+# Sets IOC_PID.
 start_ioc() {
-    ip netns exec sd-ioc "$BIN/ioc-driver" --config "$IOC_CONF" >>"$T/ioc.log" 2>&1 &
-    IOC_PID=$!; PIDS+=("$IOC_PID")
-    local i
-    for i in $(seq 50); do
-        ip netns exec sd-ioc ss -ltn 2>/dev/null | grep -q '10.200.0.2:7400' && return 0
+    ip netns exec sd-ioc "$BIN/ioc-driver" --config "$IOC_CONF" --control-socket "$T/ioc.sock" \
+        >>"$T/ioc.log" 2>&1 &
+    IOC_PID=$!
+    PIDS+=("$IOC_PID")
+    for _ in $(seq 100); do
+        ip netns exec sd-ioc ss -Hltn 'sport = :7400' 2>/dev/null | grep -q 7400 && return 0
         kill -0 "$IOC_PID" 2>/dev/null || fail "ioc-driver exited at start"
-        sleep 0.1
+        sleep 0.05
     done
-    fail "ioc-driver is not listening on 10.200.0.2:7400"
+    fail "ioc-driver is not listening on 10.200.0.2:7400 after 5 s"
 }
 
-# start_host K: host-driver in host K's namespace; HOST_PID[K] is set; sd0 gets its addresses.
-declare -A HOST_PID
+# stop_ioc [SIGNAL]: signals ioc-driver (default TERM) and waits for it; its exit status is
+# left in STOP_RC.
+stop_ioc() {
+    kill -"${1:-TERM}" "$IOC_PID" 2>/dev/null
+    wait "$IOC_PID" 2>/dev/null
+    STOP_RC=$?
+}
+
+# start_host K: host-driver in host K's namespace with HOST_CONF (the same file for every
+# host), waits for sd0, then configures it as the OS would: addresses (unless NO_ADDR=1) and
+# link up. Sets HOST_PID[K].
 start_host() {
-    local k=$1 ns; ns=$(host_ns "$1")
-    ip netns exec "$ns" "$BIN/host-driver" --config "$HOST_CONF" >>"$T/host$k.log" 2>&1 &
-    HOST_PID[$k]=$!; PIDS+=("${HOST_PID[$k]}")
-    local i
-    for i in $(seq 50); do ip -n "$ns" link show sd0 >/dev/null 2>&1 && break; sleep 0.1; done
-    ip -n "$ns" link show sd0 >/dev/null 2>&1 || fail "host-driver did not create sd0 in $ns"
-    [ "${NO_ADDR:-0}" = 1 ] || {
-        ip -n "$ns" addr add "$(host_ip "$k")/24" dev sd0
-        ip -n "$ns" addr add "$(host_ip6 "$k")/64" dev sd0 nodad
-    }
-    ip -n "$ns" link set sd0 up
+    local k=$1 ns
+    ns=$(host_ns "$k")
+    ip netns exec "$ns" "$BIN/host-driver" --config "$HOST_CONF" --control-socket "$T/host$k.sock" \
+        >>"$T/host$k.log" 2>&1 &
+    HOST_PID[$k]=$!
+    PIDS+=("${HOST_PID[$k]}")
+    for _ in $(seq 100); do
+        ip -n "$ns" link show sd0 >/dev/null 2>&1 && break
+        kill -0 "${HOST_PID[$k]}" 2>/dev/null || fail "host-driver in $ns exited at start"
+        sleep 0.05
+    done
+    ip -n "$ns" link show sd0 >/dev/null 2>&1 || fail "host-driver did not create sd0 in $ns within 5 s"
+    [ "${NO_ADDR:-0}" = 1 ] || configure_sd0 "$k"
+    run ip -n "$ns" link set sd0 up
 }
 
-# carrier NS: prints "up" or "down".
-carrier() { if ip -n "$1" link show sd0 2>/dev/null | grep -q 'LOWER_UP'; then echo up; else echo down; fi; }
+# configure_sd0 K: sd0's IPv4 and IPv6 addresses of host K (no DAD: the test starts at once).
+configure_sd0() {
+    local ns
+    ns=$(host_ns "$1")
+    run ip -n "$ns" addr add "$(host_ip "$1")/24" dev sd0
+    run ip -n "$ns" addr add "$(host_ip6 "$1")/64" dev sd0 nodad
+}
 
-# wait_carrier NS up|down [SECONDS]: waits, prints the time it took in ms.
+# stop_host K [SIGNAL]: signals host K's driver (default TERM) and waits for it; its exit
+# status is left in STOP_RC.
+stop_host() {
+    kill -"${2:-TERM}" "${HOST_PID[$1]}" 2>/dev/null
+    wait "${HOST_PID[$1]}" 2>/dev/null
+    STOP_RC=$?
+}
+
+# ---------------------------------------------------------------------------------------------
+# Link state
+
+# carrier NS: "up" when sd0 exists in NS and has LOWER_UP, else "down".
+carrier() {
+    if ip -n "$1" link show sd0 2>/dev/null | grep -q 'LOWER_UP'; then echo up; else echo down; fi
+}
+
+# wait_carrier NS [up|down] [SECONDS]: polls (20 ms) until sd0 in NS exists with LOWER_UP
+# (up, the default) or shows NO-CARRIER / is gone (down); fails after SECONDS (default 10).
+# How long it took is left in WAITED_MS. (Call it directly, not in $(...): a failure must end
+# the test, not a subshell.)
 wait_carrier() {
-    local ns=$1 want=$2 max=${3:-10} start now
+    local ns=$1 want=${2:-up} max=${3:-10} start now
     start=$(date +%s%N)
     while true; do
-        [ "$(carrier "$ns")" = "$want" ] && { now=$(date +%s%N); echo $(((now - start) / 1000000)); return 0; }
         now=$(date +%s%N)
-        [ $(((now - start) / 1000000000)) -ge "$max" ] && fail "sd0 in $ns not $want within ${max}s"
+        if [ "$(carrier "$ns")" = "$want" ]; then WAITED_MS=$(((now - start) / 1000000)); return 0; fi
+        [ $(((now - start) / 1000000)) -ge $((max * 1000)) ] &&
+            fail "sd0 in $ns not $want within ${max}s: $(ip -n "$ns" -br link show sd0 2>&1)"
         sleep 0.02
     done
 }
 
-# ping_ok NS ADDR [ARGS...]
-ping_ok() {
-    local ns=$1 addr=$2; shift 2
-    ip netns exec "$ns" ping -q -c 3 -i 0.2 -W 2 "$@" "$addr" >"$T/ping.out" 2>&1 ||
-        fail "ping $addr from $ns failed: $(tail -n 2 "$T/ping.out" | tr '\n' ' ')"
+# sd0_mtu NS / link_mac NS DEV
+sd0_mtu() { ip -n "$1" link show sd0 2>/dev/null | grep -o 'mtu [0-9]*' | awk '{print $2}'; }
+link_mac() { ip -n "$1" -br link show "$2" 2>/dev/null | awk '{print $3}'; }
+
+# neigh NS ADDR DEV: "LLADDR STATE" of ADDR's neighbour entry ("none" when absent).
+neigh() {
+    local line
+    line=$(ip -n "$1" neigh show "$2" dev "$3" 2>/dev/null | head -n 1)
+    [ -n "$line" ] || { echo none; return; }
+    echo "$line" | awk '{ for (i = 1; i < NF; i++) if ($i == "lladdr") mac = $(i + 1); print (mac ? mac : "-"), $NF }'
 }
 
-# iperf NS SERVER_ADDR PORT [ARGS...]: runs a client against a one-shot server in sd-lan (or
-# SERVER_NS) and prints the received rate in Gb/s.
+# ---------------------------------------------------------------------------------------------
+# Traffic
+
+# ping_ok NS ADDR [PING ARGS...]: 3 pings must all be answered.
+ping_ok() {
+    local ns=$1 addr=$2
+    shift 2
+    local out=$T/ping.$BASHPID.out
+    ip netns exec "$ns" ping -q -c "${PING_COUNT:-3}" -i 0.2 -W 2 "$@" "$addr" >"$out" 2>&1 ||
+        fail "ping $* $addr from $ns failed: $(tail -n 2 "$out" | tr '\n' ' ')"
+}
+
+# wait_listen NS PORT [tcp|udp]: until something listens on PORT in NS (5 s).
+wait_listen() {
+    local ns=$1 port=$2 opt=-Hltn
+    [ "${3:-tcp}" = udp ] && opt=-Hlun
+    for _ in $(seq 100); do
+        ip netns exec "$ns" ss "$opt" "sport = :$port" 2>/dev/null | grep -q . && return 0
+        sleep 0.05
+    done
+    fail "nothing listens on port $port in $ns"
+}
+
+# iperf NS SERVER_ADDR PORT [IPERF3 ARGS...]: iperf3 client in NS against a one-shot server
+# in sd-lan (or SERVER_NS). The run must succeed; prints the received rate in Gb/s. The JSON
+# result stays in $T/iperf.PORT.json. It prints, so it runs in $(...) or in the background:
+# always follow it with `|| fail ...` (or `wait $! || fail ...`).
 iperf() {
-    local ns=$1 addr=$2 port=$3; shift 3
-    local sns=${SERVER_NS:-sd-lan}
-    ip netns exec "$sns" timeout 30 iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
-    sleep 0.3
-    timeout 30 ip netns exec "$ns" iperf3 -c "$addr" -p "$port" -J "$@" >"$T/iperf.$port.json" 2>&1 ||
-        fail "iperf3 $* from $ns to $addr failed: $(grep -o '"error":.*' "$T/iperf.$port.json")"
+    local ns=$1 addr=$2 port=$3 sns=${SERVER_NS:-sd-lan}
+    shift 3
+    ip netns exec "$sns" timeout 60 iperf3 -s -1 -p "$port" >"$T/iperf-server.$port.out" 2>&1 &
+    PIDS+=($!)
+    wait_listen "$sns" "$port"
+    timeout 60 ip netns exec "$ns" iperf3 -c "$addr" -p "$port" -J "$@" >"$T/iperf.$port.json" 2>&1 ||
+        fail "iperf3 $* from $ns to $addr failed: $(grep -o '"error":.*' "$T/iperf.$port.json" || tail -n 3 "$T/iperf.$port.json")"
     python3 - "$T/iperf.$port.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-if "error" in d: sys.exit("iperf3 error: " + d["error"])
+if "error" in d:
+    sys.exit("iperf3 error: " + d["error"])
 s = d["end"].get("sum_received") or d["end"]["sum"]
-print("%.2f" % (s["bits_per_second"] / 1e9))
+print("%.3f" % (s["bits_per_second"] / 1e9))
 PY
 }
 
-pass() { printf 'PASS: %s\n' "$1"; }
+# iperf_field PORT EXPR: a value from the last iperf3 JSON on PORT (EXPR is Python over `d`).
+iperf_field() {
+    python3 -c "import json; d = json.load(open('$T/iperf.$1.json')); print($2)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Assertions: each fails with what was expected and what was found.
+
+# assert_eq ACTUAL EXPECTED WHAT
+assert_eq() { [ "$1" = "$2" ] || fail "$3: got '$1', want '$2'"; }
+# assert_ne ACTUAL UNWANTED WHAT
+assert_ne() { [ "$1" != "$2" ] || fail "$3: got '$1', which it must not be"; }
+# assert_match ACTUAL EXTENDED_REGEX WHAT
+assert_match() { [[ $1 =~ $2 ]] || fail "$3: got '$1', want a match of /$2/"; }
+# assert_ge ACTUAL MIN WHAT (integers)
+assert_ge() {
+    [[ $1 =~ ^-?[0-9]+$ ]] && [ "$1" -ge "$2" ] || fail "$3: got '$1', want >= $2"
+}
+# assert_le ACTUAL MAX WHAT (integers)
+assert_le() {
+    [[ $1 =~ ^-?[0-9]+$ ]] && [ "$1" -le "$2" ] || fail "$3: got '$1', want <= $2"
+}
+# assert_positive NUMBER WHAT (any decimal number > 0)
+assert_positive() {
+    awk -v v="$1" 'BEGIN { exit !(v ~ /^[0-9.eE+-]+$/ && v + 0 > 0) }' || fail "$2: got '$1', want > 0"
+}
+# assert_grep FILE ERE WHAT: a line of FILE matches.
+assert_grep() { grep -Eq -- "$2" "$1" 2>/dev/null || fail "$3: no line matching /$2/ in $(basename "$1")"; }
+# assert_no_grep FILE ERE WHAT: no line of FILE matches.
+assert_no_grep() {
+    local hit
+    hit=$(grep -E -m1 -- "$2" "$1" 2>/dev/null) && fail "$3: $(basename "$1") has: $hit"
+    return 0
+}
+# assert_alive PID WHAT
+assert_alive() { kill -0 "$1" 2>/dev/null || fail "$2: process $1 is gone"; }
+
+# eventually SECONDS CMD...: retries CMD every 0.1 s until it succeeds; false after SECONDS.
+eventually() {
+    local max=$1
+    shift
+    for _ in $(seq $((max * 10))); do "$@" && return 0; sleep 0.1; done
+    "$@"
+}
 
 # fds PID / rss_kib PID: open descriptors and resident memory of a process.
 fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }

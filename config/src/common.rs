@@ -181,6 +181,65 @@ impl Metrics {
     }
 }
 
+/// The `[control]` section: the Unix socket `splitnetctl` talks to (root only).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Control {
+    /// Listen on the control socket at all.
+    pub enabled: bool,
+    /// Where; absent: the daemon's default (/run/host-driver/control.sock,
+    /// /run/ioc-driver/control.sock).
+    pub socket: Option<std::path::PathBuf>,
+}
+
+impl Default for Control {
+    fn default() -> Control {
+        Control {
+            enabled: true,
+            socket: None,
+        }
+    }
+}
+
+impl Control {
+    /// The socket to listen on: `explicit` (a command-line override, which also enables
+    /// it), else the configured path or `default`; `None` when disabled.
+    pub fn socket_path(
+        &self,
+        explicit: Option<std::path::PathBuf>,
+        default: &str,
+    ) -> Option<std::path::PathBuf> {
+        match explicit {
+            Some(p) => Some(p),
+            None if self.enabled => Some(self.socket.clone().unwrap_or_else(|| default.into())),
+            None => None,
+        }
+    }
+
+    /// Longest socket path the kernel takes (`sun_path` less its terminating NUL).
+    const MAX_PATH: usize = 107;
+
+    pub(crate) fn validate(&self) -> Result<(), Invalid> {
+        let Some(p) = &self.socket else {
+            return Ok(());
+        };
+        let shown = p.display();
+        if !p.is_absolute() {
+            return Err(Invalid::new(
+                "control.socket",
+                format!("{shown}: an absolute path is required"),
+            ));
+        }
+        if p.as_os_str().len() > Self::MAX_PATH {
+            return Err(Invalid::new(
+                "control.socket",
+                format!("{shown}: longer than {} bytes", Self::MAX_PATH),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The `[log]` section.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

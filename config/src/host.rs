@@ -1,6 +1,6 @@
 //! host.toml: the host driver's configuration.
 
-use crate::common::{ifname, keepalive, range, unicast, Log, MacAddr, Metrics, Pools};
+use crate::common::{ifname, keepalive, range, unicast, Control, Log, MacAddr, Metrics, Pools};
 use crate::error::Invalid;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -24,6 +24,9 @@ pub struct HostConfig {
     /// `[metrics]`: the opt-in Prometheus endpoint.
     #[serde(default)]
     pub metrics: Metrics,
+    /// `[control]`: the socket of splitnetctl.
+    #[serde(default)]
+    pub control: Control,
 }
 
 /// The `[fabric]` section of host.toml.
@@ -145,6 +148,7 @@ impl HostConfig {
         }
         self.pools.validate()?;
         self.metrics.validate()?;
+        self.control.validate()?;
         self.log.validate()
     }
 }

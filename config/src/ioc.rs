@@ -1,6 +1,6 @@
 //! ioc.toml: the I/O unit driver's configuration.
 
-use crate::common::{ifname, keepalive, range, unicast, Log, MacAddr, Metrics, Pools};
+use crate::common::{ifname, keepalive, range, unicast, Control, Log, MacAddr, Metrics, Pools};
 use crate::error::Invalid;
 use crate::host::{default_interval, default_timeout};
 use serde::Deserialize;
@@ -24,6 +24,9 @@ pub struct IocConfig {
     /// `[metrics]`: the opt-in Prometheus endpoint.
     #[serde(default)]
     pub metrics: Metrics,
+    /// `[control]`: the socket of splitnetctl.
+    #[serde(default)]
+    pub control: Control,
 }
 
 /// The `[fabric]` section of ioc.toml.
@@ -132,6 +135,7 @@ impl IocConfig {
         }
         self.pools.validate()?;
         self.metrics.validate()?;
+        self.control.validate()?;
         self.log.validate()
     }
 }

@@ -1,19 +1,23 @@
 //! The host driver's life: TAP up, connect with backoff, configure over CfgUtil, move
 //! frames until the fabric is lost or a signal arrives, and start again.
 
+use crate::snapshot::{self, Snapshot};
 use splitnet_config::HostConfig;
+use splitnet_control::report::{Counters, Direction, Interface};
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
 };
 use splitnet_messaging::fabric::{self, TcpLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
+use splitnet_messaging::service::control::ControlSocket;
 use splitnet_messaging::service::{metrics, notify};
 use splitnet_messaging::sys::{netdev, tap::Tap};
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message};
 use std::cell::RefCell;
 use std::io;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -26,6 +30,8 @@ const TAP_BATCH: usize = 64;
 const RX_BUDGET: usize = 256;
 /// Send buffers: bounds the frames in flight to the IOC.
 const SEND_BUFFERS: usize = 256;
+/// How often the IOC's counters for this host are fetched (for splitnetctl).
+const STATS_EVERY: Duration = Duration::from_secs(1);
 /// Time allowed for the pool flush on shutdown.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -48,6 +54,14 @@ pub enum StartError {
         /// Cause.
         source: io::Error,
     },
+    /// The control socket could not be bound.
+    #[error("cannot listen on control socket {}: {source}", path.display())]
+    Control {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
     /// Signal handlers or reactor registration failed.
     #[error("cannot set up the event loop: {0}")]
     Runtime(#[from] io::Error),
@@ -62,7 +76,7 @@ enum End {
 }
 
 /// Runs until SIGTERM/SIGINT. Only start-up failures are errors; an unreachable IOC is not.
-pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
+pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(), StartError> {
     let name = cfg.interface.name.clone();
     let tap = Tap::open(&name).map_err(|source| StartError::Tap {
         name: name.clone(),
@@ -77,14 +91,40 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
     tap.set_carrier(false)?;
     info!(interface = %name, ?offloads, "TAP ready, carrier off until the fabric is up");
     let tap_ready = fabric::Ready::new(&tap)?;
-    let gauges = Rc::new(RefCell::new(Gauges::default()));
+    let mut bits = features::VNET_HDR;
+    if offloads.tso {
+        bits |= features::CSUM | features::TSO4 | features::TSO6 | features::ECN;
+    }
+    let snap = Rc::new(RefCell::new(Snapshot::new(
+        cfg.fabric.ioc.to_string(),
+        Interface {
+            name: name.clone(),
+            mac: netdev::mac(&name).map(|m| fmt_mac(&m)).unwrap_or_default(),
+            mtu: netdev::mtu(&name).unwrap_or(0),
+            carrier: false,
+            promisc: false,
+            multicast: 0,
+            offloads: snapshot::offload_names(bits),
+        },
+    )));
     if let Some(addr) = cfg.metrics.listen {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Metrics { addr, source })?;
         info!(%addr, "metrics at http://{addr}/metrics");
-        let g = gauges.clone();
-        tokio::task::spawn_local(metrics::serve(l, move || g.borrow().render()));
+        let g = snap.clone();
+        tokio::task::spawn_local(metrics::serve(l, move || g.borrow().render_metrics()));
+    }
+    if let Some(path) = control_socket {
+        let sock = ControlSocket::bind(&path)
+            .await
+            .map_err(|source| StartError::Control {
+                path: path.clone(),
+                source,
+            })?;
+        info!(path = %path.display(), "control socket (splitnetctl)");
+        let g = snap.clone();
+        tokio::task::spawn_local(sock.serve(move |line| g.borrow().answer_line(line)));
     }
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -120,7 +160,7 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
         };
         backoff = min;
         info!(ioc = %cfg.fabric.ioc, session = reply.session, version = reply.version, "fabric up");
-        gauges.borrow_mut().connects += 1;
+        snap.borrow_mut().connected(reply.session, reply.version);
         let mut conn = Conn::new(
             &cfg,
             &tap,
@@ -128,18 +168,14 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
             ctrl,
             data,
             offloads.tso,
-            gauges.clone(),
+            snap.clone(),
         )?;
         let end = conn
             .run(&mut term, &mut int, &mut ready_sent, &mut watchdog)
             .await;
         let _ = tap.set_carrier(false);
         conn.close();
-        {
-            let mut g = gauges.borrow_mut();
-            g.fabric_up = false;
-            g.carrier = false;
-        }
+        snap.borrow_mut().disconnected();
         match end {
             End::Shutdown => {
                 info!("stopped");
@@ -156,7 +192,7 @@ pub async fn run(cfg: HostConfig) -> Result<(), StartError> {
 fn default_node_id(ifname: &str) -> u64 {
     let machine = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
     // The fabric address distinguishes hosts that share a machine id (namespaces, clones).
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = splitnet_messaging::sys::hostname();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in machine
         .trim()
@@ -203,98 +239,6 @@ fn session_config(cfg: &HostConfig) -> SessionConfig {
             pool_get: largest,
         },
         advertise,
-    }
-}
-
-/// What the metrics endpoint reports, refreshed by the data path on every turn.
-#[derive(Debug, Default)]
-struct Gauges {
-    fabric_up: bool,
-    carrier: bool,
-    connects: u64,
-    rx_dropped: u64,
-    credits_free: u64,
-    credits_in_use: u64,
-    link: splitnet_messaging::endpoint::LinkStats,
-}
-
-impl Gauges {
-    fn render(&self) -> String {
-        let l = &self.link;
-        let mut e = metrics::Exposition::new();
-        e.metric(
-            "splitnet_host_fabric_up",
-            "gauge",
-            "Connected to the IOC (1).",
-            u64::from(self.fabric_up),
-        )
-        .metric(
-            "splitnet_host_carrier",
-            "gauge",
-            "Carrier of the TAP (1 on).",
-            u64::from(self.carrier),
-        )
-        .metric(
-            "splitnet_host_connects_total",
-            "counter",
-            "Connections made to the IOC.",
-            self.connects,
-        )
-        .metric(
-            "splitnet_host_tx_frames_total",
-            "counter",
-            "Frames sent to the IOC (this connection).",
-            l.tx_frames,
-        )
-        .metric(
-            "splitnet_host_tx_bytes_total",
-            "counter",
-            "Bytes sent to the IOC (this connection).",
-            l.tx_bytes,
-        )
-        .metric(
-            "splitnet_host_tx_inline_total",
-            "counter",
-            "Frames sent inline as SendData.",
-            l.tx_inline,
-        )
-        .metric(
-            "splitnet_host_tx_backpressure_total",
-            "counter",
-            "Times a frame waited for credit.",
-            l.tx_backpressure,
-        )
-        .metric(
-            "splitnet_host_rx_frames_total",
-            "counter",
-            "Frames from the IOC (this connection).",
-            l.rx_frames,
-        )
-        .metric(
-            "splitnet_host_rx_bytes_total",
-            "counter",
-            "Bytes from the IOC (this connection).",
-            l.rx_bytes,
-        )
-        .metric(
-            "splitnet_host_rx_dropped_total",
-            "counter",
-            "Frames from the IOC dropped (this connection).",
-            self.rx_dropped,
-        )
-        .metric(
-            "splitnet_host_credits_free",
-            "gauge",
-            "Free elements in the IOC's pools.",
-            self.credits_free,
-        )
-        .metric(
-            "splitnet_host_credits_in_use",
-            "gauge",
-            "Elements of the IOC's pools in use.",
-            self.credits_in_use,
-        );
-        e.finish()
     }
 }
 
@@ -365,7 +309,11 @@ struct Conn<'a> {
     carrier: bool,
     offload: bool,
     rx_dropped: u64,
-    gauges: Rc<RefCell<Gauges>>,
+    snap: Rc<RefCell<Snapshot>>,
+    /// Next time the IOC's counters for this host are asked for (GetStats).
+    next_stats: Instant,
+    /// Multicast groups of the TAP last reported to the IOC.
+    multicast: Vec<[u8; 6]>,
 }
 
 impl<'a> Conn<'a> {
@@ -376,7 +324,7 @@ impl<'a> Conn<'a> {
         ctrl: fabric::TcpChannel,
         data: fabric::TcpChannel,
         offload: bool,
-        gauges: Rc<RefCell<Gauges>>,
+        snap: Rc<RefCell<Snapshot>>,
     ) -> io::Result<Conn<'a>> {
         let sc = session_config(cfg);
         let mut reg = Registry::new(cfg.pools.max_granted_bytes);
@@ -427,7 +375,9 @@ impl<'a> Conn<'a> {
             carrier: false,
             offload,
             rx_dropped: 0,
-            gauges,
+            snap,
+            next_stats: Instant::now(),
+            multicast: Vec::new(),
         })
     }
 
@@ -516,7 +466,7 @@ impl<'a> Conn<'a> {
             // The keepalive timer turns this loop at least every keepalive interval.
             watchdog.kick(now);
             self.watch_interface(now);
-            self.refresh_gauges();
+            self.refresh_snapshot();
             status.update(now, self.tl.link.stats(), &self.peer, self.carrier);
             match self.keepalive.poll(now) {
                 Liveness::Idle => {}
@@ -703,6 +653,28 @@ impl<'a> Conn<'a> {
                 }
             }
             CfgCode::SetFeatures => debug!(offload = self.offload, "offload features agreed"),
+            CfgCode::SetMulticast => debug!(
+                groups = self.multicast.len(),
+                "multicast groups set on the IOC"
+            ),
+            CfgCode::GetStats => {
+                if let Ok(st) = wire::Stats::parse(data) {
+                    self.snap.borrow_mut().ioc_counters = Some(Counters {
+                        tx: Direction {
+                            frames: st.rx_frames,
+                            bytes: st.rx_bytes,
+                            dropped: st.rx_dropped,
+                        },
+                        rx: Direction {
+                            frames: st.tx_frames,
+                            bytes: st.tx_bytes,
+                            dropped: st.tx_dropped,
+                        },
+                        protocol_errors: st.protocol_errors,
+                        protection_errors: st.protection_errors,
+                    });
+                }
+            }
             other => debug!(?other, "CfgUtil reply"),
         }
     }
@@ -757,17 +729,59 @@ impl<'a> Conn<'a> {
                     .cfg_request(CfgCode::SetPromisc, &[u8::from(promisc)]);
             }
         }
+        match netdev::multicast(&self.name) {
+            Ok(mut groups) => {
+                groups.truncate(wire::MAX_MULTICAST);
+                if groups != self.multicast {
+                    info!(
+                        groups = groups.len(),
+                        "multicast groups changed on {}", self.name
+                    );
+                    let data: Vec<u8> = groups.iter().flatten().copied().collect();
+                    self.multicast = groups;
+                    self.tl
+                        .link
+                        .session_mut()
+                        .cfg_request(CfgCode::SetMulticast, &data);
+                }
+            }
+            Err(e) => debug!("cannot read the multicast groups of {}: {e}", self.name),
+        }
+        self.refresh_details(now);
     }
 
-    fn refresh_gauges(&self) {
+    /// Counters for the metrics and control sockets: cheap, on every turn.
+    fn refresh_snapshot(&self) {
         let ini = self.tl.link.session().initiator();
-        let mut g = self.gauges.borrow_mut();
+        let mut g = self.snap.borrow_mut();
         g.fabric_up = true;
         g.carrier = self.carrier;
         g.rx_dropped = self.rx_dropped;
         g.credits_free = ini.credits();
         g.credits_in_use = ini.in_use();
         g.link = self.tl.link.stats();
+    }
+
+    /// Pools and interface settings for the control socket: every watch period.
+    fn refresh_details(&mut self, now: Instant) {
+        let mut g = self.snap.borrow_mut();
+        g.set_pools(self.tl.link.session());
+        let i = &mut g.interface;
+        i.carrier = self.carrier;
+        i.mtu = self.mtu;
+        i.promisc = self.promisc;
+        i.multicast = self.multicast.len() as u32;
+        if let Ok(mac) = netdev::mac(&self.name) {
+            i.mac = fmt_mac(&mac);
+        }
+        drop(g);
+        if now >= self.next_stats {
+            self.next_stats = now + STATS_EVERY;
+            self.tl
+                .link
+                .session_mut()
+                .cfg_request(CfgCode::GetStats, &[]);
+        }
     }
 
     fn update_carrier(&mut self, ready_sent: &mut bool) {

@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 mod driver;
+mod snapshot;
 
 use clap::Parser;
 use splitnet_messaging::service;
@@ -35,6 +36,9 @@ struct Cli {
     /// Validate the configuration, print a summary and exit.
     #[arg(long)]
     check_config: bool,
+    /// Control socket for splitnetctl (overrides [control] socket; enables it).
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -63,8 +67,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let control = cfg
+        .control
+        .socket_path(cli.control_socket, splitnet_control::HOST_SOCKET);
     let local = tokio::task::LocalSet::new();
-    match local.block_on(&rt, driver::run(cfg)) {
+    match local.block_on(&rt, driver::run(cfg, control)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -14,8 +14,9 @@ use splitnet_messaging::memory::{Registry, SendBufCache};
 use splitnet_messaging::service::notify;
 use splitnet_messaging::sys::packet::PacketSocket;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message, Stats};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
+use std::time::Instant;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
@@ -36,7 +37,8 @@ pub struct Host {
     pub mtu: u32,
     /// Receives every LAN frame.
     pub promisc: bool,
-    /// Multicast groups it joined (informational: group frames go to every host).
+    /// Multicast groups it joined (the NIC filters on their union; group frames still go
+    /// to every host, whose kernel filters them as it does behind an imperfect NIC filter).
     pub multicast: Vec<[u8; 6]>,
     /// Offload features it uses.
     pub features: u64,
@@ -48,6 +50,10 @@ pub struct Host {
     pub keepalive: Keepalive,
     /// Counters reported over CfgUtil GetStats.
     pub stats: Stats,
+    /// Its fabric address.
+    pub peer: std::net::SocketAddr,
+    /// When it connected.
+    pub since: Instant,
 }
 
 impl Host {
@@ -110,6 +116,14 @@ pub struct Ioc {
     pub stopping: bool,
     /// Signalled when send buffers come back to the cache.
     pub buffers_freed: Rc<Notify>,
+    /// When the IOC started.
+    pub started: Instant,
+    /// Hosts admitted since start.
+    pub connects: u64,
+    /// Counters of the hosts that left.
+    pub past: Stats,
+    /// Multicast groups joined on the NIC: the union of every host's.
+    pub nic_groups: BTreeSet<[u8; 6]>,
 }
 
 impl Ioc {
@@ -129,6 +143,10 @@ impl Ioc {
             stats: IocStats::default(),
             stopping: false,
             buffers_freed: Rc::new(Notify::new()),
+            started: Instant::now(),
+            connects: 0,
+            past: Stats::default(),
+            nic_groups: BTreeSet::new(),
             cfg,
         }
     }
@@ -224,11 +242,14 @@ impl Ioc {
                 keepalive: Keepalive::new(
                     f.keepalive_interval(),
                     f.keepalive_timeout(),
-                    std::time::Instant::now(),
+                    Instant::now(),
                 ),
                 stats: Stats::default(),
+                peer,
+                since: Instant::now(),
             },
         );
+        self.connects += 1;
         info!(
             %peer,
             session,
@@ -428,20 +449,15 @@ impl Ioc {
                 _ => ErrorCode::Malformed,
             },
             CfgCode::SetMulticast => match wire::parse_multicast(data) {
-                Ok(list) => {
+                Ok(list) if list.iter().all(|m| m[0] & 1 == 1) => {
                     host.multicast = list;
                     ErrorCode::Ok
                 }
+                Ok(_) => ErrorCode::Refused,
                 Err(_) => ErrorCode::Malformed,
             },
             CfgCode::GetFeatures => {
-                let f = features::VNET_HDR
-                    | features::CSUM
-                    | features::TSO4
-                    | features::TSO6
-                    | features::ECN
-                    | features::USO;
-                reply.extend_from_slice(&f.to_be_bytes());
+                reply.extend_from_slice(&crate::report::OFFERED.to_be_bytes());
                 ErrorCode::Ok
             }
             CfgCode::SetFeatures => match wire::parse_u64(data) {
@@ -456,6 +472,38 @@ impl Ioc {
         };
         if let Some(link) = host.link.as_mut() {
             link.session_mut().cfg_reply(txn, code, status, &reply);
+        }
+        if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
+            self.sync_multicast();
+        }
+    }
+
+    /// Makes the NIC's multicast filter the union of every host's groups: joins the new
+    /// ones, leaves the ones no host wants any more. A group the NIC refuses is logged and
+    /// tried again on the next change.
+    pub fn sync_multicast(&mut self) {
+        let want: BTreeSet<[u8; 6]> = self
+            .hosts
+            .values()
+            .flat_map(|h| h.multicast.iter().copied())
+            .collect();
+        let leave: Vec<_> = self.nic_groups.difference(&want).copied().collect();
+        let join: Vec<_> = want.difference(&self.nic_groups).copied().collect();
+        for g in leave {
+            if let Err(e) = self.nic.set_multicast(g, false) {
+                warn!(group = %fmt_mac(&g), "cannot leave multicast group on the NIC: {e}");
+            }
+            self.nic_groups.remove(&g);
+        }
+        for g in join {
+            match self.nic.set_multicast(g, true) {
+                Ok(()) => {
+                    self.nic_groups.insert(g);
+                }
+                Err(e) => {
+                    warn!(group = %fmt_mac(&g), "cannot join multicast group on the NIC: {e}")
+                }
+            }
         }
     }
 
@@ -524,6 +572,16 @@ impl Ioc {
             }
         }
         host.wake.notify_one();
+        let (p, h) = (&mut self.past, &host.stats);
+        p.rx_frames += h.rx_frames;
+        p.rx_bytes += h.rx_bytes;
+        p.tx_frames += h.tx_frames;
+        p.tx_bytes += h.tx_bytes;
+        p.rx_dropped += h.rx_dropped;
+        p.tx_dropped += h.tx_dropped;
+        if !host.multicast.is_empty() {
+            self.sync_multicast();
+        }
         info!(
             session,
             node_id = host.node_id,

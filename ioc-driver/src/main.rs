@@ -9,6 +9,7 @@
 mod forward;
 mod hosts;
 mod ioc;
+mod report;
 mod server;
 
 use clap::Parser;
@@ -39,6 +40,9 @@ struct Cli {
     /// Validate the configuration, print a summary and exit.
     #[arg(long)]
     check_config: bool,
+    /// Control socket for splitnetctl (overrides [control] socket; enables it).
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -68,7 +72,10 @@ fn main() -> ExitCode {
         }
     };
     let local = tokio::task::LocalSet::new();
-    match local.block_on(&rt, server::run(cfg)) {
+    let control = cfg
+        .control
+        .socket_path(cli.control_socket, splitnet_control::IOC_SOCKET);
+    match local.block_on(&rt, server::run(cfg, control)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -8,6 +8,7 @@ use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_messaging::endpoint::{Lane, Session};
 use splitnet_messaging::fabric::{self, Ready, TcpLink};
 use splitnet_messaging::memory::DomainId;
+use splitnet_messaging::service::control::ControlSocket;
 use splitnet_messaging::service::{metrics, notify};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Role};
@@ -15,6 +16,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -46,6 +48,14 @@ pub enum StartError {
         /// Cause.
         source: io::Error,
     },
+    /// The control socket could not be bound.
+    #[error("cannot listen on control socket {}: {source}", path.display())]
+    Control {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
     /// Signal handlers or reactor registration failed.
     #[error("cannot set up the event loop: {0}")]
     Runtime(#[from] io::Error),
@@ -55,7 +65,7 @@ pub enum StartError {
 type Pending = Rc<RefCell<HashMap<u64, (fabric::TcpChannel, u64)>>>;
 
 /// Runs the IOC until SIGTERM/SIGINT.
-pub async fn run(cfg: IocConfig) -> Result<(), StartError> {
+pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), StartError> {
     let name = cfg.lan.interface.clone();
     let lan_err = |source| StartError::Lan {
         name: name.clone(),
@@ -93,6 +103,17 @@ pub async fn run(cfg: IocConfig) -> Result<(), StartError> {
         info!(%addr, "metrics at http://{addr}/metrics");
         let st = ioc.clone();
         tokio::task::spawn_local(metrics::serve(l, move || st.borrow().render_metrics()));
+    }
+    if let Some(path) = control_socket {
+        let sock = ControlSocket::bind(&path)
+            .await
+            .map_err(|source| StartError::Control {
+                path: path.clone(),
+                source,
+            })?;
+        info!(path = %path.display(), "control socket (splitnetctl)");
+        let st = ioc.clone();
+        tokio::task::spawn_local(sock.serve(move |line| st.borrow().answer_line(line)));
     }
     let lan_task = tokio::task::spawn_local(lan(ioc.clone(), nic_ready));
     let link_task = tokio::task::spawn_local(link_monitor(ioc.clone(), name));

@@ -2,7 +2,7 @@
 # --check-config accepts the shipped examples and names the key of a bad value; start-up
 # failures are one clear line.
 . "$(dirname "$0")/../lib.sh"
-need_tools ip
+need_tool ip; need_daemons
 "$BIN/host-driver" --check-config --config "$HOST_CONF" >/dev/null || fail "host.toml refused"
 "$BIN/ioc-driver" --check-config --config "$IOC_CONF" >/dev/null || fail "ioc.toml refused"
 sed 's/name = "sd0"/name = "averyveryverylongname"/' "$HOST_CONF" >"$T/bad.toml"

@@ -3,11 +3,11 @@
 # every attack is refused with a counted, logged error and the rogue's connection closed; the
 # good host's traffic is not interrupted; the IOC's memory stays bounded.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tools ip iperf3 python3
-ROGUE=$ROOT/target/release/examples/rogue
+need_root; need_tool ip iperf3 python3; need_daemons
+ROGUE=$BIN/examples/rogue
 [ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
 topo_up 2; start_ioc; start_host 1
-wait_carrier sd-host up 10 >/dev/null
+wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
 rss0=$(rss_kib "$IOC_PID")
 iperf sd-host 10.50.0.2 5231 -t 25 >"$T/good.rate" & good=$!

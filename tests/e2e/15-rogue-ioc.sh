@@ -2,8 +2,8 @@
 # The mirror: a rogue IOC attacks host-driver. host-driver refuses each attack (closes the
 # connection, logs why), reconnects, and never crashes.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tools ip
-ROGUE=$ROOT/target/release/examples/rogue
+need_root; need_tool ip; need_daemons
+ROGUE=$BIN/examples/rogue
 [ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
 topo_up 1
 ip netns exec sd-ioc "$ROGUE" ioc 10.200.0.2:7400 >"$T/rogue.out" 2>&1 & rogue=$!

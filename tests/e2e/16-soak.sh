@@ -3,10 +3,10 @@
 # minute (alternately SIGKILL and SIGTERM). Resident memory and descriptors of both daemons
 # stay flat, and the pools are back to their configured count after each return.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tools ip iperf3 python3
+need_root; need_tool ip iperf3 python3; need_daemons
 dur=${SOAK_SECONDS:-600}
 topo_up 1; start_ioc; start_host 1
-wait_carrier sd-host up 10 >/dev/null
+wait_carrier sd-host up 10
 hp=${HOST_PID[1]}
 ip netns exec sd-lan iperf3 -s -p 5241 >/dev/null 2>&1 & PIDS+=($!)
 ip netns exec sd-lan iperf3 -s -p 5242 >/dev/null 2>&1 & PIDS+=($!)
@@ -23,7 +23,7 @@ while [ $(($(date +%s) - start)) -lt $((dur - 5)) ]; do
     if [ $((n % 2)) = 1 ]; then kill -9 "$IOC_PID"; else kill -TERM "$IOC_PID"; fi
     wait "$IOC_PID" 2>/dev/null
     start_ioc
-    wait_carrier sd-host up 5 >/dev/null
+    wait_carrier sd-host up 5
     log "minute $n: host rss/fds ${samples[-1]% * *}, IOC restarted"
 done
 wait $tx || fail "iperf3 tx did not survive the restarts: $(grep -o '"error".*' "$T/tx.json")"

@@ -2,7 +2,7 @@
 # systemd notification protocol, against a NOTIFY_SOCKET listener: READY once the data path
 # is up, STATUS lines, WATCHDOG=1 fed while running, STOPPING on SIGTERM.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tools ip python3
+need_root; need_tool ip python3; need_daemons
 topo_up 1
 for who in ioc host; do
     python3 "$ROOT/tests/notify_listener.py" "$T/$who.sock" >"$T/$who.notify" 2>&1 & PIDS+=($!)
@@ -10,17 +10,17 @@ done
 sleep 0.3
 # As systemd does: WATCHDOG_PID names the daemon's own pid (exec keeps the shell's).
 ip netns exec sd-ioc env NOTIFY_SOCKET="$T/ioc.sock" WATCHDOG_USEC=1000000 \
-    sh -c 'WATCHDOG_PID=$$ exec "$0" --config "$1"' "$BIN/ioc-driver" "$IOC_CONF" >>"$T/ioc.log" 2>&1 &
-IOC_PID=$!; PIDS+=($IOC_PID)
+    sh -c 'WATCHDOG_PID=$$ exec "$0" --config "$1" --control-socket "$2"' "$BIN/ioc-driver" "$IOC_CONF" "$T/ioc.sock" >>"$T/ioc.log" 2>&1 &
+IOC_PID=$!; PIDS+=("$IOC_PID")
 sleep 0.5
 ip netns exec sd-host env NOTIFY_SOCKET="$T/host.sock" WATCHDOG_USEC=1000000 \
-    sh -c 'WATCHDOG_PID=$$ exec "$0" --config "$1"' "$BIN/host-driver" "$HOST_CONF" >>"$T/host1.log" 2>&1 &
-HP=$!; PIDS+=($HP)
+    sh -c 'WATCHDOG_PID=$$ exec "$0" --config "$1" --control-socket "$2"' "$BIN/host-driver" "$HOST_CONF" "$T/host1.sock" >>"$T/host1.log" 2>&1 &
+HP=$!; PIDS+=("$HP")
 sleep 0.5
 grep -q "^READY=1" "$T/ioc.notify" || fail "ioc-driver sent no READY=1"
-for i in $(seq 50); do ip -n sd-host link show sd0 >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 50); do ip -n sd-host link show sd0 >/dev/null 2>&1 && break; sleep 0.1; done
 ip -n sd-host link set sd0 up
-wait_carrier sd-host up 10 >/dev/null
+wait_carrier sd-host up 10
 grep -q "^READY=1|STATUS=fabric up" "$T/host.notify" || fail "host-driver sent no READY=1 with the data path up: $(head -n 3 "$T/host.notify")"
 sleep 6
 for who in ioc host; do

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The opt-in metrics endpoint of both daemons: Prometheus text with live counters.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tools ip ping python3
+need_root; need_tool ip ping python3; need_daemons
 sed 's/^# listen = "127.0.0.1:9701"/listen = "127.0.0.1:9701"/' "$HOST_CONF" >"$T/host.toml"
 sed 's/^# listen = "127.0.0.1:9702"/listen = "127.0.0.1:9702"/' "$IOC_CONF" >"$T/ioc.toml"
 HOST_CONF=$T/host.toml IOC_CONF=$T/ioc.toml
 topo_up 1; start_ioc; start_host 1
-wait_carrier sd-host up 10 >/dev/null
+wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
 get() { ip netns exec "$1" python3 -c "import sys, urllib.request as u
 try: print(u.urlopen('http://127.0.0.1:$2$3', timeout=3).read().decode(), end='')

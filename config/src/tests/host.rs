@@ -195,3 +195,19 @@ fn metrics_listener_is_opt_in() {
         "metrics.listen",
     );
 }
+
+#[test]
+fn control_socket_is_on_by_default_and_checked() {
+    let h = host("").unwrap();
+    assert!(h.control.enabled);
+    assert_eq!(h.control.socket, None);
+    let h = host("[control]\nsocket = \"/run/x/c.sock\"").unwrap();
+    assert_eq!(h.control.socket.unwrap().to_str(), Some("/run/x/c.sock"));
+    assert!(!host("[control]\nenabled = false").unwrap().control.enabled);
+    let why = invalid(host("[control]\nsocket = \"c.sock\""), "control.socket");
+    assert!(why.contains("absolute"), "{why}");
+    let long = format!("[control]\nsocket = \"/{}\"", "x".repeat(120));
+    let why = invalid(host(&long), "control.socket");
+    assert!(why.contains("longer than 107"), "{why}");
+    parse_error(host("[control]\nport = 1"), &["port"]);
+}

@@ -325,6 +325,11 @@ impl Initiator {
         self.pools.iter().map(|p| &p.entry)
     }
 
+    /// Each remote pool with the credits held in it (its free elements).
+    pub fn pool_credits(&self) -> impl Iterator<Item = (&PoolEntry, u32)> {
+        self.pools.iter().map(|p| (&p.entry, p.free.len() as u32))
+    }
+
     /// Forgets every remote pool (the connection is gone; a new one re-advertises).
     pub fn reset(&mut self) {
         self.pools.clear();

@@ -90,6 +90,23 @@ struct LocalPool {
     elems: Vec<Elem>,
 }
 
+/// Occupancy of one pool, for operators (`splitnetctl pools`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Pool reference.
+    pub pool_ref: u32,
+    /// Geometry.
+    pub spec: PoolSpec,
+    /// Elements the peer holds credits for.
+    pub granted: u32,
+    /// Elements written and not yet released (waiting for an indication, or delivered).
+    pub busy: u32,
+    /// Elements released, waiting to be returned to the peer.
+    pub free: u32,
+    /// `active`, `quiescing` or `draining`.
+    pub state: &'static str,
+}
+
 /// What happened to a BufferRecvPoolGet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolGetOutcome {
@@ -487,6 +504,26 @@ impl Target {
         self.returns.clear();
         self.flushes.clear();
         self.granted_bytes = 0;
+    }
+
+    /// Occupancy of every live pool.
+    pub fn pool_usage(&self) -> impl Iterator<Item = PoolUsage> + '_ {
+        self.pools.iter().enumerate().filter_map(|(i, p)| {
+            let p = p.as_ref()?;
+            let count = |f: fn(&Elem) -> bool| p.elems.iter().filter(|e| f(e)).count() as u32;
+            Some(PoolUsage {
+                pool_ref: i as u32,
+                spec: p.spec,
+                granted: count(|e| *e == Elem::Granted),
+                busy: count(|e| matches!(e, Elem::Written(_) | Elem::Delivered)),
+                free: count(|e| *e == Elem::Free),
+                state: match p.state {
+                    PoolState::Active => "active",
+                    PoolState::Quiescing(_) => "quiescing",
+                    PoolState::Draining => "draining",
+                },
+            })
+        })
     }
 
     /// Elements currently granted to the peer (credits it holds), per live pool.

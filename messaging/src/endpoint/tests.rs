@@ -28,6 +28,44 @@ mod credits {
         let ini = p.a.link.session().initiator();
         assert_eq!(ini.credits(), 16 + 8);
         assert_eq!(p.b.link.session().target().credits_outstanding(), 24);
+        let usage: Vec<_> = p.b.link.session().target().pool_usage().collect();
+        assert_eq!(usage.len(), 2);
+        assert!(usage
+            .iter()
+            .all(|u| u.state == "active" && u.busy == 0 && u.free == 0));
+        assert_eq!(
+            usage.iter().map(|u| u.granted).sum::<u32>(),
+            24,
+            "{usage:?}"
+        );
+        let held: Vec<u32> = ini.pool_credits().map(|(_, c)| c).collect();
+        assert_eq!(held.iter().sum::<u32>(), 24);
+    }
+
+    #[test]
+    fn usage_follows_elements_from_granted_to_busy_to_free() {
+        let mut p = pair();
+        for i in 0..3 {
+            assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma);
+        }
+        let ini = p.a.link.session().initiator();
+        assert_eq!(ini.pool_credits().map(|(_, c)| c).sum::<u32>(), 21);
+        p.drive().unwrap();
+        // Delivered and released: credits come back (idle flush), every element granted.
+        let t = p.b.link.session().target();
+        assert_eq!(t.pool_usage().map(|u| u.granted).sum::<u32>(), 24);
+        assert_eq!(t.pool_usage().map(|u| u.busy + u.free).sum::<u32>(), 0);
+        // A flush marks the pools quiescing until the peer replies.
+        let Pair { b, .. } = &mut p;
+        b.link.session_mut().start_flush(&mut b.reg);
+        let states: Vec<_> = b
+            .link
+            .session()
+            .target()
+            .pool_usage()
+            .map(|u| u.state)
+            .collect();
+        assert_eq!(states, ["quiescing", "quiescing"]);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! watchdog fed from the data path, logging set up from the configuration or `RUST_LOG`,
 //! and the current-thread runtime they run on.
 
+pub mod control;
 pub mod metrics;
 pub mod notify;
 

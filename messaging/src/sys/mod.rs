@@ -42,3 +42,21 @@ pub(crate) fn write(fd: &OwnedFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: `buf` is a valid readable region of `buf.len()` bytes for the whole call.
     cvt_size(unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
 }
+
+/// This machine's host name from `uname(2)` (the UTS namespace), which needs no file in
+/// `/proc` (hidden by the units' `ProcSubset=pid`). Empty if the call fails.
+pub fn hostname() -> String {
+    // SAFETY: `utsname` is plain old data; all-zero bytes are a valid value.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `uname` writes into the struct we own, valid for the call.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return String::new();
+    }
+    let name: Vec<u8> = uts
+        .nodename
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&name).into_owned()
+}

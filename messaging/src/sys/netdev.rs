@@ -118,3 +118,68 @@ pub fn is_running(name: &str) -> io::Result<bool> {
         Err(_) => Ok(f & libc::IFF_RUNNING != 0),
     }
 }
+
+/// The link-layer multicast groups joined on `name` (what `ip maddr show dev NAME` lists as
+/// `link`), sorted, from `/proc/self/net/dev_mcast` (of this network namespace).
+pub fn multicast(name: &str) -> io::Result<Vec<[u8; 6]>> {
+    Ok(parse_dev_mcast(
+        &std::fs::read_to_string("/proc/self/net/dev_mcast")?,
+        name,
+    ))
+}
+
+/// Parses `/proc/net/dev_mcast` (`index name users global address-in-hex` per line) for
+/// the groups of `name`; malformed lines are skipped.
+pub fn parse_dev_mcast(text: &str, name: &str) -> Vec<[u8; 6]> {
+    let mut groups: Vec<[u8; 6]> = text
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (_, ifname, hex) = (f.next()?, f.next()?, f.nth(2)?);
+            if ifname != name || hex.len() != 12 {
+                return None;
+            }
+            let mut mac = [0u8; 6];
+            for (i, b) in mac.iter_mut().enumerate() {
+                *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+            }
+            Some(mac)
+        })
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_dev_mcast;
+
+    #[test]
+    fn dev_mcast_lines_of_one_interface_are_parsed_and_the_rest_skipped() {
+        let text = "2    lo              1     0     333300000001\n\
+                    5    sd0             1     0     333300000001\n\
+                    5    sd0             2     0     01005e000001\n\
+                    5    sd0             1     0     3333ff000001\n\
+                    5    sd0             1     0     zz3300000001\n\
+                    5    sd0\n\
+                    6    sd01            1     0     01005e0000fb\n";
+        assert_eq!(
+            parse_dev_mcast(text, "sd0"),
+            vec![
+                [0x01, 0x00, 0x5e, 0, 0, 1],
+                [0x33, 0x33, 0, 0, 0, 1],
+                [0x33, 0x33, 0xff, 0, 0, 1],
+            ]
+        );
+        assert!(parse_dev_mcast(text, "eth9").is_empty());
+        assert!(parse_dev_mcast("", "sd0").is_empty());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,300}") {
+            let _ = parse_dev_mcast(&text, "sd0");
+        }
+    }
+}

@@ -5,6 +5,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 const PACKET_ADD_MEMBERSHIP: libc::c_int = 1;
+const PACKET_DROP_MEMBERSHIP: libc::c_int = 2;
+const PACKET_MR_MULTICAST: libc::c_ushort = 0;
 const PACKET_MR_PROMISC: libc::c_ushort = 1;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
@@ -79,6 +81,26 @@ impl PacketSocket {
             mr_address: [0; 8],
         };
         setsockopt(&self.fd, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mreq)
+    }
+
+    /// Joins (`join`) or leaves a link-layer multicast group on the NIC: the group enters or
+    /// leaves the NIC's multicast filter (`ip maddr show`) for as long as the socket is open.
+    /// The kernel counts joins, so each join needs exactly one leave.
+    pub fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {
+        let mut mr_address = [0u8; 8];
+        mr_address[..6].copy_from_slice(&group);
+        let mreq = libc::packet_mreq {
+            mr_ifindex: self.ifindex as libc::c_int,
+            mr_type: PACKET_MR_MULTICAST,
+            mr_alen: 6,
+            mr_address,
+        };
+        let op = if join {
+            PACKET_ADD_MEMBERSHIP
+        } else {
+            PACKET_DROP_MEMBERSHIP
+        };
+        setsockopt(&self.fd, libc::SOL_PACKET, op, &mreq)
     }
 
     /// Receives one frame (virtio-net header first).

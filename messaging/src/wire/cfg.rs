@@ -84,6 +84,25 @@ pub mod features {
     pub const USO: u64 = 1 << 4;
     /// ECN bit in TSO frames.
     pub const ECN: u64 = 1 << 5;
+
+    /// The name of every bit, in bit order.
+    pub const NAMES: [(u64, &str); 6] = [
+        (VNET_HDR, "vnet_hdr"),
+        (CSUM, "csum"),
+        (TSO4, "tso4"),
+        (TSO6, "tso6"),
+        (USO, "uso"),
+        (ECN, "ecn"),
+    ];
+
+    /// The names of the bits set in `bits` (unknown bits are left out).
+    pub fn names(bits: u64) -> Vec<&'static str> {
+        NAMES
+            .iter()
+            .filter(|(b, _)| bits & b != 0)
+            .map(|(_, n)| *n)
+            .collect()
+    }
 }
 
 /// Parses a 6-byte MAC address.

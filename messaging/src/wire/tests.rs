@@ -343,3 +343,15 @@ proptest! {
         let _ = Message::parse(&b);
     }
 }
+
+#[test]
+fn feature_bits_are_named_in_order_and_unknown_bits_ignored() {
+    use crate::wire::features;
+    assert_eq!(
+        features::names(features::VNET_HDR | features::TSO6 | 1 << 40),
+        ["vnet_hdr", "tso6"]
+    );
+    assert!(features::names(0).is_empty());
+    let all = features::NAMES.iter().fold(0, |a, (b, _)| a | b);
+    assert_eq!(features::names(all).len(), 6);
+}

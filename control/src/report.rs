@@ -1,0 +1,293 @@
+//! The documents of the control socket: one request word in, one [`Reply`] out.
+//!
+//! Counters are cumulative since the daemon started unless a field says "this connection";
+//! rates are left to the reader (`splitnetctl top` differentiates two samples).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// What a client asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// [`Status`]: fabric state, peer, protocol version, offloads, uptime.
+    Status,
+    /// [`Pools`]: every pool on both sides of every connection.
+    Pools,
+    /// [`Hosts`]: the hosts an IOC serves (a host driver answers with itself).
+    Hosts,
+    /// [`Stats`]: frame, byte, drop and error counters, and the NIC's.
+    Stats,
+}
+
+impl Request {
+    /// Every request, in the order `splitnetctl --help` lists them.
+    pub const ALL: [Request; 4] = [
+        Request::Status,
+        Request::Pools,
+        Request::Hosts,
+        Request::Stats,
+    ];
+
+    /// The command word on the socket.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Request::Status => "status",
+            Request::Pools => "pools",
+            Request::Hosts => "hosts",
+            Request::Stats => "stats",
+        }
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request line that names no command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown request {0:?} (status, pools, hosts or stats)")]
+pub struct UnknownRequest(pub String);
+
+impl FromStr for Request {
+    type Err = UnknownRequest;
+
+    /// Parses a request line (surrounding white space ignored).
+    fn from_str(line: &str) -> Result<Request, UnknownRequest> {
+        let word = line.trim();
+        Request::ALL
+            .into_iter()
+            .find(|r| r.as_str() == word)
+            .ok_or_else(|| UnknownRequest(word.chars().take(32).collect()))
+    }
+}
+
+/// A daemon's answer: exactly one of the fields is present.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    /// Answer to `status`.
+    Status(Status),
+    /// Answer to `pools`.
+    Pools(Pools),
+    /// Answer to `hosts`.
+    Hosts(Hosts),
+    /// Answer to `stats`.
+    Stats(Stats),
+    /// The request could not be answered, and why.
+    Error(String),
+}
+
+/// Which daemon answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// host-driver.
+    Host,
+    /// ioc-driver.
+    Ioc,
+}
+
+/// Answer to `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// Which daemon.
+    pub role: Role,
+    /// The daemon's version (its package version).
+    pub version: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Seconds since it started.
+    pub uptime_s: u64,
+    /// The fabric side.
+    pub fabric: Fabric,
+    /// The interface it drives: sd0 on a host, the NIC on an IOC.
+    pub interface: Interface,
+}
+
+/// The fabric as one daemon sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fabric {
+    /// `up`, `connecting` (host) or `listening` (IOC).
+    pub state: String,
+    /// The IOC's address (host) or the listening address (IOC).
+    pub address: String,
+    /// Protocol version in use (host, while up).
+    pub protocol_version: Option<u16>,
+    /// Session number the IOC gave this host (host, while up).
+    pub session: Option<u64>,
+    /// Seconds the current connection has been up (host, while up).
+    pub connected_s: Option<u64>,
+    /// Connections made (host) or accepted (IOC) since start.
+    pub connects: u64,
+    /// Hosts connected now (IOC).
+    pub hosts: Option<u32>,
+    /// Hosts served at most (IOC).
+    pub max_hosts: Option<u32>,
+}
+
+/// A network interface and its settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Interface {
+    /// Name (sd0, lan0, ...).
+    pub name: String,
+    /// MAC address, `aa:bb:cc:dd:ee:ff`.
+    pub mac: String,
+    /// MTU in bytes.
+    pub mtu: u32,
+    /// Carrier (host: sd0's, following the IOC's NIC) or link (IOC: the NIC's).
+    pub carrier: bool,
+    /// Promiscuous mode.
+    pub promisc: bool,
+    /// Multicast groups joined (host: sd0's; IOC: the union over its hosts).
+    pub multicast: u32,
+    /// Offloads in use: `vnet_hdr`, `csum`, `tso4`, `tso6`, `uso`, `ecn`.
+    pub offloads: Vec<String>,
+}
+
+/// Answer to `pools`: the memory of every connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pools {
+    /// One entry per connection (one on a host, one per host on an IOC).
+    pub peers: Vec<PeerPools>,
+}
+
+/// The pools of one connection, both directions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerPools {
+    /// The peer: `ioc` on a host, `session N (MAC)` on an IOC.
+    pub peer: String,
+    /// Pools this daemon owns and the peer writes into (receive side).
+    pub local: Vec<LocalPool>,
+    /// The peer's pools this daemon writes into (send side: its credits).
+    pub remote: Vec<RemotePool>,
+}
+
+/// A pool this daemon registered and advertised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LocalPool {
+    /// The pool reference on the wire.
+    pub pool_ref: u32,
+    /// Bytes per element.
+    pub element_size: u32,
+    /// Elements.
+    pub element_count: u32,
+    /// Elements the peer holds credits for (may write into).
+    pub credits_outstanding: u32,
+    /// Elements written, waiting for their indication or being delivered.
+    pub busy: u32,
+    /// Elements free here, waiting to be returned in a BufferRecvPoolUpdate.
+    pub free: u32,
+    /// `active`, `quiescing` (flush sent, waiting for the reply) or `draining`.
+    pub state: String,
+}
+
+/// A pool of the peer this daemon writes into.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RemotePool {
+    /// The pool reference on the wire.
+    pub pool_ref: u32,
+    /// Bytes per element.
+    pub element_size: u32,
+    /// Elements.
+    pub element_count: u32,
+    /// Credits held: elements this daemon may write into now.
+    pub credits: u32,
+    /// Elements written and not yet returned by the peer.
+    pub in_use: u32,
+}
+
+/// Answer to `hosts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hosts {
+    /// Every host connected now.
+    pub hosts: Vec<HostEntry>,
+}
+
+/// One host as the IOC serves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostEntry {
+    /// Session number.
+    pub session: u64,
+    /// The host's node id from its Hello.
+    pub node_id: u64,
+    /// The host's fabric address.
+    pub address: String,
+    /// The MAC the host uses on the LAN.
+    pub mac: String,
+    /// Protection domain of its registrations.
+    pub domain: u32,
+    /// Its MTU.
+    pub mtu: u32,
+    /// Promiscuous mode requested.
+    pub promisc: bool,
+    /// Multicast groups it joined.
+    pub multicast: u32,
+    /// Offloads it uses.
+    pub offloads: Vec<String>,
+    /// Seconds since it connected.
+    pub connected_s: u64,
+    /// Its traffic (tx: IOC to host).
+    pub counters: Counters,
+}
+
+/// Frame counters of one direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Direction {
+    /// Frames.
+    pub frames: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Frames dropped.
+    pub dropped: u64,
+}
+
+/// Counters of one connection or one daemon.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Sent to the peer (host: to the IOC; IOC: to the hosts).
+    pub tx: Direction,
+    /// Received from the peer.
+    pub rx: Direction,
+    /// Peers disconnected for breaking the protocol.
+    pub protocol_errors: u64,
+    /// Peers disconnected for a protection error (a write the adapter refused).
+    pub protection_errors: u64,
+}
+
+/// The NIC's own counters, as the kernel keeps them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NicStats {
+    /// Received by the NIC.
+    pub rx: Direction,
+    /// Sent by the NIC.
+    pub tx: Direction,
+    /// Receive errors.
+    pub rx_errors: u64,
+    /// Transmit errors.
+    pub tx_errors: u64,
+}
+
+/// Answer to `stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Which daemon.
+    pub role: Role,
+    /// The daemon's fabric traffic since it started (all connections).
+    pub fabric: Counters,
+    /// Frames sent inline as SendData.
+    pub tx_inline: u64,
+    /// Times a frame waited for a credit.
+    pub tx_backpressure: u64,
+    /// Credits held now in the peers' pools (all connections).
+    pub credits: u64,
+    /// Elements of the peers' pools in use now.
+    pub credits_in_use: u64,
+    /// The NIC's kernel counters (IOC).
+    pub nic: Option<NicStats>,
+    /// The IOC's counters for this host, from CfgUtil GetStats (host, while the fabric is
+    /// up; refreshed every second; tx is IOC to host).
+    pub ioc: Option<Counters>,
+}

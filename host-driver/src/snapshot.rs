@@ -1,0 +1,364 @@
+//! What the host driver tells operators: a snapshot of its state, refreshed by the data path
+//! (counters on every turn, pools and interface settings every watch period), read by the
+//! metrics endpoint and the control socket without touching the data path.
+
+use splitnet_control::report::{
+    Counters, Direction, Fabric, Interface, LocalPool, PeerPools, Pools, RemotePool, Reply,
+    Request, Role, Stats, Status,
+};
+use splitnet_messaging::endpoint::{LinkStats, Session};
+use splitnet_messaging::service::metrics;
+use splitnet_messaging::wire;
+use std::time::Instant;
+
+/// The host driver's state as operators see it.
+#[derive(Debug)]
+pub struct Snapshot {
+    started: Instant,
+    /// The IOC's fabric address.
+    pub ioc: String,
+    /// Connected to the IOC.
+    pub fabric_up: bool,
+    /// Session number and protocol version of the connection.
+    pub session: Option<(u64, u16)>,
+    /// When the connection came up.
+    pub connected_at: Option<Instant>,
+    /// Carrier of the TAP.
+    pub carrier: bool,
+    /// Connections made since start.
+    pub connects: u64,
+    /// Frames from the IOC dropped (this connection).
+    pub rx_dropped: u64,
+    /// Credits held in the IOC's pools.
+    pub credits_free: u64,
+    /// Elements of the IOC's pools in use.
+    pub credits_in_use: u64,
+    /// Traffic of this connection.
+    pub link: LinkStats,
+    /// Traffic of the connections before it.
+    before: LinkStats,
+    dropped_before: u64,
+    /// Connections ended by a protocol error of the IOC.
+    pub protocol_errors: u64,
+    /// Connections ended by a protection error (a write our adapter refused).
+    pub protection_errors: u64,
+    /// sd0 and its settings.
+    pub interface: Interface,
+    /// Both directions' pools (refreshed every watch period).
+    pub pools: Option<PeerPools>,
+    /// The IOC's counters for this host (CfgUtil GetStats).
+    pub ioc_counters: Option<Counters>,
+}
+
+impl Snapshot {
+    /// The state at start: nothing connected.
+    pub fn new(ioc: String, interface: Interface) -> Snapshot {
+        Snapshot {
+            started: Instant::now(),
+            ioc,
+            fabric_up: false,
+            session: None,
+            connected_at: None,
+            carrier: false,
+            connects: 0,
+            rx_dropped: 0,
+            credits_free: 0,
+            credits_in_use: 0,
+            link: LinkStats::default(),
+            before: LinkStats::default(),
+            dropped_before: 0,
+            protocol_errors: 0,
+            protection_errors: 0,
+            interface,
+            pools: None,
+            ioc_counters: None,
+        }
+    }
+
+    /// A connection came up.
+    pub fn connected(&mut self, session: u64, version: u16) {
+        self.connects += 1;
+        self.session = Some((session, version));
+        self.connected_at = Some(Instant::now());
+    }
+
+    /// The connection ended: its counters move into the totals.
+    pub fn disconnected(&mut self) {
+        let (b, l) = (&mut self.before, &self.link);
+        b.rx_frames += l.rx_frames;
+        b.rx_bytes += l.rx_bytes;
+        b.tx_frames += l.tx_frames;
+        b.tx_bytes += l.tx_bytes;
+        b.tx_inline += l.tx_inline;
+        b.tx_backpressure += l.tx_backpressure;
+        b.tx_too_large += l.tx_too_large;
+        self.dropped_before += self.rx_dropped;
+        self.link = LinkStats::default();
+        self.rx_dropped = 0;
+        self.fabric_up = false;
+        self.carrier = false;
+        self.interface.carrier = false;
+        self.session = None;
+        self.connected_at = None;
+        self.pools = None;
+        self.ioc_counters = None;
+        self.credits_free = 0;
+        self.credits_in_use = 0;
+    }
+
+    /// Records both directions' pools of `session`.
+    pub fn set_pools(&mut self, session: &Session) {
+        let local = session
+            .target()
+            .pool_usage()
+            .map(|u| LocalPool {
+                pool_ref: u.pool_ref,
+                element_size: u.spec.element_size,
+                element_count: u.spec.element_count,
+                credits_outstanding: u.granted,
+                busy: u.busy,
+                free: u.free,
+                state: u.state.into(),
+            })
+            .collect();
+        let remote = session
+            .initiator()
+            .pool_credits()
+            .map(|(e, credits)| RemotePool {
+                pool_ref: e.pool_ref,
+                element_size: e.element_size,
+                element_count: e.element_count,
+                credits,
+                in_use: e.element_count - credits,
+            })
+            .collect();
+        self.pools = Some(PeerPools {
+            peer: format!("ioc {}", self.ioc),
+            local,
+            remote,
+        });
+    }
+
+    fn totals(&self) -> Counters {
+        let (b, l) = (&self.before, &self.link);
+        Counters {
+            tx: Direction {
+                frames: b.tx_frames + l.tx_frames,
+                bytes: b.tx_bytes + l.tx_bytes,
+                dropped: b.tx_too_large + l.tx_too_large,
+            },
+            rx: Direction {
+                frames: b.rx_frames + l.rx_frames,
+                bytes: b.rx_bytes + l.rx_bytes,
+                dropped: self.dropped_before + self.rx_dropped,
+            },
+            protocol_errors: self.protocol_errors,
+            protection_errors: self.protection_errors,
+        }
+    }
+
+    /// The answer to a control request.
+    pub fn answer(&self, request: Request) -> Reply {
+        match request {
+            Request::Status => Reply::Status(Status {
+                role: Role::Host,
+                version: env!("CARGO_PKG_VERSION").into(),
+                pid: std::process::id(),
+                uptime_s: self.started.elapsed().as_secs(),
+                fabric: Fabric {
+                    state: if self.fabric_up { "up" } else { "connecting" }.into(),
+                    address: self.ioc.clone(),
+                    protocol_version: self.session.map(|s| s.1),
+                    session: self.session.map(|s| s.0),
+                    connected_s: self.connected_at.map(|t| t.elapsed().as_secs()),
+                    connects: self.connects,
+                    hosts: None,
+                    max_hosts: None,
+                },
+                interface: self.interface.clone(),
+            }),
+            Request::Pools => Reply::Pools(Pools {
+                peers: self.pools.iter().cloned().collect(),
+            }),
+            Request::Hosts => {
+                Reply::Error("hosts: a host driver serves no hosts (ask the IOC)".into())
+            }
+            Request::Stats => Reply::Stats(Stats {
+                role: Role::Host,
+                fabric: self.totals(),
+                tx_inline: self.before.tx_inline + self.link.tx_inline,
+                tx_backpressure: self.before.tx_backpressure + self.link.tx_backpressure,
+                credits: self.credits_free,
+                credits_in_use: self.credits_in_use,
+                nic: None,
+                ioc: self.ioc_counters,
+            }),
+        }
+    }
+
+    /// The control socket's answer to a request line, as JSON.
+    pub fn answer_line(&self, line: &str) -> String {
+        let reply = match line.parse::<Request>() {
+            Ok(r) => self.answer(r),
+            Err(e) => Reply::Error(e.to_string()),
+        };
+        serde_json::to_string(&reply).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// The metrics endpoint's text (counters of the current connection).
+    pub fn render_metrics(&self) -> String {
+        let l = &self.link;
+        let mut e = metrics::Exposition::new();
+        e.metric(
+            "splitnet_host_fabric_up",
+            "gauge",
+            "Connected to the IOC (1).",
+            u64::from(self.fabric_up),
+        )
+        .metric(
+            "splitnet_host_carrier",
+            "gauge",
+            "Carrier of the TAP (1 on).",
+            u64::from(self.carrier),
+        )
+        .metric(
+            "splitnet_host_connects_total",
+            "counter",
+            "Connections made to the IOC.",
+            self.connects,
+        )
+        .metric(
+            "splitnet_host_tx_frames_total",
+            "counter",
+            "Frames sent to the IOC (this connection).",
+            l.tx_frames,
+        )
+        .metric(
+            "splitnet_host_tx_bytes_total",
+            "counter",
+            "Bytes sent to the IOC (this connection).",
+            l.tx_bytes,
+        )
+        .metric(
+            "splitnet_host_tx_inline_total",
+            "counter",
+            "Frames sent inline as SendData.",
+            l.tx_inline,
+        )
+        .metric(
+            "splitnet_host_tx_backpressure_total",
+            "counter",
+            "Times a frame waited for credit.",
+            l.tx_backpressure,
+        )
+        .metric(
+            "splitnet_host_rx_frames_total",
+            "counter",
+            "Frames from the IOC (this connection).",
+            l.rx_frames,
+        )
+        .metric(
+            "splitnet_host_rx_bytes_total",
+            "counter",
+            "Bytes from the IOC (this connection).",
+            l.rx_bytes,
+        )
+        .metric(
+            "splitnet_host_rx_dropped_total",
+            "counter",
+            "Frames from the IOC dropped (this connection).",
+            self.rx_dropped,
+        )
+        .metric(
+            "splitnet_host_credits_free",
+            "gauge",
+            "Free elements in the IOC's pools.",
+            self.credits_free,
+        )
+        .metric(
+            "splitnet_host_credits_in_use",
+            "gauge",
+            "Elements of the IOC's pools in use.",
+            self.credits_in_use,
+        )
+        .metric(
+            "splitnet_host_protocol_errors_total",
+            "counter",
+            "Connections ended by a protocol error of the IOC.",
+            self.protocol_errors,
+        )
+        .metric(
+            "splitnet_host_protection_errors_total",
+            "counter",
+            "Connections ended by a write the adapter refused.",
+            self.protection_errors,
+        );
+        e.finish()
+    }
+}
+
+/// Offload feature names, for reports.
+pub fn offload_names(bits: u64) -> Vec<String> {
+    wire::features::names(bits)
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap() -> Snapshot {
+        Snapshot::new(
+            "10.200.0.2:7400".into(),
+            Interface {
+                name: "sd0".into(),
+                mac: "00:00:00:00:00:00".into(),
+                mtu: 1500,
+                carrier: false,
+                promisc: false,
+                multicast: 0,
+                offloads: offload_names(wire::features::VNET_HDR | wire::features::TSO4),
+            },
+        )
+    }
+
+    #[test]
+    fn totals_survive_reconnects() {
+        let mut s = snap();
+        s.connected(1, 1);
+        s.link.tx_frames = 10;
+        s.link.rx_bytes = 1000;
+        s.rx_dropped = 2;
+        s.disconnected();
+        s.connected(2, 1);
+        s.link.tx_frames = 5;
+        s.rx_dropped = 1;
+        let Reply::Stats(st) = s.answer(Request::Stats) else {
+            panic!("not stats")
+        };
+        assert_eq!(st.fabric.tx.frames, 15);
+        assert_eq!(st.fabric.rx.bytes, 1000);
+        assert_eq!(st.fabric.rx.dropped, 3);
+        assert_eq!(s.connects, 2);
+    }
+
+    #[test]
+    fn status_says_connecting_until_up_and_lines_parse() {
+        let mut s = snap();
+        let Reply::Status(st) = s.answer(Request::Status) else {
+            panic!("not status")
+        };
+        assert_eq!(st.fabric.state, "connecting");
+        assert_eq!(st.fabric.session, None);
+        assert_eq!(st.interface.offloads, ["vnet_hdr", "tso4"]);
+        s.connected(7, 1);
+        s.fabric_up = true;
+        let json = s.answer_line("status\n");
+        assert!(json.contains("\"state\":\"up\""), "{json}");
+        assert!(json.contains("\"session\":7"), "{json}");
+        assert!(s.answer_line("hosts").starts_with("{\"error\":"));
+        assert!(s.answer_line("reboot").contains("unknown request"));
+    }
+}

@@ -1,0 +1,202 @@
+//! The IOC's answers on the control socket, built from its state when asked (the state is
+//! on the same thread; nothing is copied on the data path).
+
+use crate::ioc::{fmt_mac, Host, Ioc};
+use splitnet_config::Promiscuous;
+use splitnet_control::report::{
+    Counters, Direction, Fabric, HostEntry, Hosts, Interface, LocalPool, NicStats, PeerPools,
+    Pools, RemotePool, Reply, Request, Role, Stats, Status,
+};
+use splitnet_messaging::sys::netdev;
+use splitnet_messaging::wire::{self, features};
+
+/// The features the IOC offers every host (GetFeatures).
+pub const OFFERED: u64 = features::VNET_HDR
+    | features::CSUM
+    | features::TSO4
+    | features::TSO6
+    | features::ECN
+    | features::USO;
+
+fn names(bits: u64) -> Vec<String> {
+    features::names(bits)
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A host's counters as the reports show them (tx: IOC to host).
+fn counters(s: &wire::Stats) -> Counters {
+    Counters {
+        tx: Direction {
+            frames: s.rx_frames,
+            bytes: s.rx_bytes,
+            dropped: s.rx_dropped,
+        },
+        rx: Direction {
+            frames: s.tx_frames,
+            bytes: s.tx_bytes,
+            dropped: s.tx_dropped,
+        },
+        protocol_errors: 0,
+        protection_errors: 0,
+    }
+}
+
+/// The kernel's counters of a NIC, from sysfs (of this network namespace).
+fn nic_stats(name: &str) -> Option<NicStats> {
+    let read = |c: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/class/net/{name}/statistics/{c}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some(NicStats {
+        rx: Direction {
+            frames: read("rx_packets")?,
+            bytes: read("rx_bytes")?,
+            dropped: read("rx_dropped")?,
+        },
+        tx: Direction {
+            frames: read("tx_packets")?,
+            bytes: read("tx_bytes")?,
+            dropped: read("tx_dropped")?,
+        },
+        rx_errors: read("rx_errors")?,
+        tx_errors: read("tx_errors")?,
+    })
+}
+
+fn peer_pools(h: &Host) -> Option<PeerPools> {
+    let session = h.link.as_ref()?.session();
+    Some(PeerPools {
+        peer: format!("session {} ({})", h.session, fmt_mac(&h.mac)),
+        local: session
+            .target()
+            .pool_usage()
+            .map(|u| LocalPool {
+                pool_ref: u.pool_ref,
+                element_size: u.spec.element_size,
+                element_count: u.spec.element_count,
+                credits_outstanding: u.granted,
+                busy: u.busy,
+                free: u.free,
+                state: u.state.into(),
+            })
+            .collect(),
+        remote: session
+            .initiator()
+            .pool_credits()
+            .map(|(e, credits)| RemotePool {
+                pool_ref: e.pool_ref,
+                element_size: e.element_size,
+                element_count: e.element_count,
+                credits,
+                in_use: e.element_count - credits,
+            })
+            .collect(),
+    })
+}
+
+impl Ioc {
+    /// The answer to a control request.
+    pub fn answer(&self, request: Request) -> Reply {
+        let lan = &self.cfg.lan.interface;
+        match request {
+            Request::Status => Reply::Status(Status {
+                role: Role::Ioc,
+                version: env!("CARGO_PKG_VERSION").into(),
+                pid: std::process::id(),
+                uptime_s: self.started.elapsed().as_secs(),
+                fabric: Fabric {
+                    state: if self.stopping {
+                        "stopping"
+                    } else {
+                        "listening"
+                    }
+                    .into(),
+                    address: self.cfg.fabric.listen.to_string(),
+                    protocol_version: None,
+                    session: None,
+                    connected_s: None,
+                    connects: self.connects,
+                    hosts: Some(self.hosts.len() as u32),
+                    max_hosts: Some(self.cfg.fabric.max_hosts),
+                },
+                interface: Interface {
+                    name: lan.clone(),
+                    mac: netdev::mac(lan).map(|m| fmt_mac(&m)).unwrap_or_default(),
+                    mtu: self.mtu,
+                    carrier: self.link_up,
+                    promisc: self.cfg.lan.promiscuous != Promiscuous::Off,
+                    multicast: self.nic_groups.len() as u32,
+                    offloads: names(OFFERED),
+                },
+            }),
+            Request::Pools => Reply::Pools(Pools {
+                peers: self.hosts.values().filter_map(peer_pools).collect(),
+            }),
+            Request::Hosts => Reply::Hosts(Hosts {
+                hosts: self
+                    .hosts
+                    .values()
+                    .map(|h| HostEntry {
+                        session: h.session,
+                        node_id: h.node_id,
+                        address: h.peer.to_string(),
+                        mac: fmt_mac(&h.mac),
+                        domain: h.session as u32,
+                        mtu: h.mtu,
+                        promisc: h.promisc,
+                        multicast: h.multicast.len() as u32,
+                        offloads: names(h.features),
+                        connected_s: h.since.elapsed().as_secs(),
+                        counters: counters(&h.stats),
+                    })
+                    .collect(),
+            }),
+            Request::Stats => {
+                let mut fabric = counters(&self.past);
+                let (mut credits, mut in_use, mut inline, mut waited) = (0, 0, 0, 0);
+                for h in self.hosts.values() {
+                    let c = counters(&h.stats);
+                    fabric.tx.frames += c.tx.frames;
+                    fabric.tx.bytes += c.tx.bytes;
+                    fabric.tx.dropped += c.tx.dropped;
+                    fabric.rx.frames += c.rx.frames;
+                    fabric.rx.bytes += c.rx.bytes;
+                    fabric.rx.dropped += c.rx.dropped;
+                    if let Some(l) = &h.link {
+                        let ini = l.session().initiator();
+                        credits += ini.credits();
+                        in_use += ini.in_use();
+                        inline += l.stats().tx_inline;
+                        waited += l.stats().tx_backpressure;
+                    }
+                }
+                fabric.protocol_errors = self.stats.protocol_errors;
+                fabric.protection_errors = self.reg.stats().protection_errors;
+                Reply::Stats(Stats {
+                    role: Role::Ioc,
+                    fabric,
+                    tx_inline: inline,
+                    tx_backpressure: waited,
+                    credits,
+                    credits_in_use: in_use,
+                    nic: nic_stats(lan),
+                    ioc: None,
+                })
+            }
+        }
+    }
+
+    /// The control socket's answer to a request line, as JSON.
+    pub fn answer_line(&self, line: &str) -> String {
+        let reply = match line.parse::<Request>() {
+            Ok(r) => self.answer(r),
+            Err(e) => Reply::Error(e.to_string()),
+        };
+        serde_json::to_string(&reply).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}

@@ -1,0 +1,185 @@
+//! The control socket `splitnetctl` talks to: a Unix stream socket, mode 0600, one request
+//! line in and one document out per connection (the documents are `splitnet-control`'s;
+//! this module only moves lines and text).
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tracing::{debug, warn};
+
+/// Longest request line read; a longer one is refused.
+const MAX_REQUEST: usize = 64;
+/// Time a client has to send its request and read the answer.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A bound control socket; the file is removed when it is dropped.
+#[derive(Debug)]
+pub struct ControlSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    owner: u32,
+}
+
+impl ControlSocket {
+    /// Binds `path` (mode 0600). A stale socket left by a killed daemon is replaced; any
+    /// other file there is an error, as is a socket another daemon still answers on.
+    pub async fn bind(path: &Path) -> io::Result<ControlSocket> {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_socket() => {
+                if UnixStream::connect(path).await.is_ok() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        "another daemon answers on this socket",
+                    ));
+                }
+                std::fs::remove_file(path)?;
+            }
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "exists and is not a socket",
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let owner = std::fs::metadata(path)?.uid();
+        Ok(ControlSocket {
+            listener,
+            path: path.to_owned(),
+            owner,
+        })
+    }
+
+    /// Answers requests with `answer(line)` until the task is dropped. Only root and the
+    /// daemon's own user are answered (the file mode says so too; this holds even if the
+    /// mode is changed).
+    pub async fn serve(self, answer: impl Fn(&str) -> String) {
+        loop {
+            let mut sock = match self.listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    warn!("control socket: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let uid = sock.peer_cred().map(|c| c.uid()).ok();
+            let allowed = matches!(uid, Some(u) if u == 0 || u == self.owner);
+            if !allowed {
+                debug!(?uid, "control socket: refused a client that is not root");
+            }
+            let _ = tokio::time::timeout(CLIENT_TIMEOUT, async {
+                let reply = match read_line(&mut sock).await {
+                    Ok(_) if !allowed => {
+                        "{\"error\":\"permission denied: the control socket is root only\"}".into()
+                    }
+                    Ok(line) => answer(&line),
+                    Err(e) => format!("{{\"error\":\"{e}\"}}"),
+                };
+                let _ = sock.write_all(reply.as_bytes()).await;
+                let _ = sock.write_all(b"\n").await;
+                // End our side, then discard what the client still sends (a refused long
+                // line) until it closes: closing with unread input would reset the
+                // connection and the client would never read the answer.
+                let _ = sock.shutdown().await;
+                let mut sink = [0u8; 512];
+                let mut left = 4096usize;
+                while left > 0 {
+                    match sock.read(&mut sink).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => left = left.saturating_sub(k),
+                    }
+                }
+            })
+            .await;
+        }
+    }
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Reads one request line of at most [`MAX_REQUEST`] bytes.
+async fn read_line(sock: &mut UnixStream) -> Result<String, &'static str> {
+    let mut buf = [0u8; MAX_REQUEST];
+    let mut n = 0;
+    while !buf[..n].contains(&b'\n') {
+        if n == buf.len() {
+            return Err("request line too long");
+        }
+        match sock.read(&mut buf[n..]).await {
+            Ok(0) if n > 0 => break,
+            Ok(0) | Err(_) => return Err("no request"),
+            Ok(k) => n += k,
+        }
+    }
+    let line = buf[..n].split(|&b| b == b'\n').next().unwrap_or_default();
+    std::str::from_utf8(line)
+        .map(str::to_owned)
+        .map_err(|_| "request is not UTF-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn exchange(path: &Path, request: &[u8]) -> String {
+        let mut c = UnixStream::connect(path).await.unwrap();
+        c.write_all(request).await.unwrap();
+        // End of stream ends a request without a newline.
+        let _ = c.shutdown().await;
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn answers_one_line_per_connection_and_refuses_long_lines() {
+        let dir = std::env::temp_dir().join(format!("splitnet-ctl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.sock");
+        let sock = ControlSocket::bind(&path).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let server = tokio::spawn(sock.serve(|line| format!("{{\"echo\":\"{line}\"}}")));
+        assert_eq!(
+            exchange(&path, b"status\n").await,
+            "{\"echo\":\"status\"}\n"
+        );
+        assert_eq!(exchange(&path, b"pools").await, "{\"echo\":\"pools\"}\n");
+        let long = vec![b'x'; MAX_REQUEST + 10];
+        assert_eq!(
+            exchange(&path, &long).await,
+            "{\"error\":\"request line too long\"}\n"
+        );
+        // A second daemon on the same path is refused; the first keeps answering.
+        let e = ControlSocket::bind(&path).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        assert_eq!(exchange(&path, b"stats\n").await, "{\"echo\":\"stats\"}\n");
+        server.abort();
+        let _ = server.await;
+        // The aborted server dropped the socket: the path is gone.
+        assert!(!path.exists());
+        // A stale socket file (a killed daemon) is replaced.
+        let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(stale);
+        assert!(path.exists());
+        let again = ControlSocket::bind(&path).await.unwrap();
+        drop(again);
+        // A regular file is never removed.
+        std::fs::write(&path, b"keep").unwrap();
+        let e = ControlSocket::bind(&path).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&path).unwrap(), b"keep");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
