@@ -67,6 +67,13 @@ assert_eq "$(echo "$lines" | tail -n 1 | python3 -c 'import json,sys; print(json
 screen=$("$CTL" -s "$T/host1.sock" top -n 2 -i 0.2) || fail "splitnetctl top (text)"
 echo "$screen" | grep -q "rx pool" || fail "top shows no pool occupancy: $screen"
 
+# --- help and man page stand on their own: every command is described in both ----------
+help=$("$CTL" --help) || fail "splitnetctl --help"
+for c in status pools hosts stats top --json --socket --daemon; do
+    echo "$help" | grep -q -- "$c" || fail "splitnetctl --help does not describe $c"
+    grep -q -- "$(echo "$c" | sed 's/-/\\\\-/g')" "$ROOT/docs/man/splitnetctl.1" || fail "splitnetctl.1 does not describe $c"
+done
+
 # --- errors: clear messages and exit codes -------------------------------------------------
 out=$("$CTL" -s "$T/none.sock" status 2>&1); rc=$?
 assert_eq "$rc" 1 "exit status without a daemon"
