@@ -2,12 +2,13 @@
 //!
 //! Group frames (broadcast, multicast) go to every host and to the LAN. A unicast frame
 //! goes to the host owning its destination MAC, else to the LAN (from a host) or to the
-//! promiscuous hosts (from the LAN). A host that has no credit left loses the frame, as a
-//! NIC ring overflow would, and the loss is counted in its statistics.
+//! promiscuous hosts (from the LAN). A host that has no credit left gets the frame queued in
+//! its backlog (a receive ring of [`crate::ioc::BACKLOG`] frames); beyond that it loses the
+//! frame, as a NIC ring overflow would, and the loss is counted in its statistics.
 
 use crate::ioc::{Host, Ioc, IocStats};
-use splitnet_messaging::endpoint::{Lane, Posted};
-use splitnet_messaging::memory::{SendBuf, SendBufCache};
+use splitnet_messaging::endpoint::Lane;
+use splitnet_messaging::memory::SendBufCache;
 use splitnet_messaging::sys::packet::PacketSocket;
 use splitnet_messaging::vnet;
 use std::collections::BTreeMap;
@@ -19,26 +20,6 @@ pub const RX_BUDGET: usize = 256;
 /// Frames read from the NIC per wake-up.
 const LAN_BATCH: usize = 64;
 
-/// Posts `buf` to `host`; a frame it cannot take is counted as dropped.
-fn deliver(host: &mut Host, buf: SendBuf, cache: &mut SendBufCache) {
-    let len = buf.len() as u64;
-    let Some(link) = host.link.as_mut() else {
-        cache.put(buf);
-        host.stats.rx_dropped += 1;
-        return;
-    };
-    match link.post_frame(buf) {
-        Posted::SendData | Posted::Rdma => {
-            host.stats.rx_frames += 1;
-            host.stats.rx_bytes += len;
-        }
-        Posted::Backpressure(b) | Posted::TooLarge(b) => {
-            cache.put(b);
-            host.stats.rx_dropped += 1;
-        }
-    }
-}
-
 /// Copies `frame` into a send buffer and posts it to `host`.
 fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
     let Some(mut b) = cache.get() else {
@@ -46,7 +27,7 @@ fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
         return;
     };
     if b.fill_from(frame) {
-        deliver(host, b, cache);
+        host.post(b, cache);
     } else {
         cache.put(b);
         host.stats.rx_dropped += 1;
@@ -150,7 +131,7 @@ impl Ioc {
                 }
                 cache.put(buf);
             } else if let Some(h) = hosts.values_mut().find(|h| h.mac == dst) {
-                deliver(h, buf, cache);
+                h.post(buf, cache);
             } else {
                 let mut any = false;
                 for h in hosts.values_mut().filter(|h| h.promisc) {

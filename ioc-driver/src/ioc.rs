@@ -6,15 +6,15 @@
 
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::{
-    InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolSpec, SessionConfig,
+    InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolSpec, Posted, SessionConfig,
     TargetConfig,
 };
 use splitnet_messaging::fabric::TcpChannel;
-use splitnet_messaging::memory::{Registry, SendBufCache};
+use splitnet_messaging::memory::{Registry, SendBuf, SendBufCache};
 use splitnet_messaging::service::notify;
 use splitnet_messaging::sys::packet::PacketSocket;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message, Stats};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Instant;
 use tokio::sync::Notify;
@@ -50,13 +50,67 @@ pub struct Host {
     pub keepalive: Keepalive,
     /// Counters reported over CfgUtil GetStats.
     pub stats: Stats,
+    /// Frames for it that met no credit, oldest first, waiting for a BufferRecvPoolUpdate
+    /// (its receive ring: at most [`BACKLOG`] frames, beyond which frames are dropped).
+    pub backlog: VecDeque<SendBuf>,
     /// Its fabric address.
     pub peer: std::net::SocketAddr,
     /// When it connected.
     pub since: Instant,
 }
 
+/// Frames held per host while it has no credit, like the descriptors of a NIC's receive
+/// ring: a burst longer than the host's pools waits here instead of being dropped.
+pub const BACKLOG: usize = 16;
+
 impl Host {
+    /// Posts a frame for this host, in order behind any frames already waiting; a frame
+    /// that finds the backlog full is dropped and counted.
+    pub fn post(&mut self, buf: SendBuf, cache: &mut SendBufCache) {
+        if self.backlog.is_empty() {
+            self.post_now(buf, cache);
+        } else if self.backlog.len() < BACKLOG {
+            self.backlog.push_back(buf);
+        } else {
+            cache.put(buf);
+            self.stats.rx_dropped += 1;
+        }
+    }
+
+    fn post_now(&mut self, buf: SendBuf, cache: &mut SendBufCache) -> bool {
+        let len = buf.len() as u64;
+        let Some(link) = self.link.as_mut() else {
+            cache.put(buf);
+            self.stats.rx_dropped += 1;
+            return true;
+        };
+        match link.post_frame(buf) {
+            Posted::SendData | Posted::Rdma => {
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += len;
+                true
+            }
+            Posted::Backpressure(b) => {
+                self.backlog.push_front(b);
+                false
+            }
+            Posted::TooLarge(b) => {
+                cache.put(b);
+                self.stats.rx_dropped += 1;
+                true
+            }
+        }
+    }
+
+    /// Posts waiting frames while credits last (after a BufferRecvPoolUpdate).
+    pub fn drain_backlog(&mut self, cache: &mut SendBufCache) {
+        while let Some(b) = self.backlog.pop_front() {
+            if !self.post_now(b, cache) {
+                break;
+            }
+        }
+    }
+
     /// Bytes waiting to be written to this host.
     pub fn pending(&self) -> usize {
         self.link.as_ref().map_or(0, |l| l.pending())
@@ -245,6 +299,7 @@ impl Ioc {
                     Instant::now(),
                 ),
                 stats: Stats::default(),
+                backlog: VecDeque::new(),
                 peer,
                 since: Instant::now(),
             },
@@ -518,7 +573,12 @@ impl Ioc {
                     return Err(format!("host disconnected ({code:?})"));
                 }
                 LinkEvent::PoolGet(o) => info!(session, ?o, "BufferRecvPoolGet"),
-                LinkEvent::CfgReply { .. } | LinkEvent::Credits | LinkEvent::Flushed { .. } => {}
+                LinkEvent::Credits => {
+                    if let Some(h) = self.hosts.get_mut(&session) {
+                        h.drain_backlog(&mut self.cache);
+                    }
+                }
+                LinkEvent::CfgReply { .. } | LinkEvent::Flushed { .. } => {}
             }
         }
         Ok(())
@@ -570,6 +630,9 @@ impl Ioc {
             for h in left {
                 let _ = self.reg.deregister(h);
             }
+        }
+        for b in host.backlog.drain(..) {
+            self.cache.put(b);
         }
         host.wake.notify_one();
         let (p, h) = (&mut self.past, &host.stats);
