@@ -79,6 +79,8 @@ pkg_hint() {
         ethtool) echo " (apt install ethtool)" ;;
         pgrep | pkill) echo " (apt install procps)" ;;
         systemd-analyze) echo " (apt install systemd)" ;;
+        tshark | dumpcap) echo " (apt install tshark)" ;;
+        setpriv) echo " (apt install util-linux)" ;;
         *) ;;
     esac
 }

@@ -12,7 +12,8 @@ use splitnet_messaging::fabric::{self, TcpLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::service::control::ControlSocket;
 use splitnet_messaging::service::{metrics, notify};
-use splitnet_messaging::sys::{netdev, tap::Tap};
+use splitnet_messaging::sys::netdev;
+use splitnet_messaging::sys::tap::{Offloads, Tap};
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message};
 use std::cell::RefCell;
@@ -91,10 +92,6 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
     tap.set_carrier(false)?;
     info!(interface = %name, ?offloads, "TAP ready, carrier off until the fabric is up");
     let tap_ready = fabric::Ready::new(&tap)?;
-    let mut bits = features::VNET_HDR;
-    if offloads.tso {
-        bits |= features::CSUM | features::TSO4 | features::TSO6 | features::ECN;
-    }
     let snap = Rc::new(RefCell::new(Snapshot::new(
         cfg.fabric.ioc.to_string(),
         Interface {
@@ -104,7 +101,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             carrier: false,
             promisc: false,
             multicast: 0,
-            offloads: snapshot::offload_names(bits),
+            offloads: snapshot::offload_names(feature_bits(&offloads)),
         },
     )));
     if let Some(addr) = cfg.metrics.listen {
@@ -161,15 +158,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         backoff = min;
         info!(ioc = %cfg.fabric.ioc, session = reply.session, version = reply.version, "fabric up");
         snap.borrow_mut().connected(reply.session, reply.version);
-        let mut conn = Conn::new(
-            &cfg,
-            &tap,
-            &tap_ready,
-            ctrl,
-            data,
-            offloads.tso,
-            snap.clone(),
-        )?;
+        let mut conn = Conn::new(&cfg, &tap, &tap_ready, ctrl, data, snap.clone())?;
         let end = conn
             .run(&mut term, &mut int, &mut ready_sent, &mut watchdog)
             .await;
@@ -186,6 +175,21 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             }
         }
     }
+}
+
+/// The features a TAP with `o` makes the kernel use, as told to the IOC.
+fn feature_bits(o: &Offloads) -> u64 {
+    let mut f = features::VNET_HDR;
+    if o.csum {
+        f |= features::CSUM;
+    }
+    if o.tso {
+        f |= features::TSO4 | features::TSO6 | features::ECN;
+    }
+    if o.uso {
+        f |= features::USO;
+    }
+    f
 }
 
 /// A stable identity for this host: its machine id and interface name, unless configured.
@@ -307,7 +311,8 @@ struct Conn<'a> {
     mac_known: bool,
     link_up: bool,
     carrier: bool,
-    offload: bool,
+    /// Features told to the IOC (SetFeatures): what sd0's offloads let the kernel send.
+    features: u64,
     rx_dropped: u64,
     snap: Rc<RefCell<Snapshot>>,
     /// Next time the IOC's counters for this host are asked for (GetStats).
@@ -323,9 +328,10 @@ impl<'a> Conn<'a> {
         tap_ready: &'a fabric::Ready,
         ctrl: fabric::TcpChannel,
         data: fabric::TcpChannel,
-        offload: bool,
         snap: Rc<RefCell<Snapshot>>,
     ) -> io::Result<Conn<'a>> {
+        // Offloads as configured, again for each IOC (the last one may have refused them).
+        let features = feature_bits(&tap.enable_offloads(cfg.interface.offload)?);
         let sc = session_config(cfg);
         let mut reg = Registry::new(cfg.pools.max_granted_bytes);
         let mut session = Session::new(DomainId(1), sc);
@@ -344,11 +350,7 @@ impl<'a> Conn<'a> {
         }
         s.cfg_request(CfgCode::GetMtu, &[]);
         s.cfg_request(CfgCode::GetLink, &[]);
-        let mut f = features::VNET_HDR;
-        if offload {
-            f |= features::CSUM | features::TSO4 | features::TSO6 | features::ECN;
-        }
-        s.cfg_request(CfgCode::SetFeatures, &f.to_be_bytes());
+        s.cfg_request(CfgCode::SetFeatures, &features.to_be_bytes());
         Ok(Conn {
             tap,
             tap_ready,
@@ -373,7 +375,7 @@ impl<'a> Conn<'a> {
             mac_known: false,
             link_up: false,
             carrier: false,
-            offload,
+            features,
             rx_dropped: 0,
             snap,
             next_stats: Instant::now(),
@@ -609,6 +611,24 @@ impl<'a> Conn<'a> {
                     let _ = netdev::set_mtu(&self.name, self.mtu);
                 }
             }
+            if code == CfgCode::SetFeatures && self.features != features::VNET_HDR {
+                // The IOC's NIC side takes no offloads: the kernel must hand sd0 plain,
+                // fully checksummed frames.
+                match self.tap.enable_offloads(false) {
+                    Ok(_) => {
+                        warn!(
+                            "IOC does not take checksum/segmentation offloads; turned them off on {}",
+                            self.name
+                        );
+                        self.features = features::VNET_HDR;
+                        self.tl
+                            .link
+                            .session_mut()
+                            .cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
+                    }
+                    Err(e) => warn!("cannot turn the offloads of {} off: {e}", self.name),
+                }
+            }
             if code == CfgCode::SetMac {
                 // Fall back to the MAC the IOC assigns.
                 self.tl.link.session_mut().cfg_request(CfgCode::GetMac, &[]);
@@ -652,7 +672,10 @@ impl<'a> Conn<'a> {
                     self.link_up = v == 1;
                 }
             }
-            CfgCode::SetFeatures => debug!(offload = self.offload, "offload features agreed"),
+            CfgCode::SetFeatures => debug!(
+                features = ?features::names(self.features),
+                "offload features agreed"
+            ),
             CfgCode::SetMulticast => debug!(
                 groups = self.multicast.len(),
                 "multicast groups set on the IOC"
@@ -771,6 +794,7 @@ impl<'a> Conn<'a> {
         i.mtu = self.mtu;
         i.promisc = self.promisc;
         i.multicast = self.multicast.len() as u32;
+        i.offloads = snapshot::offload_names(self.features);
         if let Ok(mac) = netdev::mac(&self.name) {
             i.mac = fmt_mac(&mac);
         }
@@ -865,4 +889,26 @@ fn fmt_mac(m: &[u8; 6]) -> String {
         "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
         m[0], m[1], m[2], m[3], m[4], m[5]
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_follow_the_tap_offloads() {
+        let none = Offloads::default();
+        assert_eq!(feature_bits(&none), features::VNET_HDR);
+        let tso = Offloads {
+            csum: true,
+            tso: true,
+            uso: false,
+        };
+        assert_eq!(
+            features::names(feature_bits(&tso)),
+            ["vnet_hdr", "csum", "tso4", "tso6", "ecn"]
+        );
+        let all = Offloads { uso: true, ..tso };
+        assert!(features::names(feature_bits(&all)).contains(&"uso"));
+    }
 }

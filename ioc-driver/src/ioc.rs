@@ -446,7 +446,7 @@ impl Ioc {
 
     /// Answers a host's CfgUtilRequest.
     pub fn cfg_request(&mut self, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
-        let (mtu_max, link_up) = (self.mtu, self.link_up);
+        let (mtu_max, link_up, offered) = (self.mtu, self.link_up, self.offered());
         let taken: Vec<[u8; 6]> = self
             .hosts
             .values()
@@ -512,11 +512,12 @@ impl Ioc {
                 Err(_) => ErrorCode::Malformed,
             },
             CfgCode::GetFeatures => {
-                reply.extend_from_slice(&crate::report::OFFERED.to_be_bytes());
+                reply.extend_from_slice(&offered.to_be_bytes());
                 ErrorCode::Ok
             }
             CfgCode::SetFeatures => match wire::parse_u64(data) {
-                Ok(f) if f & features::VNET_HDR != 0 => {
+                // Every frame carries a virtio-net header; offloads only as offered.
+                Ok(f) if f & features::VNET_HDR != 0 && f & !offered == 0 => {
                     host.features = f;
                     ErrorCode::Ok
                 }

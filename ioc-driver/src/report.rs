@@ -10,8 +10,8 @@ use splitnet_control::report::{
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::wire::{self, features};
 
-/// The features the IOC offers every host (GetFeatures).
-pub const OFFERED: u64 = features::VNET_HDR
+/// Every offload the IOC can pass through to the NIC (`lan.offload = true`).
+const ALL_OFFLOADS: u64 = features::VNET_HDR
     | features::CSUM
     | features::TSO4
     | features::TSO6
@@ -100,6 +100,16 @@ fn peer_pools(h: &Host) -> Option<PeerPools> {
 }
 
 impl Ioc {
+    /// The features offered to every host (GetFeatures): all offloads, or with
+    /// `lan.offload = false` only the virtio-net header (plain, fully checksummed frames).
+    pub fn offered(&self) -> u64 {
+        if self.cfg.lan.offload {
+            ALL_OFFLOADS
+        } else {
+            features::VNET_HDR
+        }
+    }
+
     /// The answer to a control request.
     pub fn answer(&self, request: Request) -> Reply {
         let lan = &self.cfg.lan.interface;
@@ -131,7 +141,7 @@ impl Ioc {
                     carrier: self.link_up,
                     promisc: self.cfg.lan.promiscuous != Promiscuous::Off,
                     multicast: self.nic_groups.len() as u32,
-                    offloads: names(OFFERED),
+                    offloads: names(self.offered()),
                 },
             }),
             Request::Pools => Reply::Pools(Pools {

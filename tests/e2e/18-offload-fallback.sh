@@ -27,4 +27,22 @@ tx=$(iperf sd-host 10.50.0.2 5274 -t 2) || fail "NIC without offloads: tx"
 rx=$(iperf sd-host 10.50.0.2 5275 -t 2 -R) || fail "NIC without offloads: rx"
 ping_ok sd-host 10.50.0.2 -s 1400
 log "NIC without offloads: tx $tx Gb/s, rx $rx Gb/s"
-pass "offload fallback: host without offloads, NIC without offloads"
+topo_down || fail "second topology not removed"
+
+# An IOC configured without offload pass-through (lan.offload = false) refuses the host's
+# offload features; the host turns sd0's offloads off and sends plain frames.
+sed 's/^offload = true/offload = false/' "$IOC_CONF" >"$T/ioc-nooffload.toml"
+grep -q "^offload = false" "$T/ioc-nooffload.toml" || fail "could not derive a no-offload IOC config"
+topo_up 1
+IOC_CONF=$T/ioc-nooffload.toml start_ioc; start_host 1
+wait_carrier sd-host up 10
+eventually 3 grep -q "IOC does not take checksum/segmentation offloads" "$T/host1.log" ||
+    fail "host did not fall back when the IOC refused offloads"
+off=$(ip netns exec sd-host ethtool -k sd0 | awk '/^tcp-segmentation-offload:/{print $2}')
+assert_eq "$off" off "sd0 TSO after the IOC refused offloads"
+assert_eq "$("$BIN/splitnetctl" -s "$T/ioc.sock" --json hosts | python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"]["hosts"][0]["offloads"])')" \
+    "['vnet_hdr']" "features the IOC agreed with the host"
+tx=$(iperf sd-host 10.50.0.2 5276 -t 2) || fail "IOC without offloads: tx"
+rx=$(iperf sd-host 10.50.0.2 5277 -t 2 -R) || fail "IOC without offloads: rx"
+log "IOC without offload pass-through: tx $tx Gb/s, rx $rx Gb/s"
+pass "offload fallback: host without offloads, NIC without offloads, IOC refusing offloads"
