@@ -20,6 +20,16 @@ pub use report::{Reply, Request};
 pub const HOST_SOCKET: &str = "/run/host-driver/control.sock";
 /// Where ioc-driver listens unless configured otherwise.
 pub const IOC_SOCKET: &str = "/run/ioc-driver/control.sock";
+/// The JSON answer to a request line: `answer`'s reply for a known request, an error
+/// otherwise (what each daemon's control socket sends back).
+pub fn answer_line(line: &str, answer: impl FnOnce(Request) -> Reply) -> String {
+    let reply = match line.parse::<Request>() {
+        Ok(r) => answer(r),
+        Err(e) => Reply::Error(e.to_string()),
+    };
+    serde_json::to_string(&reply).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
 /// Longest request line a daemon reads (a command word; anything longer is refused).
 pub const MAX_REQUEST: usize = 64;
 /// Largest reply a client accepts (a report of 64 hosts with their pools fits many times).

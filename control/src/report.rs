@@ -154,6 +154,39 @@ pub struct Pools {
     pub peers: Vec<PeerPools>,
 }
 
+impl PeerPools {
+    /// Both directions' pools of `session`, as seen from its side.
+    pub fn of(peer: String, session: &splitnet_messaging::endpoint::Session) -> PeerPools {
+        PeerPools {
+            peer,
+            local: session
+                .target()
+                .pool_usage()
+                .map(|u| LocalPool {
+                    pool_ref: u.pool_ref,
+                    element_size: u.spec.element_size,
+                    element_count: u.spec.element_count,
+                    credits_outstanding: u.granted,
+                    busy: u.busy,
+                    free: u.free,
+                    state: u.state.into(),
+                })
+                .collect(),
+            remote: session
+                .initiator()
+                .pool_credits()
+                .map(|(e, credits)| RemotePool {
+                    pool_ref: e.pool_ref,
+                    element_size: e.element_size,
+                    element_count: e.element_count,
+                    credits,
+                    in_use: e.element_count.saturating_sub(credits),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// The pools of one connection, both directions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PeerPools {

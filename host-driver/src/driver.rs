@@ -10,8 +10,7 @@ use splitnet_messaging::endpoint::{
 };
 use splitnet_messaging::fabric::{self, TcpLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
-use splitnet_messaging::service::control::ControlSocket;
-use splitnet_messaging::service::{metrics, notify};
+use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::sys::tap::{Offloads, Tap};
 use splitnet_messaging::vnet;
@@ -47,22 +46,9 @@ pub enum StartError {
         /// Cause.
         source: io::Error,
     },
-    /// The metrics address could not be bound.
-    #[error("cannot listen for metrics on {addr}: {source}")]
-    Metrics {
-        /// Address.
-        addr: std::net::SocketAddr,
-        /// Cause.
-        source: io::Error,
-    },
-    /// The control socket could not be bound.
-    #[error("cannot listen on control socket {}: {source}", path.display())]
-    Control {
-        /// Socket path.
-        path: PathBuf,
-        /// Cause.
-        source: io::Error,
-    },
+    /// The metrics listener or the control socket could not be opened.
+    #[error(transparent)]
+    Endpoint(#[from] service::EndpointError),
     /// Signal handlers or reactor registration failed.
     #[error("cannot set up the event loop: {0}")]
     Runtime(#[from] io::Error),
@@ -104,25 +90,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             offloads: snapshot::offload_names(feature_bits(&offloads)),
         },
     )));
-    if let Some(addr) = cfg.metrics.listen {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Metrics { addr, source })?;
-        info!(%addr, "metrics at http://{addr}/metrics");
-        let g = snap.clone();
-        tokio::task::spawn_local(metrics::serve(l, move || g.borrow().render_metrics()));
-    }
-    if let Some(path) = control_socket {
-        let sock = ControlSocket::bind(&path)
-            .await
-            .map_err(|source| StartError::Control {
-                path: path.clone(),
-                source,
-            })?;
-        info!(path = %path.display(), "control socket (splitnetctl)");
-        let g = snap.clone();
-        tokio::task::spawn_local(sock.serve(move |line| g.borrow().answer_line(line)));
-    }
+    service::serve_operators(snap.clone(), cfg.metrics.listen, control_socket).await?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let min = cfg.fabric.reconnect_min();

@@ -3,11 +3,10 @@
 //! metrics endpoint and the control socket without touching the data path.
 
 use splitnet_control::report::{
-    Counters, Direction, Fabric, Interface, LocalPool, PeerPools, Pools, RemotePool, Reply,
-    Request, Role, Stats, Status,
+    Counters, Direction, Fabric, Interface, PeerPools, Pools, Reply, Request, Role, Stats, Status,
 };
 use splitnet_messaging::endpoint::{LinkStats, Session};
-use splitnet_messaging::service::metrics;
+use splitnet_messaging::service::{metrics, Introspect};
 use splitnet_messaging::wire;
 use std::time::Instant;
 
@@ -84,14 +83,7 @@ impl Snapshot {
 
     /// The connection ended: its counters move into the totals.
     pub fn disconnected(&mut self) {
-        let (b, l) = (&mut self.before, &self.link);
-        b.rx_frames += l.rx_frames;
-        b.rx_bytes += l.rx_bytes;
-        b.tx_frames += l.tx_frames;
-        b.tx_bytes += l.tx_bytes;
-        b.tx_inline += l.tx_inline;
-        b.tx_backpressure += l.tx_backpressure;
-        b.tx_too_large += l.tx_too_large;
+        self.before += self.link;
         self.dropped_before += self.rx_dropped;
         self.link = LinkStats::default();
         self.rx_dropped = 0;
@@ -108,35 +100,7 @@ impl Snapshot {
 
     /// Records both directions' pools of `session`.
     pub fn set_pools(&mut self, session: &Session) {
-        let local = session
-            .target()
-            .pool_usage()
-            .map(|u| LocalPool {
-                pool_ref: u.pool_ref,
-                element_size: u.spec.element_size,
-                element_count: u.spec.element_count,
-                credits_outstanding: u.granted,
-                busy: u.busy,
-                free: u.free,
-                state: u.state.into(),
-            })
-            .collect();
-        let remote = session
-            .initiator()
-            .pool_credits()
-            .map(|(e, credits)| RemotePool {
-                pool_ref: e.pool_ref,
-                element_size: e.element_size,
-                element_count: e.element_count,
-                credits,
-                in_use: e.element_count - credits,
-            })
-            .collect();
-        self.pools = Some(PeerPools {
-            peer: format!("ioc {}", self.ioc),
-            local,
-            remote,
-        });
+        self.pools = Some(PeerPools::of(format!("ioc {}", self.ioc), session));
     }
 
     fn totals(&self) -> Counters {
@@ -195,18 +159,15 @@ impl Snapshot {
             }),
         }
     }
+}
 
-    /// The control socket's answer to a request line, as JSON.
-    pub fn answer_line(&self, line: &str) -> String {
-        let reply = match line.parse::<Request>() {
-            Ok(r) => self.answer(r),
-            Err(e) => Reply::Error(e.to_string()),
-        };
-        serde_json::to_string(&reply).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+impl Introspect for Snapshot {
+    fn answer_line(&self, line: &str) -> String {
+        splitnet_control::answer_line(line, |r| self.answer(r))
     }
 
-    /// The metrics endpoint's text (counters of the current connection).
-    pub fn render_metrics(&self) -> String {
+    /// Counters of the current connection.
+    fn render_metrics(&self) -> String {
         let l = &self.link;
         let mut e = metrics::Exposition::new();
         e.metric(

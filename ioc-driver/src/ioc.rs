@@ -324,7 +324,7 @@ impl Ioc {
     }
 
     /// Every counter, in Prometheus text format.
-    pub fn render_metrics(&self) -> String {
+    pub fn metrics_text(&self) -> String {
         let s = &self.stats;
         let r = self.reg.stats();
         let mut e = splitnet_messaging::service::metrics::Exposition::new();
@@ -636,13 +636,7 @@ impl Ioc {
             self.cache.put(b);
         }
         host.wake.notify_one();
-        let (p, h) = (&mut self.past, &host.stats);
-        p.rx_frames += h.rx_frames;
-        p.rx_bytes += h.rx_bytes;
-        p.tx_frames += h.tx_frames;
-        p.tx_bytes += h.tx_bytes;
-        p.rx_dropped += h.rx_dropped;
-        p.tx_dropped += h.tx_dropped;
+        self.past += host.stats;
         if !host.multicast.is_empty() {
             self.sync_multicast();
         }

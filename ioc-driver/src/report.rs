@@ -4,9 +4,10 @@
 use crate::ioc::{fmt_mac, Host, Ioc};
 use splitnet_config::Promiscuous;
 use splitnet_control::report::{
-    Counters, Direction, Fabric, HostEntry, Hosts, Interface, LocalPool, NicStats, PeerPools,
-    Pools, RemotePool, Reply, Request, Role, Stats, Status,
+    Counters, Direction, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools, Pools, Reply,
+    Request, Role, Stats, Status,
 };
+use splitnet_messaging::service::Introspect;
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::wire::{self, features};
 
@@ -70,33 +71,10 @@ fn nic_stats(name: &str) -> Option<NicStats> {
 
 fn peer_pools(h: &Host) -> Option<PeerPools> {
     let session = h.link.as_ref()?.session();
-    Some(PeerPools {
-        peer: format!("session {} ({})", h.session, fmt_mac(&h.mac)),
-        local: session
-            .target()
-            .pool_usage()
-            .map(|u| LocalPool {
-                pool_ref: u.pool_ref,
-                element_size: u.spec.element_size,
-                element_count: u.spec.element_count,
-                credits_outstanding: u.granted,
-                busy: u.busy,
-                free: u.free,
-                state: u.state.into(),
-            })
-            .collect(),
-        remote: session
-            .initiator()
-            .pool_credits()
-            .map(|(e, credits)| RemotePool {
-                pool_ref: e.pool_ref,
-                element_size: e.element_size,
-                element_count: e.element_count,
-                credits,
-                in_use: e.element_count - credits,
-            })
-            .collect(),
-    })
+    Some(PeerPools::of(
+        format!("session {} ({})", h.session, fmt_mac(&h.mac)),
+        session,
+    ))
 }
 
 impl Ioc {
@@ -200,13 +178,14 @@ impl Ioc {
             }
         }
     }
+}
 
-    /// The control socket's answer to a request line, as JSON.
-    pub fn answer_line(&self, line: &str) -> String {
-        let reply = match line.parse::<Request>() {
-            Ok(r) => self.answer(r),
-            Err(e) => Reply::Error(e.to_string()),
-        };
-        serde_json::to_string(&reply).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+impl Introspect for Ioc {
+    fn answer_line(&self, line: &str) -> String {
+        splitnet_control::answer_line(line, |r| self.answer(r))
+    }
+
+    fn render_metrics(&self) -> String {
+        self.metrics_text()
     }
 }

@@ -8,8 +8,7 @@ use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_messaging::endpoint::{Lane, Session};
 use splitnet_messaging::fabric::{self, Ready, TcpLink};
 use splitnet_messaging::memory::DomainId;
-use splitnet_messaging::service::control::ControlSocket;
-use splitnet_messaging::service::{metrics, notify};
+use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Role};
 use std::cell::RefCell;
@@ -48,14 +47,9 @@ pub enum StartError {
         /// Cause.
         source: io::Error,
     },
-    /// The control socket could not be bound.
-    #[error("cannot listen on control socket {}: {source}", path.display())]
-    Control {
-        /// Socket path.
-        path: PathBuf,
-        /// Cause.
-        source: io::Error,
-    },
+    /// The metrics listener or the control socket could not be opened.
+    #[error(transparent)]
+    Endpoint(#[from] service::EndpointError),
     /// Signal handlers or reactor registration failed.
     #[error("cannot set up the event loop: {0}")]
     Runtime(#[from] io::Error),
@@ -96,25 +90,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let metrics_addr = ioc.borrow().cfg.metrics.listen;
-    if let Some(addr) = metrics_addr {
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Listen { addr, source })?;
-        info!(%addr, "metrics at http://{addr}/metrics");
-        let st = ioc.clone();
-        tokio::task::spawn_local(metrics::serve(l, move || st.borrow().render_metrics()));
-    }
-    if let Some(path) = control_socket {
-        let sock = ControlSocket::bind(&path)
-            .await
-            .map_err(|source| StartError::Control {
-                path: path.clone(),
-                source,
-            })?;
-        info!(path = %path.display(), "control socket (splitnetctl)");
-        let st = ioc.clone();
-        tokio::task::spawn_local(sock.serve(move |line| st.borrow().answer_line(line)));
-    }
+    service::serve_operators(ioc.clone(), metrics_addr, control_socket).await?;
     let lan_task = tokio::task::spawn_local(lan(ioc.clone(), nic_ready));
     let link_task = tokio::task::spawn_local(link_monitor(ioc.clone(), name));
     loop {

@@ -81,6 +81,19 @@ pub struct LinkStats {
     pub tx_too_large: u64,
 }
 
+impl std::ops::AddAssign for LinkStats {
+    /// Adds another connection's counters (totals across reconnects).
+    fn add_assign(&mut self, o: LinkStats) {
+        self.rx_frames += o.rx_frames;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_frames += o.tx_frames;
+        self.tx_bytes += o.tx_bytes;
+        self.tx_inline += o.tx_inline;
+        self.tx_backpressure += o.tx_backpressure;
+        self.tx_too_large += o.tx_too_large;
+    }
+}
+
 /// A connected peer.
 #[derive(Debug)]
 pub struct Link<C> {

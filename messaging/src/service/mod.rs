@@ -27,3 +27,60 @@ pub fn runtime() -> io::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
 }
+
+/// What a daemon shows operators: its metrics text and its control-socket answers.
+pub trait Introspect {
+    /// Counters in Prometheus text format.
+    fn render_metrics(&self) -> String;
+    /// The JSON answer to one control-socket request line.
+    fn answer_line(&self, line: &str) -> String;
+}
+
+/// An operator endpoint that could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// The metrics address could not be bound.
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Metrics {
+        /// Address.
+        addr: std::net::SocketAddr,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The control socket could not be bound.
+    #[error("cannot listen on control socket {}: {source}", path.display())]
+    Control {
+        /// Socket path.
+        path: std::path::PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+}
+
+/// Opens the metrics listener and the control socket (each when configured) and serves
+/// them from `state` on tasks of the current `LocalSet`, for as long as it runs.
+pub async fn serve_operators<T: Introspect + 'static>(
+    state: std::rc::Rc<std::cell::RefCell<T>>,
+    metrics_addr: Option<std::net::SocketAddr>,
+    control_path: Option<std::path::PathBuf>,
+) -> Result<(), EndpointError> {
+    if let Some(addr) = metrics_addr {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| EndpointError::Metrics { addr, source })?;
+        tracing::info!(%addr, "metrics at http://{addr}/metrics");
+        let st = state.clone();
+        tokio::task::spawn_local(metrics::serve(l, move || st.borrow().render_metrics()));
+    }
+    if let Some(path) = control_path {
+        let sock = control::ControlSocket::bind(&path)
+            .await
+            .map_err(|source| EndpointError::Control {
+                path: path.clone(),
+                source,
+            })?;
+        tracing::info!(path = %path.display(), "control socket (splitnetctl)");
+        tokio::task::spawn_local(sock.serve(move |line| state.borrow().answer_line(line)));
+    }
+    Ok(())
+}

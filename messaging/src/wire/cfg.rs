@@ -254,6 +254,20 @@ pub struct Stats {
     pub protection_errors: u64,
 }
 
+impl std::ops::AddAssign for Stats {
+    /// Adds another host's counters (totals over hosts).
+    fn add_assign(&mut self, o: Stats) {
+        self.rx_frames += o.rx_frames;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_frames += o.tx_frames;
+        self.tx_bytes += o.tx_bytes;
+        self.rx_dropped += o.rx_dropped;
+        self.tx_dropped += o.tx_dropped;
+        self.protocol_errors += o.protocol_errors;
+        self.protection_errors += o.protection_errors;
+    }
+}
+
 impl Stats {
     /// Bytes of the encoding.
     pub const LEN: usize = 64;
