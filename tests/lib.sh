@@ -80,7 +80,10 @@ pkg_hint() {
         pgrep | pkill) echo " (apt install procps)" ;;
         systemd-analyze) echo " (apt install systemd)" ;;
         tshark | dumpcap) echo " (apt install tshark)" ;;
-        setpriv) echo " (apt install util-linux)" ;;
+        setpriv | nsenter | findmnt) echo " (apt install util-linux)" ;;
+        mmdebstrap) echo " (apt install mmdebstrap)" ;;
+        systemd-nspawn) echo " (apt install systemd-container)" ;;
+        dpkg-deb) echo " (apt install dpkg)" ;;
         *) ;;
     esac
 }
@@ -125,6 +128,8 @@ topo_down() {
 
 cleanup() {
     local rc=$?
+    # `timeout` signals the whole process group again while this runs: finish the cleanup.
+    trap '' TERM INT
     topo_down || rc=1
     if [ "${KEEP_LOGS:-0}" = 1 ]; then echo "logs kept in $T" >&2; else rm -rf "$T"; fi
     exit "$rc"

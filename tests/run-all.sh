@@ -28,6 +28,14 @@ step "cargo build --release" as_user cargo build --release --workspace --bins --
 SPLITNET_BIN=${SPLITNET_BIN:-$(release_dir)}
 export SPLITNET_BIN
 echo "daemons: $SPLITNET_BIN"
+# The Debian package of the release build (target/debian/splitnet_*.deb, next to the release
+# directory), which e2e 22-machines installs on two systemd machines.
+deb_package() {
+    as_user cargo deb --version >/dev/null 2>&1 ||
+        { echo "FAIL: cargo-deb is not installed: cargo install --locked cargo-deb (.ci/run does)"; return 1; }
+    as_user cargo deb -p host-driver --no-build
+}
+step "Debian package (cargo deb)" deb_package
 step "systemd units (tests/units.sh)" tests/units.sh
 step "shellcheck (tests, .ci/run)" shellcheck -S warning tests/*.sh tests/e2e/*.sh .ci/run
 step "fuzz smoke (${FUZZ_SECONDS:-10} s per target)" as_user fuzz/run.sh "${FUZZ_SECONDS:-10}"
