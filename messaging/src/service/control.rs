@@ -28,15 +28,25 @@ impl ControlSocket {
     /// other file there is an error, as is a socket another daemon still answers on.
     pub async fn bind(path: &Path) -> io::Result<ControlSocket> {
         match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_socket() => {
-                if UnixStream::connect(path).await.is_ok() {
+            Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path).await {
+                Ok(_) => {
                     return Err(io::Error::new(
                         io::ErrorKind::AddrInUse,
                         "another daemon answers on this socket",
-                    ));
+                    ))
                 }
-                std::fs::remove_file(path)?;
-            }
+                // Nobody listens: the socket of a daemon that was killed.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(path)?
+                }
+                // Some other kind of socket (a datagram socket, say): not ours to remove.
+                Err(e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("exists and is not a stale control socket ({e})"),
+                    ))
+                }
+            },
             Ok(_) => {
                 return Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
@@ -175,6 +185,13 @@ mod tests {
         assert!(path.exists());
         let again = ControlSocket::bind(&path).await.unwrap();
         drop(again);
+        // Another kind of socket is never removed.
+        let dgram = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        let e = ControlSocket::bind(&path).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert!(path.exists());
+        drop(dgram);
+        std::fs::remove_file(&path).unwrap();
         // A regular file is never removed.
         std::fs::write(&path, b"keep").unwrap();
         let e = ControlSocket::bind(&path).await.unwrap_err();
