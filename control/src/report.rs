@@ -277,6 +277,14 @@ pub struct Direction {
     pub dropped: u64,
 }
 
+/// Offload feature bits by name (`vnet_hdr`, `csum`, ...), as the reports list them.
+pub fn offload_names(bits: u64) -> Vec<String> {
+    splitnet_messaging::wire::features::names(bits)
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Counters of one connection or one daemon.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
@@ -288,6 +296,27 @@ pub struct Counters {
     pub protocol_errors: u64,
     /// Peers disconnected for a protection error (a write the adapter refused).
     pub protection_errors: u64,
+}
+
+impl From<&splitnet_messaging::wire::Stats> for Counters {
+    /// A host's counters as the IOC keeps them (CfgUtil GetStats), seen from the IOC: tx is
+    /// IOC to host.
+    fn from(s: &splitnet_messaging::wire::Stats) -> Counters {
+        Counters {
+            tx: Direction {
+                frames: s.rx_frames,
+                bytes: s.rx_bytes,
+                dropped: s.rx_dropped,
+            },
+            rx: Direction {
+                frames: s.tx_frames,
+                bytes: s.tx_bytes,
+                dropped: s.tx_dropped,
+            },
+            protocol_errors: s.protocol_errors,
+            protection_errors: s.protection_errors,
+        }
+    }
 }
 
 /// The NIC's own counters, as the kernel keeps them.

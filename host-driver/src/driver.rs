@@ -1,9 +1,9 @@
 //! The host driver's life: TAP up, connect with backoff, configure over CfgUtil, move
 //! frames until the fabric is lost or a signal arrives, and start again.
 
-use crate::snapshot::{self, Snapshot};
+use crate::snapshot::Snapshot;
 use splitnet_config::HostConfig;
-use splitnet_control::report::{Counters, Direction, Interface};
+use splitnet_control::report::{offload_names, Counters, Interface};
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
@@ -82,12 +82,14 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         cfg.fabric.ioc.to_string(),
         Interface {
             name: name.clone(),
-            mac: netdev::mac(&name).map(|m| fmt_mac(&m)).unwrap_or_default(),
+            mac: netdev::mac(&name)
+                .map(|m| wire::fmt_mac(&m))
+                .unwrap_or_default(),
             mtu: netdev::mtu(&name).unwrap_or(0),
             carrier: false,
             promisc: false,
             multicast: 0,
-            offloads: snapshot::offload_names(feature_bits(&offloads)),
+            offloads: offload_names(feature_bits(&offloads)),
         },
     )));
     service::serve_operators(snap.clone(), cfg.metrics.listen, control_socket).await?;
@@ -613,7 +615,7 @@ impl<'a> Conn<'a> {
                 if let Some(mac) = mac {
                     match netdev::set_mac(&self.name, mac) {
                         Ok(()) => {
-                            info!(mac = %fmt_mac(&mac), "MAC address set");
+                            info!(mac = %wire::fmt_mac(&mac), "MAC address set");
                             self.mac_known = true;
                         }
                         Err(e) => warn!("cannot set the MAC of {}: {e}", self.name),
@@ -650,20 +652,7 @@ impl<'a> Conn<'a> {
             ),
             CfgCode::GetStats => {
                 if let Ok(st) = wire::Stats::parse(data) {
-                    self.snap.borrow_mut().ioc_counters = Some(Counters {
-                        tx: Direction {
-                            frames: st.rx_frames,
-                            bytes: st.rx_bytes,
-                            dropped: st.rx_dropped,
-                        },
-                        rx: Direction {
-                            frames: st.tx_frames,
-                            bytes: st.tx_bytes,
-                            dropped: st.tx_dropped,
-                        },
-                        protocol_errors: st.protocol_errors,
-                        protection_errors: st.protection_errors,
-                    });
+                    self.snap.borrow_mut().ioc_counters = Some(Counters::from(&st));
                 }
             }
             other => debug!(?other, "CfgUtil reply"),
@@ -745,8 +734,7 @@ impl<'a> Conn<'a> {
     fn refresh_snapshot(&self) {
         let ini = self.tl.link.session().initiator();
         let mut g = self.snap.borrow_mut();
-        g.fabric_up = true;
-        g.carrier = self.carrier;
+        g.interface.carrier = self.carrier;
         g.rx_dropped = self.rx_dropped;
         g.credits_free = ini.credits();
         g.credits_in_use = ini.in_use();
@@ -758,13 +746,12 @@ impl<'a> Conn<'a> {
         let mut g = self.snap.borrow_mut();
         g.set_pools(self.tl.link.session());
         let i = &mut g.interface;
-        i.carrier = self.carrier;
         i.mtu = self.mtu;
         i.promisc = self.promisc;
         i.multicast = self.multicast.len() as u32;
-        i.offloads = snapshot::offload_names(self.features);
+        i.offloads = offload_names(self.features);
         if let Ok(mac) = netdev::mac(&self.name) {
-            i.mac = fmt_mac(&mac);
+            i.mac = wire::fmt_mac(&mac);
         }
         drop(g);
         if now >= self.next_stats {
@@ -850,13 +837,6 @@ impl<'a> Conn<'a> {
             info!(dropped = self.rx_dropped, "frames from the IOC dropped");
         }
     }
-}
-
-fn fmt_mac(m: &[u8; 6]) -> String {
-    format!(
-        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-        m[0], m[1], m[2], m[3], m[4], m[5]
-    )
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@ use splitnet_control::report::{
 };
 use splitnet_messaging::endpoint::{LinkStats, Session};
 use splitnet_messaging::service::{metrics, Introspect};
-use splitnet_messaging::wire;
 use std::time::Instant;
 
 /// The host driver's state as operators see it.
@@ -16,14 +15,10 @@ pub struct Snapshot {
     started: Instant,
     /// The IOC's fabric address.
     pub ioc: String,
-    /// Connected to the IOC.
-    pub fabric_up: bool,
-    /// Session number and protocol version of the connection.
+    /// Session number and protocol version while connected to the IOC.
     pub session: Option<(u64, u16)>,
     /// When the connection came up.
     pub connected_at: Option<Instant>,
-    /// Carrier of the TAP.
-    pub carrier: bool,
     /// Connections made since start.
     pub connects: u64,
     /// Frames from the IOC dropped (this connection).
@@ -55,10 +50,8 @@ impl Snapshot {
         Snapshot {
             started: Instant::now(),
             ioc,
-            fabric_up: false,
             session: None,
             connected_at: None,
-            carrier: false,
             connects: 0,
             rx_dropped: 0,
             credits_free: 0,
@@ -87,8 +80,6 @@ impl Snapshot {
         self.dropped_before += self.rx_dropped;
         self.link = LinkStats::default();
         self.rx_dropped = 0;
-        self.fabric_up = false;
-        self.carrier = false;
         self.interface.carrier = false;
         self.session = None;
         self.connected_at = None;
@@ -130,7 +121,12 @@ impl Snapshot {
                 pid: std::process::id(),
                 uptime_s: self.started.elapsed().as_secs(),
                 fabric: Fabric {
-                    state: if self.fabric_up { "up" } else { "connecting" }.into(),
+                    state: if self.session.is_some() {
+                        "up"
+                    } else {
+                        "connecting"
+                    }
+                    .into(),
                     address: self.ioc.clone(),
                     protocol_version: self.session.map(|s| s.1),
                     session: self.session.map(|s| s.0),
@@ -174,13 +170,13 @@ impl Introspect for Snapshot {
             "splitnet_host_fabric_up",
             "gauge",
             "Connected to the IOC (1).",
-            u64::from(self.fabric_up),
+            u64::from(self.session.is_some()),
         )
         .metric(
             "splitnet_host_carrier",
             "gauge",
             "Carrier of the TAP (1 on).",
-            u64::from(self.carrier),
+            u64::from(self.interface.carrier),
         )
         .metric(
             "splitnet_host_connects_total",
@@ -258,17 +254,10 @@ impl Introspect for Snapshot {
     }
 }
 
-/// Offload feature names, for reports.
-pub fn offload_names(bits: u64) -> Vec<String> {
-    wire::features::names(bits)
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use splitnet_messaging::wire;
 
     fn snap() -> Snapshot {
         Snapshot::new(
@@ -280,7 +269,9 @@ mod tests {
                 carrier: false,
                 promisc: false,
                 multicast: 0,
-                offloads: offload_names(wire::features::VNET_HDR | wire::features::TSO4),
+                offloads: splitnet_control::report::offload_names(
+                    wire::features::VNET_HDR | wire::features::TSO4,
+                ),
             },
         )
     }
@@ -315,7 +306,6 @@ mod tests {
         assert_eq!(st.fabric.session, None);
         assert_eq!(st.interface.offloads, ["vnet_hdr", "tso4"]);
         s.connected(7, 1);
-        s.fabric_up = true;
         let json = s.answer_line("status\n");
         assert!(json.contains("\"state\":\"up\""), "{json}");
         assert!(json.contains("\"session\":7"), "{json}");

@@ -13,7 +13,9 @@ use splitnet_messaging::fabric::TcpChannel;
 use splitnet_messaging::memory::{Registry, SendBuf, SendBufCache};
 use splitnet_messaging::service::notify;
 use splitnet_messaging::sys::packet::PacketSocket;
-use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message, Stats};
+use splitnet_messaging::wire::{
+    self, features, fmt_mac, CfgCode, ErrorCode, Goodbye, Message, Stats,
+};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Instant;
@@ -650,12 +652,4 @@ impl Ioc {
             "host removed: {why}"
         );
     }
-}
-
-/// `aa:bb:cc:dd:ee:ff`.
-pub fn fmt_mac(m: &[u8; 6]) -> String {
-    format!(
-        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-        m[0], m[1], m[2], m[3], m[4], m[5]
-    )
 }

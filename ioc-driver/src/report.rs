@@ -1,15 +1,16 @@
 //! The IOC's answers on the control socket, built from its state when asked (the state is
 //! on the same thread; nothing is copied on the data path).
 
-use crate::ioc::{fmt_mac, Host, Ioc};
+use crate::ioc::{Host, Ioc};
 use splitnet_config::Promiscuous;
 use splitnet_control::report::{
-    Counters, Direction, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools, Pools, Reply,
-    Request, Role, Stats, Status,
+    offload_names, Counters, Direction, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools,
+    Pools, Reply, Request, Role, Stats, Status,
 };
 use splitnet_messaging::service::Introspect;
 use splitnet_messaging::sys::netdev;
-use splitnet_messaging::wire::{self, features};
+use splitnet_messaging::wire::features;
+use splitnet_messaging::wire::fmt_mac;
 
 /// Every offload the IOC can pass through to the NIC (`lan.offload = true`).
 const ALL_OFFLOADS: u64 = features::VNET_HDR
@@ -18,31 +19,6 @@ const ALL_OFFLOADS: u64 = features::VNET_HDR
     | features::TSO6
     | features::ECN
     | features::USO;
-
-fn names(bits: u64) -> Vec<String> {
-    features::names(bits)
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// A host's counters as the reports show them (tx: IOC to host).
-fn counters(s: &wire::Stats) -> Counters {
-    Counters {
-        tx: Direction {
-            frames: s.rx_frames,
-            bytes: s.rx_bytes,
-            dropped: s.rx_dropped,
-        },
-        rx: Direction {
-            frames: s.tx_frames,
-            bytes: s.tx_bytes,
-            dropped: s.tx_dropped,
-        },
-        protocol_errors: 0,
-        protection_errors: 0,
-    }
-}
 
 /// The kernel's counters of a NIC, from sysfs (of this network namespace).
 fn nic_stats(name: &str) -> Option<NicStats> {
@@ -119,7 +95,7 @@ impl Ioc {
                     carrier: self.link_up,
                     promisc: self.cfg.lan.promiscuous != Promiscuous::Off,
                     multicast: self.nic_groups.len() as u32,
-                    offloads: names(self.offered()),
+                    offloads: offload_names(self.offered()),
                 },
             }),
             Request::Pools => Reply::Pools(Pools {
@@ -138,17 +114,17 @@ impl Ioc {
                         mtu: h.mtu,
                         promisc: h.promisc,
                         multicast: h.multicast.len() as u32,
-                        offloads: names(h.features),
+                        offloads: offload_names(h.features),
                         connected_s: h.since.elapsed().as_secs(),
-                        counters: counters(&h.stats),
+                        counters: Counters::from(&h.stats),
                     })
                     .collect(),
             }),
             Request::Stats => {
-                let mut fabric = counters(&self.past);
+                let mut fabric = Counters::from(&self.past);
                 let (mut credits, mut in_use, mut inline, mut waited) = (0, 0, 0, 0);
                 for h in self.hosts.values() {
-                    let c = counters(&h.stats);
+                    let c = Counters::from(&h.stats);
                     fabric.tx.frames += c.tx.frames;
                     fabric.tx.bytes += c.tx.bytes;
                     fabric.tx.dropped += c.tx.dropped;

@@ -3,13 +3,14 @@
 
 use crate::forward::LanProgress;
 use crate::hosts;
-use crate::ioc::{fmt_mac, Ioc};
+use crate::ioc::Ioc;
 use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_messaging::endpoint::{Lane, Session};
 use splitnet_messaging::fabric::{self, Ready, TcpLink};
 use splitnet_messaging::memory::DomainId;
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
+use splitnet_messaging::wire::fmt_mac;
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Role};
 use std::cell::RefCell;
 use std::collections::HashMap;

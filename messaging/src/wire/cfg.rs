@@ -105,6 +105,14 @@ pub mod features {
     }
 }
 
+/// A MAC address as `aa:bb:cc:dd:ee:ff`.
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
+}
+
 /// Parses a 6-byte MAC address.
 pub fn parse_mac(data: &[u8]) -> Result<[u8; 6], WireError> {
     let mut r = Reader::new(data);

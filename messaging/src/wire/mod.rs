@@ -14,8 +14,8 @@ mod message;
 mod tests;
 
 pub use cfg::{
-    features, parse_mac, parse_multicast, parse_u32, parse_u64, parse_u8, CfgCode, LinkChange, Mtu,
-    Stats, MAX_MULTICAST,
+    features, fmt_mac, parse_mac, parse_multicast, parse_u32, parse_u64, parse_u8, CfgCode,
+    LinkChange, Mtu, Stats, MAX_MULTICAST,
 };
 pub use error::{ErrorCode, WireError};
 pub use header::{Function, Header, HEADER_LEN};
