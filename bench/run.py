@@ -128,14 +128,25 @@ def wait_carrier(ns, timeout=10):
     raise RuntimeError(f"sd0 in {ns} has no carrier")
 
 
-def setup_splitnet(hosts=1):
+def host_config(queues):
+    """The shipped host configuration, with `queues` TAP queues."""
+    src = os.path.join(ROOT, "systemd", "host.toml")
+    if queues == 1:
+        return src
+    path = f"/tmp/sd-bench-host-{queues}q.toml"
+    with open(src) as f, open(path, "w") as out:
+        out.write(f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n"))
+    return path
+
+
+def setup_splitnet(hosts=1, queues=1):
     base(hosts, bridge_fabric=hosts > 1)
     bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ROOT}/systemd/ioc.toml"
        " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
     time.sleep(0.5)
     for k in range(1, hosts + 1):
         ns = host_ns(k)
-        bg(f"ip netns exec {ns} {BIN}/host-driver --config {ROOT}/systemd/host.toml"
+        bg(f"ip netns exec {ns} {BIN}/host-driver --config {host_config(queues)}"
            f" --control-socket /tmp/sd-bench-host{k}.sock", f"/tmp/sd-bench-host{k}.log")
         for _ in range(100):
             if sh(f"ip -n {ns} link show sd0", check=False):

@@ -94,7 +94,8 @@ pub struct Interface {
     pub mac: Option<MacAddr>,
     /// Checksum and segmentation offload pass-through.
     pub offload: bool,
-    /// TAP queues and data channels (this version: exactly 1).
+    /// TAP queues, each served by a thread of its own over a fabric session of its own
+    /// (1..=16; more than one where the host gives the driver more than one core).
     pub queues: u16,
 }
 
@@ -135,13 +136,12 @@ impl HostConfig {
         if let Some(mac) = self.interface.mac {
             unicast("interface.mac", mac)?;
         }
-        // Multi-queue (several TAP queues and data channels) is designed for but not built
-        // yet: refuse rather than silently run with one queue.
-        if self.interface.queues != 1 {
+        // The protocol's limit (wire::MAX_QUEUES), as a multi-queue TAP allows many more.
+        if !(1..=16).contains(&self.interface.queues) {
             return Err(Invalid::new(
                 "interface.queues",
                 format!(
-                    "{} queues requested; this version supports exactly 1",
+                    "{} queues requested; between 1 and 16",
                     self.interface.queues
                 ),
             ));

@@ -35,7 +35,7 @@ pub struct IocConfig {
 pub struct IocFabric {
     /// Listening address.
     pub listen: SocketAddr,
-    /// Hosts served at once.
+    /// Sessions served at once: one per host, one per queue of a multi-queue host.
     #[serde(default = "default_max_hosts")]
     pub max_hosts: u32,
     /// Keepalive interval (ms).

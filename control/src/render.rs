@@ -136,14 +136,24 @@ fn hosts(h: &Hosts) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:>7}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}",
-        "session", "mac", "address", "domain", "mtu", "up", "tx frames", "rx frames", "dropped"
+        "{:>7}  {:>5}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}",
+        "session",
+        "queue",
+        "mac",
+        "address",
+        "domain",
+        "mtu",
+        "up",
+        "tx frames",
+        "rx frames",
+        "dropped"
     );
     for e in &h.hosts {
         let _ = writeln!(
             o,
-            "{:>7}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}",
+            "{:>7}  {:>5}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}",
             e.session,
+            format!("{}/{}", e.queue, e.queues),
             e.mac,
             e.address,
             e.domain,

@@ -239,13 +239,23 @@ pub struct Hosts {
     pub hosts: Vec<HostEntry>,
 }
 
-/// One host as the IOC serves it.
+fn one() -> u8 {
+    1
+}
+
+/// One host's session as the IOC serves it (a host with several queues has one per queue).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostEntry {
     /// Session number.
     pub session: u64,
     /// The host's node id from its Hello.
     pub node_id: u64,
+    /// Which of the host's queues this session serves (0 carries its configuration).
+    #[serde(default)]
+    pub queue: u8,
+    /// Queues the host opened.
+    #[serde(default = "one")]
+    pub queues: u8,
     /// The host's fabric address.
     pub address: String,
     /// The MAC the host uses on the LAN.

@@ -1,5 +1,9 @@
 //! The host driver's life: TAP up, connect with backoff, configure over CfgUtil, move
 //! frames until the fabric is lost or a signal arrives, and start again.
+//!
+//! With several TAP queues, each further queue is served by a thread of its own over a
+//! session of its own ([`queue_thread`]); the first queue's thread (this one) also carries
+//! the configuration. The queues connect, and reconnect, together: when one ends, all do.
 
 use crate::snapshot::Snapshot;
 use splitnet_config::HostConfig;
@@ -14,14 +18,17 @@ use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::sys::tap::{Offloads, Tap};
 use splitnet_messaging::vnet;
-use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message};
+use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message, Queue};
 use std::cell::RefCell;
 use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
 /// Frames read from the TAP per wake-up before the fabric is flushed.
@@ -62,13 +69,165 @@ enum End {
     Lost(String),
 }
 
+/// What ends a connection from outside: a signal, or the end of another queue's
+/// connection (every queue's thread holds one).
+struct Stop<'s> {
+    term: &'s mut Signal,
+    int: &'s mut Signal,
+    /// Set when any queue's connection ended.
+    ended: watch::Receiver<bool>,
+}
+
+/// Why a [`Stop`] fired.
+enum Reason {
+    Signal,
+    QueueEnded,
+}
+
+impl Stop<'_> {
+    /// Waits for a signal or the end of another queue (cancel-safe).
+    async fn wait(&mut self) -> Reason {
+        tokio::select! {
+            _ = self.term.recv() => Reason::Signal,
+            _ = self.int.recv() => Reason::Signal,
+            _ = self.ended.wait_for(|ended| *ended) => Reason::QueueEnded,
+        }
+    }
+}
+
+/// The further queues of one connection: their threads, and the flag that ends them.
+struct Queues {
+    threads: Vec<JoinHandle<()>>,
+    ended: Arc<watch::Sender<bool>>,
+}
+
+impl Queues {
+    /// Connects queues 1.. (one thread each, `taps[i]` serving queue i + 1) as further
+    /// sessions of the host whose first queue has session `first`; returns once every one
+    /// is connected, or the first failure (the ones started are then stopped).
+    async fn start(
+        cfg: &Arc<HostConfig>,
+        taps: &[Arc<Tap>],
+        node_id: u64,
+        first: u64,
+    ) -> Result<Queues, String> {
+        let (ended, _) = watch::channel(false);
+        let mut q = Queues {
+            threads: Vec::new(),
+            ended: Arc::new(ended),
+        };
+        let count = taps.len() as u8 + 1;
+        let mut results = Vec::new();
+        for (i, tap) in taps.iter().enumerate() {
+            let queue = Queue {
+                index: i as u8 + 1,
+                count,
+            };
+            let (tx, rx) = oneshot::channel();
+            let (cfg, tap, ended) = (cfg.clone(), tap.clone(), q.ended.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("queue-{}", queue.index))
+                .spawn(move || queue_thread(cfg, tap, queue, node_id, first, tx, ended))
+                .map_err(|e| format!("cannot start the thread of queue {}: {e}", queue.index))?;
+            q.threads.push(t);
+            results.push((queue.index, rx));
+        }
+        for (index, rx) in results {
+            let r = rx
+                .await
+                .unwrap_or_else(|_| Err("its thread stopped".into()));
+            if let Err(e) = r {
+                q.stop();
+                return Err(format!("queue {index} cannot connect: {e}"));
+            }
+        }
+        Ok(q)
+    }
+
+    /// Tells every queue that the connection ended.
+    fn end(&self) {
+        self.ended.send_replace(true);
+    }
+
+    /// Ends every queue's connection and waits for their threads.
+    fn stop(&mut self) {
+        self.end();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serves TAP queue `queue` over a fabric session of its own until its connection ends:
+/// a signal (it flushes its pools and exits), the IOC, or another queue (`ended`).
+/// `connected` hears whether the session came up.
+fn queue_thread(
+    cfg: Arc<HostConfig>,
+    tap: Arc<Tap>,
+    queue: Queue,
+    node_id: u64,
+    first: u64,
+    connected: oneshot::Sender<Result<(), String>>,
+    ended: Arc<watch::Sender<bool>>,
+) {
+    let rt = match service::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = connected.send(Err(format!("cannot start its runtime: {e}")));
+            return;
+        }
+    };
+    let stopped = ended.subscribe();
+    let serve = async {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let tap_ready = fabric::Ready::new(&*tap)?;
+        let timeout = cfg.fabric.keepalive_timeout();
+        let (ctrl, data, _) = fabric::connect(cfg.fabric.ioc, node_id, queue, first, timeout)
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let mut conn = Conn::new(&cfg, queue, &tap, &tap_ready, ctrl, data, None)?;
+        debug!(queue = queue.index, "queue connected");
+        let _ = connected.send(Ok(()));
+        let mut stop = Stop {
+            term: &mut term,
+            int: &mut int,
+            ended: stopped,
+        };
+        let end = conn
+            .run(&mut stop, &mut true, &mut notify::Watchdog::disabled())
+            .await;
+        conn.close();
+        if let End::Lost(why) = end {
+            warn!(queue = queue.index, "queue's connection lost: {why}");
+        }
+        Ok::<(), io::Error>(())
+    };
+    if let Err(e) = rt.block_on(serve) {
+        warn!(queue = queue.index, "queue stopped: {e}");
+    }
+    // The connection is over for every queue once one of them ends (a sender that was
+    // already told so by the others keeps the value).
+    ended.send_replace(true);
+}
+
 /// Runs until SIGTERM/SIGINT. Only start-up failures are errors; an unreachable IOC is not.
 pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(), StartError> {
+    let cfg = Arc::new(cfg);
     let name = cfg.interface.name.clone();
-    let tap = Tap::open(&name).map_err(|source| StartError::Tap {
+    let tap_err = |source| StartError::Tap {
         name: name.clone(),
         source,
-    })?;
+    };
+    let mut more_taps: Vec<Arc<Tap>> = Tap::open_queues(&name, cfg.interface.queues.into())
+        .map_err(tap_err)?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    if more_taps.is_empty() {
+        return Err(tap_err(io::Error::other("no TAP queue opened")));
+    }
+    let tap = more_taps.remove(0);
     let offloads = tap
         .enable_offloads(cfg.interface.offload)
         .map_err(|source| StartError::Tap {
@@ -103,7 +262,17 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         watchdog.kick(Instant::now());
         notify::status(&format!("connecting to IOC {}", cfg.fabric.ioc));
         let node_id = cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name));
-        let connect = fabric::connect(cfg.fabric.ioc, node_id, cfg.fabric.keepalive_timeout());
+        let queue = Queue {
+            index: 0,
+            count: cfg.interface.queues as u8,
+        };
+        let connect = fabric::connect(
+            cfg.fabric.ioc,
+            node_id,
+            queue,
+            0,
+            cfg.fabric.keepalive_timeout(),
+        );
         let conn = tokio::select! {
             c = connect => c,
             _ = term.recv() => return Ok(()),
@@ -125,14 +294,41 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
                 continue;
             }
         };
+        // The further queues join the first queue's session before any frame moves.
+        let mut queues = match Queues::start(&cfg, &more_taps, node_id, reply.session).await {
+            Ok(q) => q,
+            Err(e) => {
+                warn!("{e}; retrying in {backoff:?}");
+                drop((ctrl, data));
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = term.recv() => return Ok(()),
+                    _ = int.recv() => return Ok(()),
+                }
+                backoff = (backoff * 2).min(cfg.fabric.reconnect_max());
+                continue;
+            }
+        };
         backoff = min;
-        info!(ioc = %cfg.fabric.ioc, session = reply.session, version = reply.version, "fabric up");
+        info!(ioc = %cfg.fabric.ioc, session = reply.session, version = reply.version, queues = queue.count, "fabric up");
         snap.borrow_mut().connected(reply.session, reply.version);
-        let mut conn = Conn::new(&cfg, &tap, &tap_ready, ctrl, data, snap.clone())?;
-        let end = conn
-            .run(&mut term, &mut int, &mut ready_sent, &mut watchdog)
-            .await;
+        let mut conn = Conn::new(
+            &cfg,
+            queue,
+            &tap,
+            &tap_ready,
+            ctrl,
+            data,
+            Some(snap.clone()),
+        )?;
+        let mut stop = Stop {
+            term: &mut term,
+            int: &mut int,
+            ended: queues.ended.subscribe(),
+        };
+        let end = conn.run(&mut stop, &mut ready_sent, &mut watchdog).await;
         let _ = tap.set_carrier(false);
+        queues.stop();
         conn.close();
         snap.borrow_mut().disconnected();
         match end {
@@ -255,8 +451,10 @@ impl StatusLine {
     }
 }
 
-/// One connection to the IOC.
+/// One queue's connection to the IOC.
 struct Conn<'a> {
+    /// The TAP queue it serves; the first also carries the configuration and the carrier.
+    queue: Queue,
     tap: &'a Tap,
     tap_ready: &'a fabric::Ready,
     name: String,
@@ -284,7 +482,8 @@ struct Conn<'a> {
     /// Features told to the IOC (SetFeatures): what sd0's offloads let the kernel send.
     features: u64,
     rx_dropped: u64,
-    snap: Rc<RefCell<Snapshot>>,
+    /// What operators see (the first queue's connection keeps it).
+    snap: Option<Rc<RefCell<Snapshot>>>,
     /// Next time the IOC's counters for this host are asked for (GetStats).
     next_stats: Instant,
     /// Multicast groups of the TAP last reported to the IOC.
@@ -294,14 +493,19 @@ struct Conn<'a> {
 impl<'a> Conn<'a> {
     fn new(
         cfg: &HostConfig,
+        queue: Queue,
         tap: &'a Tap,
         tap_ready: &'a fabric::Ready,
         ctrl: fabric::TcpChannel,
         data: fabric::TcpChannel,
-        snap: Rc<RefCell<Snapshot>>,
+        snap: Option<Rc<RefCell<Snapshot>>>,
     ) -> io::Result<Conn<'a>> {
-        // Offloads as configured, again for each IOC (the last one may have refused them).
-        let features = feature_bits(&tap.enable_offloads(cfg.interface.offload)?);
+        // Offloads as configured, again for each IOC (the last one may have refused them);
+        // they belong to the interface, so the first queue sets them.
+        let features = match queue.is_first() {
+            true => feature_bits(&tap.enable_offloads(cfg.interface.offload)?),
+            false => 0,
+        };
         let sc = session_config(cfg);
         let mut reg = Registry::new(cfg.pools.max_granted_bytes);
         let mut session = Session::new(DomainId(1), sc);
@@ -310,18 +514,21 @@ impl<'a> Conn<'a> {
             .map_err(|e| io::Error::other(format!("cannot register pools: {e}")))?;
         let mut tl = TcpLink::new(session, ctrl, data)?;
         let s = tl.link.session_mut();
-        match cfg.interface.mac {
-            Some(mac) => {
-                s.cfg_request(CfgCode::SetMac, &mac.0);
+        if queue.is_first() {
+            match cfg.interface.mac {
+                Some(mac) => {
+                    s.cfg_request(CfgCode::SetMac, &mac.0);
+                }
+                None => {
+                    s.cfg_request(CfgCode::GetMac, &[]);
+                }
             }
-            None => {
-                s.cfg_request(CfgCode::GetMac, &[]);
-            }
+            s.cfg_request(CfgCode::GetMtu, &[]);
+            s.cfg_request(CfgCode::GetLink, &[]);
+            s.cfg_request(CfgCode::SetFeatures, &features.to_be_bytes());
         }
-        s.cfg_request(CfgCode::GetMtu, &[]);
-        s.cfg_request(CfgCode::GetLink, &[]);
-        s.cfg_request(CfgCode::SetFeatures, &features.to_be_bytes());
         Ok(Conn {
+            queue,
             tap,
             tap_ready,
             name: cfg.interface.name.clone(),
@@ -355,27 +562,32 @@ impl<'a> Conn<'a> {
 
     async fn run(
         &mut self,
-        term: &mut Signal,
-        int: &mut Signal,
+        stop: &mut Stop<'_>,
         ready_sent: &mut bool,
         watchdog: &mut notify::Watchdog,
     ) -> End {
         let mut events = Vec::new();
         let mut status = StatusLine::new(self.tl.link.stats());
+        let first = self.queue.is_first();
         loop {
             if let Err(e) = self.tl.link.flush() {
                 return End::Lost(e.to_string());
             }
             self.tl.link.reclaim(&mut self.cache);
-            self.update_carrier(ready_sent);
-            let tap_wanted = self.carrier && self.held.is_none();
+            if first {
+                self.update_carrier(ready_sent);
+            }
+            // The kernel sends on a queue only while the first queue has the carrier on.
+            let tap_wanted = (self.carrier || !first) && self.held.is_none();
             let pending = self.tl.link.pending() > 0;
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
             let TcpLink { ready, link } = &mut self.tl;
             let mut rx_seen = false;
             let step: Result<(), String> = tokio::select! {
-                _ = term.recv() => return self.shutdown().await,
-                _ = int.recv() => return self.shutdown().await,
+                r = stop.wait() => match r {
+                    Reason::Signal => return self.shutdown().await,
+                    Reason::QueueEnded => return End::Lost("another queue's connection ended".into()),
+                },
                 g = self.tap_ready.readable(), if tap_wanted => match g {
                     Ok(mut g) => {
                         if self.read_tap() {
@@ -437,9 +649,11 @@ impl<'a> Conn<'a> {
             }
             // The keepalive timer turns this loop at least every keepalive interval.
             watchdog.kick(now);
-            self.watch_interface(now);
-            self.refresh_snapshot();
-            status.update(now, self.tl.link.stats(), &self.peer, self.carrier);
+            if first {
+                self.watch_interface(now);
+                self.refresh_snapshot();
+                status.update(now, self.tl.link.stats(), &self.peer, self.carrier);
+            }
             match self.keepalive.poll(now) {
                 Liveness::Idle => {}
                 Liveness::SendKeepalive => self
@@ -544,6 +758,8 @@ impl<'a> Conn<'a> {
             } => self.on_cfg_reply(code, status, &data),
             LinkEvent::CfgRequest { txn, code, data } => {
                 let status = match code {
+                    // The interface follows the first queue's session.
+                    CfgCode::LinkChange if !self.queue.is_first() => ErrorCode::Refused,
                     CfgCode::LinkChange => match wire::LinkChange::parse(&data) {
                         Ok(c) => {
                             info!(up = c.up, mtu = c.mtu, "NIC link change");
@@ -651,8 +867,8 @@ impl<'a> Conn<'a> {
                 "multicast groups set on the IOC"
             ),
             CfgCode::GetStats => {
-                if let Ok(st) = wire::Stats::parse(data) {
-                    self.snap.borrow_mut().ioc_counters = Some(Counters::from(&st));
+                if let (Ok(st), Some(snap)) = (wire::Stats::parse(data), &self.snap) {
+                    snap.borrow_mut().ioc_counters = Some(Counters::from(&st));
                 }
             }
             other => debug!(?other, "CfgUtil reply"),
@@ -733,7 +949,8 @@ impl<'a> Conn<'a> {
     /// Counters for the metrics and control sockets: cheap, on every turn.
     fn refresh_snapshot(&self) {
         let ini = self.tl.link.session().initiator();
-        let mut g = self.snap.borrow_mut();
+        let Some(snap) = &self.snap else { return };
+        let mut g = snap.borrow_mut();
         g.interface.carrier = self.carrier;
         g.rx_dropped = self.rx_dropped;
         g.credits_free = ini.credits();
@@ -743,7 +960,8 @@ impl<'a> Conn<'a> {
 
     /// Pools and interface settings for the control socket: every watch period.
     fn refresh_details(&mut self, now: Instant) {
-        let mut g = self.snap.borrow_mut();
+        let Some(snap) = &self.snap else { return };
+        let mut g = snap.borrow_mut();
         g.set_pools(self.tl.link.session());
         let i = &mut g.interface;
         i.mtu = self.mtu;
@@ -782,9 +1000,11 @@ impl<'a> Conn<'a> {
 
     /// SIGTERM: flush pools with the IOC (both directions), say goodbye, stop.
     async fn shutdown(&mut self) -> End {
-        notify::stopping();
-        info!("shutting down: flushing pools with the IOC");
-        let _ = self.tap.set_carrier(false);
+        if self.queue.is_first() {
+            notify::stopping();
+            info!("shutting down: flushing pools with the IOC");
+            let _ = self.tap.set_carrier(false);
+        }
         self.tl.link.session_mut().start_flush(&mut self.reg);
         let deadline = tokio::time::Instant::now() + FLUSH_TIMEOUT;
         let mut events = Vec::new();

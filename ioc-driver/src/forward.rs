@@ -2,7 +2,8 @@
 //!
 //! Group frames (broadcast, multicast) go to every host and to the LAN. A unicast frame
 //! goes to the host owning its destination MAC, else to the LAN (from a host) or to the
-//! promiscuous hosts (from the LAN). A host that has no credit left gets the frame queued in
+//! promiscuous hosts (from the LAN). A host with several queues gets each frame on the queue
+//! its flow hashes to ([`Host::steer`]), so one flow stays in order on one queue. A host that has no credit left gets the frame queued in
 //! its backlog (a receive ring of [`crate::ioc::BACKLOG`] frames); beyond that it loses the
 //! frame, as a NIC ring overflow would, and the loss is counted in its statistics.
 
@@ -11,6 +12,7 @@ use splitnet_messaging::endpoint::Lane;
 use splitnet_messaging::memory::SendBufCache;
 use splitnet_messaging::sys::packet::PacketSocket;
 use splitnet_messaging::vnet;
+use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
 use std::io;
 use tracing::{debug, warn};
@@ -48,7 +50,36 @@ fn to_lan(nic: &PacketSocket, frame: &[u8], stats: &mut IocStats) -> bool {
     }
 }
 
-/// Forwards one frame a host (`from`) wrote into the IOC's pool.
+/// The sessions that get a copy of `frame`: for each host (first queue) that `want`s it,
+/// the queue its flow hashes to.
+fn targets(
+    hosts: &BTreeMap<u64, Host>,
+    frame: &[u8],
+    keys: &RandomState,
+    want: impl Fn(&Host) -> bool,
+) -> Vec<u64> {
+    hosts
+        .values()
+        .filter(|h| h.queue.is_first() && want(h))
+        .map(|h| h.steer(frame, keys))
+        .collect()
+}
+
+/// Copies `frame` to every session in `to`.
+fn deliver_all(
+    to: &[u64],
+    hosts: &mut BTreeMap<u64, Host>,
+    frame: &[u8],
+    cache: &mut SendBufCache,
+) {
+    for s in to {
+        if let Some(h) = hosts.get_mut(s) {
+            deliver_copy(h, frame, cache);
+        }
+    }
+}
+
+/// Forwards one frame a host's session (`from`) wrote into the IOC's pool.
 pub fn from_host(
     from: u64,
     frame: &[u8],
@@ -56,6 +87,7 @@ pub fn from_host(
     nic: &PacketSocket,
     cache: &mut SendBufCache,
     stats: &mut IocStats,
+    keys: &RandomState,
 ) {
     if let Err(e) = vnet::check_frame(frame) {
         warn!(
@@ -68,19 +100,23 @@ pub fn from_host(
         return;
     }
     let dst = vnet::dst_mac(frame);
+    let sender = hosts.get(&from).map_or(from, |h| h.first);
     let sent = if vnet::is_group(&dst) {
-        for (_, h) in hosts.iter_mut().filter(|(s, _)| **s != from) {
-            deliver_copy(h, frame, cache);
-        }
+        let to = targets(hosts, frame, keys, |h| h.session != sender);
+        deliver_all(&to, hosts, frame, cache);
         to_lan(nic, frame, stats)
-    } else if let Some(h) = hosts
-        .values_mut()
-        .find(|h| h.mac == dst && h.session != from)
-    {
-        deliver_copy(h, frame, cache);
-        true
     } else {
-        to_lan(nic, frame, stats)
+        let owner = hosts
+            .values()
+            .find(|h| h.queue.is_first() && h.mac == dst && h.session != sender)
+            .map(|h| h.steer(frame, keys));
+        match owner.and_then(|s| hosts.get_mut(&s)) {
+            Some(h) => {
+                deliver_copy(h, frame, cache);
+                true
+            }
+            None => to_lan(nic, frame, stats),
+        }
     };
     if let Some(h) = hosts.get_mut(&from) {
         if sent {
@@ -100,6 +136,7 @@ impl Ioc {
             cache,
             hosts,
             stats,
+            flow_keys,
             ..
         } = self;
         let mut progress = LanProgress::Budget;
@@ -124,25 +161,26 @@ impl Ioc {
                 cache.put(buf);
                 continue;
             }
-            let dst = vnet::dst_mac(buf.as_slice());
-            if vnet::is_group(&dst) {
-                for h in hosts.values_mut() {
-                    deliver_copy(h, buf.as_slice(), cache);
-                }
-                cache.put(buf);
-            } else if let Some(h) = hosts.values_mut().find(|h| h.mac == dst) {
+            let frame = buf.as_slice();
+            let dst = vnet::dst_mac(frame);
+            let owner = (!vnet::is_group(&dst))
+                .then(|| hosts.values().find(|h| h.queue.is_first() && h.mac == dst))
+                .flatten()
+                .map(|h| h.steer(frame, flow_keys));
+            if let Some(h) = owner.and_then(|s| hosts.get_mut(&s)) {
                 h.post(buf, cache);
-            } else {
-                let mut any = false;
-                for h in hosts.values_mut().filter(|h| h.promisc) {
-                    deliver_copy(h, buf.as_slice(), cache);
-                    any = true;
-                }
-                if !any {
-                    stats.lan_filtered += 1;
-                }
-                cache.put(buf);
+                continue;
             }
+            let to = if vnet::is_group(&dst) {
+                targets(hosts, frame, flow_keys, |_| true)
+            } else {
+                targets(hosts, frame, flow_keys, |h| h.promisc)
+            };
+            if to.is_empty() && !vnet::is_group(&dst) {
+                stats.lan_filtered += 1;
+            }
+            deliver_all(&to, hosts, frame, cache);
+            cache.put(buf);
         }
         self.kick_hosts();
         progress
@@ -157,6 +195,7 @@ impl Ioc {
             cache,
             hosts,
             stats,
+            flow_keys,
             ..
         } = self;
         let Some(mut link) = hosts.get_mut(&session).and_then(|h| h.link.take()) else {
@@ -167,7 +206,7 @@ impl Ioc {
             reg,
             lane,
             RX_BUDGET,
-            &mut |frame| from_host(session, frame, hosts, nic, cache, stats),
+            &mut |frame| from_host(session, frame, hosts, nic, cache, stats, flow_keys),
             &mut events,
         );
         link.session_mut().flush_credits(reg);

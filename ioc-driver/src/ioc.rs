@@ -13,9 +13,11 @@ use splitnet_messaging::fabric::TcpChannel;
 use splitnet_messaging::memory::{Registry, SendBuf, SendBufCache};
 use splitnet_messaging::service::notify;
 use splitnet_messaging::sys::packet::PacketSocket;
+use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{
-    self, features, fmt_mac, CfgCode, ErrorCode, Goodbye, Message, Stats,
+    self, features, fmt_mac, CfgCode, ErrorCode, Goodbye, Message, Queue, Stats,
 };
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Instant;
@@ -33,6 +35,14 @@ pub struct Host {
     pub session: u64,
     /// Identity it announced.
     pub node_id: u64,
+    /// Which of the host's queues this session serves.
+    pub queue: Queue,
+    /// Session of the host's first queue (its own id on the first queue), which carries
+    /// the host's configuration.
+    pub first: u64,
+    /// On the first queue: the sessions of every queue of the host connected so far, the
+    /// first queue's own first; frames for the host are spread over them by flow.
+    pub queues: Vec<u64>,
     /// MAC address assigned or set.
     pub mac: [u8; 6],
     /// MTU agreed.
@@ -66,6 +76,15 @@ pub struct Host {
 pub const BACKLOG: usize = 16;
 
 impl Host {
+    /// The session of this host's queues that carries `frame`'s flow (call on the first
+    /// queue).
+    pub fn steer(&self, frame: &[u8], keys: &RandomState) -> u64 {
+        match self.queues.len() {
+            0 | 1 => self.session,
+            n => self.queues[(vnet::flow_hash(frame, keys) % n as u64) as usize],
+        }
+    }
+
     /// Posts a frame for this host, in order behind any frames already waiting; a frame
     /// that finds the backlog full is dropped and counted.
     pub fn post(&mut self, buf: SendBuf, cache: &mut SendBufCache) {
@@ -180,6 +199,9 @@ pub struct Ioc {
     pub past: Stats,
     /// Multicast groups joined on the NIC: the union of every host's.
     pub nic_groups: BTreeSet<[u8; 6]>,
+    /// Keys of the flow hash that spreads a host's frames over its queues (random per
+    /// process, so that LAN traffic cannot aim at one queue).
+    pub flow_keys: RandomState,
 }
 
 impl Ioc {
@@ -203,6 +225,7 @@ impl Ioc {
             connects: 0,
             past: Stats::default(),
             nic_groups: BTreeSet::new(),
+            flow_keys: RandomState::new(),
             cfg,
         }
     }
@@ -262,34 +285,75 @@ impl Ioc {
         }
     }
 
+    /// The connected first queue, session `first` of host `node_id`, that a session for
+    /// `queue` joins: same node, same number of queues, and that queue not taken yet.
+    pub fn first_queue(&self, first: u64, node_id: u64, queue: Queue) -> Option<&Host> {
+        self.hosts.get(&first).filter(|h| {
+            h.node_id == node_id
+                && h.queue.is_first()
+                && h.queue.count == queue.count
+                && !h
+                    .queues
+                    .iter()
+                    .any(|s| self.hosts.get(s).is_some_and(|q| q.queue == queue))
+        })
+    }
+
     /// Admits a host whose handshake completed: tells it the NIC's state and sends what its
     /// link has queued (the HelloReply and the pool advertisements). Returns the notifier
-    /// that wakes its task.
+    /// that wakes its task, or `None` (the session closed and its pools freed) for a further
+    /// queue whose first queue has left meanwhile.
     pub fn add_host(
         &mut self,
         session: u64,
         node_id: u64,
+        queue: Queue,
+        first: u64,
         mut link: Link<TcpChannel>,
         peer: std::net::SocketAddr,
-    ) -> Rc<Notify> {
-        let mac = self.assign_mac(node_id);
-        let f = &self.cfg.fabric;
-        link.session_mut().cfg_request(
-            CfgCode::LinkChange,
-            &wire::LinkChange {
-                up: self.link_up,
-                mtu: self.mtu,
+    ) -> Option<Rc<Notify>> {
+        let (first, mac, mtu) = if queue.is_first() {
+            (session, self.assign_mac(node_id), self.mtu)
+        } else {
+            match self.first_queue(first, node_id, queue) {
+                Some(f) => (f.session, f.mac, f.mtu),
+                None => {
+                    link.close(&mut self.reg);
+                    self.free_domain(splitnet_messaging::memory::DomainId(session as u32));
+                    return None;
+                }
             }
-            .emit(),
-        );
+        };
+        if let Some(f) = self.hosts.get_mut(&first) {
+            f.queues.push(session);
+        }
+        let f = &self.cfg.fabric;
+        // The host's interface follows its first queue's session.
+        if queue.is_first() {
+            link.session_mut().cfg_request(
+                CfgCode::LinkChange,
+                &wire::LinkChange {
+                    up: self.link_up,
+                    mtu: self.mtu,
+                }
+                .emit(),
+            );
+        }
         let wake = Rc::new(Notify::new());
         self.hosts.insert(
             session,
             Host {
                 session,
                 node_id,
+                queue,
+                first,
+                queues: if queue.is_first() {
+                    vec![session]
+                } else {
+                    Vec::new()
+                },
                 mac,
-                mtu: self.mtu,
+                mtu,
                 promisc: false,
                 multicast: Vec::new(),
                 features: 0,
@@ -311,6 +375,8 @@ impl Ioc {
             %peer,
             session,
             node_id,
+            queue = queue.index,
+            queues = queue.count,
             mac = %fmt_mac(&mac),
             hosts = self.hosts.len(),
             pool_regions = self.reg.stats().regions,
@@ -322,7 +388,7 @@ impl Ioc {
             self.cfg.lan.interface
         ));
         self.kick_hosts();
-        wake
+        Some(wake)
     }
 
     /// Every counter, in Prometheus text format.
@@ -432,7 +498,12 @@ impl Ioc {
         for (name, help, get) in per_host {
             e.family(name, "counter", help);
             for h in self.hosts.values() {
-                let labels = format!("session=\"{}\",mac=\"{}\"", h.session, fmt_mac(&h.mac));
+                let labels = format!(
+                    "session=\"{}\",mac=\"{}\",queue=\"{}\"",
+                    h.session,
+                    fmt_mac(&h.mac),
+                    h.queue.index
+                );
                 e.sample(name, &labels, get(&h.stats));
             }
         }
@@ -446,18 +517,33 @@ impl Ioc {
         }
     }
 
-    /// Answers a host's CfgUtilRequest.
+    /// Answers a host's CfgUtilRequest. The host's first queue carries its configuration;
+    /// its other queues may only ask for their own counters.
     pub fn cfg_request(&mut self, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
         let (mtu_max, link_up, offered) = (self.mtu, self.link_up, self.offered());
         let taken: Vec<[u8; 6]> = self
             .hosts
             .values()
-            .filter(|h| h.session != session)
+            .filter(|h| h.first != session)
             .map(|h| h.mac)
             .collect();
+        // The first queue reports the counters of all the host's queues together.
+        let mut node_stats = Stats::default();
+        if let Some(h) = self.hosts.get(&session).filter(|h| h.queue.is_first()) {
+            for q in h.queues.iter().filter_map(|s| self.hosts.get(s)) {
+                node_stats += q.stats;
+            }
+        }
         let Some(host) = self.hosts.get_mut(&session) else {
             return;
         };
+        if !host.queue.is_first() && code != CfgCode::GetStats {
+            if let Some(link) = host.link.as_mut() {
+                link.session_mut()
+                    .cfg_reply(txn, code, ErrorCode::Refused, &[]);
+            }
+            return;
+        }
         let mut reply: Vec<u8> = Vec::new();
         let status = match code {
             CfgCode::GetMac => {
@@ -494,6 +580,10 @@ impl Ioc {
                 reply.push(u8::from(link_up));
                 ErrorCode::Ok
             }
+            CfgCode::GetStats if host.queue.is_first() => {
+                reply.extend_from_slice(&node_stats.emit());
+                ErrorCode::Ok
+            }
             CfgCode::GetStats => {
                 reply.extend_from_slice(&host.stats.emit());
                 ErrorCode::Ok
@@ -528,11 +618,19 @@ impl Ioc {
             },
             CfgCode::LinkChange | CfgCode::Other(_) => ErrorCode::Unsupported,
         };
+        let (mac, mtu) = (host.mac, host.mtu);
         if let Some(link) = host.link.as_mut() {
             link.session_mut().cfg_reply(txn, code, status, &reply);
         }
         if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
             self.sync_multicast();
+        }
+        // The other queues show the first queue's address and MTU.
+        if matches!(code, CfgCode::SetMac | CfgCode::SetMtu) && status == ErrorCode::Ok {
+            for h in self.hosts.values_mut().filter(|h| h.first == session) {
+                h.mac = mac;
+                h.mtu = mtu;
+            }
         }
     }
 
@@ -587,8 +685,26 @@ impl Ioc {
         Ok(())
     }
 
-    /// Removes a host: its channels are closed and every pool of its domain is freed.
+    /// Removes a host's session: its channels are closed and every pool of its domain is
+    /// freed. The host's other queues go with it: frames of their flows would otherwise be
+    /// steered to a queue that is gone, and the host reconnects all its queues together.
     pub fn remove_host(&mut self, session: u64, why: &str, err: Option<&LinkError>) {
+        let Some(first) = self.hosts.get(&session).map(|h| h.first) else {
+            return;
+        };
+        let siblings: Vec<u64> = self
+            .hosts
+            .values()
+            .filter(|h| h.first == first && h.session != session)
+            .map(|h| h.session)
+            .collect();
+        self.remove_session(session, why, err);
+        for s in siblings {
+            self.remove_session(s, &format!("another queue of the host ended ({why})"), None);
+        }
+    }
+
+    fn remove_session(&mut self, session: u64, why: &str, err: Option<&LinkError>) {
         let Some(mut host) = self.hosts.remove(&session) else {
             return;
         };
@@ -645,6 +761,7 @@ impl Ioc {
         info!(
             session,
             node_id = host.node_id,
+            queue = host.queue.index,
             mac = %fmt_mac(&host.mac),
             hosts = self.hosts.len(),
             pool_regions = self.reg.stats().regions,

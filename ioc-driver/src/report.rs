@@ -108,6 +108,8 @@ impl Ioc {
                     .map(|h| HostEntry {
                         session: h.session,
                         node_id: h.node_id,
+                        queue: h.queue.index,
+                        queues: h.queue.count,
                         address: h.peer.to_string(),
                         mac: fmt_mac(&h.mac),
                         domain: h.session as u32,

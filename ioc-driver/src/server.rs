@@ -11,7 +11,7 @@ use splitnet_messaging::memory::DomainId;
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
 use splitnet_messaging::wire::fmt_mac;
-use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Role};
+use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Queue, Role};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
@@ -56,8 +56,9 @@ pub enum StartError {
     Runtime(#[from] io::Error),
 }
 
-/// Control channels waiting for their data channel, by session id.
-type Pending = Rc<RefCell<HashMap<u64, (fabric::TcpChannel, u64)>>>;
+/// Control channels waiting for their data channel, by session id, with the node, the queue
+/// and (for a further queue) the first queue's session they named.
+type Pending = Rc<RefCell<HashMap<u64, (fabric::TcpChannel, u64, Queue, u64)>>>;
 
 /// Runs the IOC until SIGTERM/SIGINT.
 pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), StartError> {
@@ -147,6 +148,16 @@ async fn handshake(
                 Err((ErrorCode::ShuttingDown, "shutting down"))
             } else if st.hosts.len() + pending.borrow().len() >= st.cfg.fabric.max_hosts as usize {
                 Err((ErrorCode::Busy, "max_hosts reached"))
+            } else if !hello.queue.is_first()
+                && st
+                    .first_queue(hello.session, hello.node_id, hello.queue)
+                    .is_none()
+            {
+                // A further queue joins the session of the host's first queue.
+                Err((
+                    ErrorCode::UnknownSession,
+                    "queue of a host whose first queue is not connected",
+                ))
             } else {
                 Ok(next_session(&st, &pending))
             }
@@ -160,7 +171,9 @@ async fn handshake(
             warn!(%peer, "cannot answer the Hello: {e}");
             return;
         }
-        pending.borrow_mut().insert(session, (ch, hello.node_id));
+        pending
+            .borrow_mut()
+            .insert(session, (ch, hello.node_id, hello.queue, hello.session));
         debug!(%peer, session, "control channel open, waiting for the data channel");
         // A host that never opens its data channel is dropped after the handshake timeout.
         tokio::time::sleep(timeout).await;
@@ -170,7 +183,7 @@ async fn handshake(
         }
         return;
     }
-    let Some((ctrl, node_id)) = pending.borrow_mut().remove(&hello.session) else {
+    let Some((ctrl, node_id, queue, first)) = pending.borrow_mut().remove(&hello.session) else {
         return refuse(ch, ErrorCode::UnknownSession, "unknown session").await;
     };
     let session = hello.session;
@@ -193,8 +206,15 @@ async fn handshake(
         }
     };
     let TcpLink { ready, link } = tl;
-    let wake = ioc.borrow_mut().add_host(session, node_id, link, peer);
-    hosts::serve(ioc, session, ready, wake).await;
+    let added = ioc
+        .borrow_mut()
+        .add_host(session, node_id, queue, first, link, peer);
+    match added {
+        Some(wake) => hosts::serve(ioc, session, ready, wake).await,
+        None => {
+            warn!(%peer, session, "the host's first queue left while this queue connected; closed")
+        }
+    }
 }
 
 fn next_session(st: &Ioc, pending: &Pending) -> u64 {
@@ -257,7 +277,7 @@ async fn link_monitor(ioc: Rc<RefCell<Ioc>>, name: String) {
         st.link_up = up;
         info!(lan = %name, up, "NIC link change");
         let change = wire::LinkChange { up, mtu: st.mtu }.emit();
-        for h in st.hosts.values_mut() {
+        for h in st.hosts.values_mut().filter(|h| h.queue.is_first()) {
             if let Some(link) = h.link.as_mut() {
                 link.session_mut().cfg_request(CfgCode::LinkChange, &change);
             }

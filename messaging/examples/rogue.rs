@@ -12,7 +12,7 @@ use splitnet_messaging::adapter::{
 };
 use splitnet_messaging::endpoint::handshake;
 use splitnet_messaging::memory::{DomainId, Handle, Registry};
-use splitnet_messaging::wire::{self, Message, PoolEntry, PoolGet, PoolRun, Role};
+use splitnet_messaging::wire::{self, Message, PoolEntry, PoolGet, PoolRun, Queue, Role};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -83,13 +83,16 @@ struct Conn {
 fn connect_host(addr: &str) -> Result<Conn, String> {
     let mut reg = Registry::new(0);
     let mut ctrl = chan(TcpStream::connect(addr).map_err(|e| e.to_string())?);
-    send(&mut ctrl, handshake::hello(Role::Host, 0, 0, 0xbad, 70_000));
+    send(
+        &mut ctrl,
+        handshake::hello(Role::Host, 0, Queue::SINGLE, 0, 0xbad, 70_000),
+    );
     let r = recv(&mut ctrl, &mut reg).ok_or("no HelloReply")?;
     let r = handshake::accept_reply(&r).map_err(|e| e.to_string())?;
     let mut data = chan(TcpStream::connect(addr).map_err(|e| e.to_string())?);
     send(
         &mut data,
-        handshake::hello(Role::Host, 1, r.session, 0xbad, 70_000),
+        handshake::hello(Role::Host, 1, Queue::SINGLE, r.session, 0xbad, 70_000),
     );
     recv(&mut data, &mut reg).ok_or("no data HelloReply")?;
     let mut pools = Vec::new();
@@ -272,7 +275,7 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
     if let Ok(s) = TcpStream::connect(addr) {
         let mut c = chan(s);
         let mut reg = Registry::new(0);
-        let mut h = handshake::hello(Role::Host, 0, 0, 1, 70_000);
+        let mut h = handshake::hello(Role::Host, 0, Queue::SINGLE, 0, 1, 70_000);
         h[12..16].copy_from_slice(&[0, 50, 0, 60]); // versions 50..=60
         send(&mut c, h);
         let refused = recv(&mut c, &mut reg)
@@ -285,6 +288,34 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
         if !refused {
             missed.push("unsupported Hello version");
         }
+    }
+    // A further queue naming a session that is not its host's first queue: sessions 1..=8
+    // (some of them other hosts', with other node ids) and one that does not exist.
+    let mut joined = 0;
+    for first in (1..=8).chain([0xffff]) {
+        let Ok(s) = TcpStream::connect(addr) else {
+            continue;
+        };
+        let mut c = chan(s);
+        let mut reg = Registry::new(0);
+        let queue = Queue { index: 1, count: 2 };
+        send(
+            &mut c,
+            handshake::hello(Role::Host, 0, queue, first, 0xbad, 70_000),
+        );
+        let accepted = recv(&mut c, &mut reg).is_some_and(|r| handshake::accept_reply(&r).is_ok());
+        joined += usize::from(accepted);
+    }
+    println!(
+        "queue joining another host's session: {}",
+        if joined == 0 {
+            "refused"
+        } else {
+            "NOT refused"
+        }
+    );
+    if joined > 0 {
+        missed.push("queue joining another host's session");
     }
     missed
 }

@@ -9,7 +9,7 @@ use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, StreamCha
 use crate::endpoint::handshake::{self, HandshakeError};
 use crate::endpoint::{Lane, Link, Session};
 use crate::memory::{DomainId, Registry};
-use crate::wire::{self, ErrorCode, Hello, HelloReply, Role};
+use crate::wire::{self, ErrorCode, Hello, HelloReply, Queue, Role};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
@@ -121,10 +121,14 @@ pub async fn recv_message(ch: &mut TcpChannel, timeout: Duration) -> Result<Vec<
         .map_err(|_| FabricError::Timeout(timeout))?
 }
 
-/// The connecting side: opens both channels to `addr` and completes the handshake.
+/// The connecting side: opens both channels of `queue`'s session to `addr` and completes
+/// the handshake. A further queue (index above 0) names `first`, the session of the host's
+/// first queue, which it joins; the first queue passes 0.
 pub async fn connect(
     addr: SocketAddr,
     node_id: u64,
+    queue: Queue,
+    first: u64,
     timeout: Duration,
 ) -> Result<(TcpChannel, TcpChannel, HelloReply), FabricError> {
     let max = wire::MAX_MESSAGE_LEN as u32;
@@ -133,13 +137,13 @@ pub async fn connect(
             .await
             .map_err(|_| FabricError::Timeout(timeout))??;
         let mut ch = channel(s.into_std()?)?;
-        let hello = handshake::hello(Role::Host, channel_no, session, node_id, max);
+        let hello = handshake::hello(Role::Host, channel_no, queue, session, node_id, max);
         ch.post(Op::Send, &[], Payload::Bytes(hello));
         flush(&mut ch, timeout).await?;
         let reply = recv_message(&mut ch, timeout).await?;
         Ok::<_, FabricError>((ch, handshake::accept_reply(&reply)?))
     };
-    let (ctrl, r) = open(wire::CONTROL_CHANNEL, 0).await?;
+    let (ctrl, r) = open(wire::CONTROL_CHANNEL, first).await?;
     let (data, r2) = open(1, r.session).await?;
     if r2.session != r.session {
         return Err(HandshakeError::Refused(ErrorCode::UnknownSession).into());

@@ -9,6 +9,7 @@
 //! Layout (10 bytes, little-endian as virtio 1.0 and Linux on little-endian hosts):
 //! flags u8, gso_type u8, hdr_len u16, gso_size u16, csum_start u16, csum_offset u16.
 
+use std::hash::BuildHasher;
 use thiserror::Error;
 
 /// Bytes of the header.
@@ -174,6 +175,67 @@ pub fn is_group(mac: &[u8; 6]) -> bool {
     mac[0] & 1 == 1
 }
 
+/// Longest flow key: two IPv6 addresses, the protocol and two ports.
+const FLOW_KEY_MAX: usize = 16 + 16 + 1 + 4;
+
+/// The flow a frame belongs to, hashed with `keys` (a keyed hash, so that traffic from the
+/// LAN cannot choose which queue it lands on): IPv4 or IPv6 addresses, the protocol, and
+/// for TCP and UDP the ports; addresses only for fragments and IPv6 extension headers, so
+/// every fragment of a datagram hashes alike; 0 for anything else. One VLAN tag is skipped.
+/// Spreads frames over a host's queues while keeping each flow on one queue, in order.
+pub fn flow_hash(frame: &[u8], keys: &impl BuildHasher) -> u64 {
+    let mut key = [0u8; FLOW_KEY_MAX];
+    let n = flow_key(frame.get(VNET_HDR_LEN..).unwrap_or(&[]), &mut key);
+    if n == 0 {
+        return 0;
+    }
+    keys.hash_one(&key[..n])
+}
+
+/// Writes the flow key of Ethernet frame `eth` into `key`; returns its length (0: no flow).
+fn flow_key(eth: &[u8], key: &mut [u8; FLOW_KEY_MAX]) -> usize {
+    let be16 = |b: &[u8], at: usize| b.get(at..at + 2).map(|x| u16::from_be_bytes([x[0], x[1]]));
+    let mut at = 12;
+    let mut ethertype = be16(eth, at);
+    if matches!(ethertype, Some(0x8100 | 0x88a8)) {
+        at += 4;
+        ethertype = be16(eth, at);
+    }
+    let l3 = &eth[(at + 2).min(eth.len())..];
+    let (addrs, proto, l4) = match ethertype {
+        Some(0x0800) => {
+            let Some(&ver_ihl) = l3.first() else { return 0 };
+            let ihl = usize::from(ver_ihl & 0x0f) * 4;
+            if ver_ihl >> 4 != 4 || ihl < 20 || l3.len() < ihl {
+                return 0;
+            }
+            let fragment = be16(l3, 6).unwrap_or(0) & 0x3fff != 0;
+            (&l3[12..20], l3[9], (!fragment).then(|| &l3[ihl..]))
+        }
+        Some(0x86dd) => {
+            if l3.len() < 40 || l3[0] >> 4 != 6 {
+                return 0;
+            }
+            (&l3[8..40], l3[6], Some(&l3[40..]))
+        }
+        _ => return 0,
+    };
+    key[..addrs.len()].copy_from_slice(addrs);
+    let mut n = addrs.len();
+    key[n] = proto;
+    n += 1;
+    // TCP, UDP, UDP-Lite and SCTP put their ports first; other protocols (and IPv6 extension
+    // headers) hash by addresses.
+    if let Some(ports) = l4
+        .filter(|_| matches!(proto, 6 | 17 | 132 | 136))
+        .and_then(|l| l.get(..4))
+    {
+        key[n..n + 4].copy_from_slice(ports);
+        n += 4;
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,9 +307,114 @@ mod tests {
         assert_eq!(check_frame(&frame(flags, 60)), Err(FrameError::Flags(0x40)));
     }
 
+    /// A frame: no offloads, Ethernet (with `vlan` tag if given), then `l3` of `ethertype`.
+    fn ip_frame(vlan: Option<u16>, ethertype: u16, l3: &[u8]) -> Vec<u8> {
+        let mut f = VnetHdr::default().emit().to_vec();
+        f.extend_from_slice(&[2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2]);
+        if let Some(tag) = vlan {
+            f.extend_from_slice(&[0x81, 0x00]);
+            f.extend_from_slice(&tag.to_be_bytes());
+        }
+        f.extend_from_slice(&ethertype.to_be_bytes());
+        f.extend_from_slice(l3);
+        f
+    }
+
+    /// IPv4 header (20 bytes) of `proto` with fragment field `frag`, then `l4`.
+    fn ipv4(src: u8, proto: u8, frag: u16, l4: &[u8]) -> Vec<u8> {
+        let mut h = vec![
+            0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0, 10, 0, 0, src, 10, 0, 0, 9,
+        ];
+        h[6..8].copy_from_slice(&frag.to_be_bytes());
+        h.extend_from_slice(l4);
+        h
+    }
+
+    /// IPv6 header (40 bytes) with next header `next`, then `l4`.
+    fn ipv6(src: u8, next: u8, l4: &[u8]) -> Vec<u8> {
+        let mut h = vec![0u8; 40];
+        h[0] = 0x60;
+        h[6] = next;
+        h[23] = src;
+        h[39] = 9;
+        h.extend_from_slice(l4);
+        h
+    }
+
+    #[test]
+    fn flow_hash_keeps_a_flow_together_and_tells_flows_apart() {
+        let keys = std::collections::hash_map::RandomState::new();
+        let h = |f: &[u8]| flow_hash(f, &keys);
+        let tcp = |sport: u16, payload: u8| {
+            let mut l4 = sport.to_be_bytes().to_vec();
+            l4.extend_from_slice(&[0x14, 0x51, payload, payload]);
+            l4
+        };
+        // One TCP flow hashes alike whatever the payload or a VLAN tag; another port,
+        // another source address or another protocol is another flow.
+        let a = h(&ip_frame(None, 0x0800, &ipv4(1, 6, 0, &tcp(40000, 1))));
+        assert_ne!(a, 0);
+        assert_eq!(
+            a,
+            h(&ip_frame(None, 0x0800, &ipv4(1, 6, 0, &tcp(40000, 2))))
+        );
+        assert_eq!(
+            a,
+            h(&ip_frame(Some(7), 0x0800, &ipv4(1, 6, 0, &tcp(40000, 3))))
+        );
+        assert_ne!(
+            a,
+            h(&ip_frame(None, 0x0800, &ipv4(1, 6, 0, &tcp(40001, 1))))
+        );
+        assert_ne!(
+            a,
+            h(&ip_frame(None, 0x0800, &ipv4(2, 6, 0, &tcp(40000, 1))))
+        );
+        assert_ne!(
+            a,
+            h(&ip_frame(None, 0x0800, &ipv4(1, 17, 0, &tcp(40000, 1))))
+        );
+        // Every fragment of a datagram hashes alike: the first (ports present) as the rest.
+        let first = h(&ip_frame(
+            None,
+            0x0800,
+            &ipv4(1, 17, 0x2000, &tcp(40000, 1)),
+        ));
+        let later = h(&ip_frame(None, 0x0800, &ipv4(1, 17, 185, &[9; 8])));
+        assert_eq!(first, later);
+        assert_ne!(first, 0);
+        // IPv6 likewise, ports included for TCP and UDP.
+        let v6 = h(&ip_frame(None, 0x86dd, &ipv6(1, 17, &tcp(5000, 1))));
+        assert_ne!(v6, 0);
+        assert_eq!(v6, h(&ip_frame(None, 0x86dd, &ipv6(1, 17, &tcp(5000, 2)))));
+        assert_ne!(v6, h(&ip_frame(None, 0x86dd, &ipv6(1, 17, &tcp(5001, 1)))));
+        // Not IP, or IP too short to have addresses: no flow (queue 0).
+        assert_eq!(h(&ip_frame(None, 0x0806, &[0; 28])), 0);
+        assert_eq!(h(&ip_frame(None, 0x0800, &[0x45, 0, 0])), 0);
+        assert_eq!(h(&ip_frame(None, 0x86dd, &[0x60; 39])), 0);
+        assert_eq!(h(&ip_frame(None, 0x0800, &ipv4(1, 6, 0, &[])[..19])), 0);
+        assert_eq!(h(&[]), 0);
+    }
+
+    #[test]
+    fn flow_hash_spreads_flows_over_queues() {
+        let keys = std::collections::hash_map::RandomState::new();
+        let mut per_queue = [0u32; 4];
+        for port in 0..400u16 {
+            let mut l4 = (30000 + port).to_be_bytes().to_vec();
+            l4.extend_from_slice(&[0x14, 0x51]);
+            let f = ip_frame(None, 0x0800, &ipv4(1, 6, 0, &l4));
+            per_queue[(flow_hash(&f, &keys) % 4) as usize] += 1;
+        }
+        // 400 flows over 4 queues: each gets a share (100 expected; 40 is > 6 sigma off).
+        assert!(per_queue.iter().all(|&n| n > 40), "{per_queue:?}");
+    }
+
     proptest! {
         #[test]
         fn arbitrary_frames_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let keys = std::collections::hash_map::RandomState::new();
+            let _ = flow_hash(&b, &keys);
             if let Ok(h) = check_frame(&b) {
                 let len = b.len() - VNET_HDR_LEN;
                 if h.flags & F_NEEDS_CSUM != 0 {

@@ -5,7 +5,7 @@ use splitnet_messaging::endpoint::{Lane, LinkEvent, Posted, Session};
 use splitnet_messaging::fabric::{self, TcpLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::testing::config;
-use splitnet_messaging::wire::{ErrorCode, MAX_MESSAGE_LEN};
+use splitnet_messaging::wire::{self, ErrorCode, MAX_MESSAGE_LEN};
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -183,7 +183,9 @@ fn hundred_thousand_frames_each_way_over_tcp() {
     });
     let client = std::thread::spawn(move || {
         rt().block_on(async {
-            let (c, d, reply) = fabric::connect(addr, 42, TIMEOUT).await.unwrap();
+            let (c, d, reply) = fabric::connect(addr, 42, wire::Queue::SINGLE, 0, TIMEOUT)
+                .await
+                .unwrap();
             assert_eq!(reply.session, 1);
             let mut reg = Registry::new(1 << 30);
             let mut s = Session::new(DomainId(1), config(128));

@@ -122,6 +122,8 @@ local pf = {
     hello_max = ProtoField.uint16("splitnet.hello.max_version", "Maximum version", base.DEC),
     hello_role = ProtoField.uint8("splitnet.hello.role", "Role", base.DEC, ROLES),
     hello_channel = ProtoField.uint8("splitnet.hello.channel", "Channel", base.DEC, CHANNELS),
+    hello_queue = ProtoField.uint8("splitnet.hello.queue", "Queue", base.DEC),
+    hello_queues = ProtoField.uint8("splitnet.hello.queues", "Queues (0: 1)", base.DEC),
     hello_session = ProtoField.uint64("splitnet.hello.session", "Session", base.HEX),
     hello_node = ProtoField.uint64("splitnet.hello.node_id", "Node id", base.HEX),
     hello_maxmsg = ProtoField.uint32("splitnet.hello.max_message", "Largest SEND accepted", base.DEC),
@@ -526,14 +528,21 @@ body[0x0001] = function(c, t, ctx) -- Hello
     c:uint(t, pf.hello_max, 2)
     local role = c:uint(t, pf.hello_role, 1)
     local ch = c:uint(t, pf.hello_channel, 1)
-    c:reserved(t, nil, 2)
+    local queue = c:uint(t, pf.hello_queue, 1)
+    local queues = c:uint(t, pf.hello_queues, 1)
     local session = c:uint64(t, pf.hello_session)
     c:uint64(t, pf.hello_node)
     c:uint(t, pf.hello_maxmsg, 4)
     if role and not ROLES[role] then t:add_proto_expert_info(ef.value, "Role must be 1 (host) or 2 (IOC)") end
     if ch and ch > 16 then t:add_proto_expert_info(ef.value, "Channel must be 0..16") end
+    if queue and queues and (queues > 16 or queue >= math.max(queues, 1)) then
+        t:add_proto_expert_info(ef.value, "Queue must be below the queue count (1..16)")
+    end
     if ch and ctx.stream and not ctx.pinfo.visited then
         streams[ctx.stream] = { channel = ch, host = ctx.src }
+    end
+    if ch and session and queue and queues and queues > 1 then
+        return string.format(" ch=%d queue=%d/%d session=%s", ch, queue, queues, u64hex(session))
     end
     return ch and session and string.format(" ch=%d session=%s", ch, u64hex(session)) or ""
 end

@@ -163,7 +163,12 @@ fn interface_mac() {
 #[test]
 fn interface_queues() {
     invalid(host("[interface]\nqueues = 0"), "interface.queues");
-    invalid(host("[interface]\nqueues = 2"), "interface.queues");
+    invalid(host("[interface]\nqueues = 17"), "interface.queues");
+    assert_eq!(
+        host("[interface]\nqueues = 16").unwrap().interface.queues,
+        16
+    );
+    assert_eq!(host("[interface]\nqueues = 2").unwrap().interface.queues, 2);
     parse_error(host("[interface]\nqueues = -1"), &["queues"]);
 }
 

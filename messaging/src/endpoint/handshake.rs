@@ -7,7 +7,7 @@
 //! number; the reply confirms it. A Hello is accepted whatever version its header carries,
 //! so that negotiation itself never depends on the version.
 
-use crate::wire::{self, ErrorCode, Hello, HelloReply, Message, Role};
+use crate::wire::{self, ErrorCode, Hello, HelloReply, Message, Queue, Role};
 
 /// Highest version both ranges contain.
 pub fn negotiate(min: u16, max: u16) -> Option<u16> {
@@ -16,13 +16,21 @@ pub fn negotiate(min: u16, max: u16) -> Option<u16> {
     (lo <= hi).then_some(hi)
 }
 
-/// Encodes a Hello for `channel` of `session` (0 to open a new session).
-pub fn hello(role: Role, channel: u8, session: u64, node_id: u64, max_message: u32) -> Vec<u8> {
+/// Encodes a Hello for `channel` of `session` (0 to open a new session), serving `queue`.
+pub fn hello(
+    role: Role,
+    channel: u8,
+    queue: Queue,
+    session: u64,
+    node_id: u64,
+    max_message: u32,
+) -> Vec<u8> {
     let msg = Message::Hello(Hello {
         min_version: wire::MIN_VERSION,
         max_version: wire::VERSION,
         role,
         channel,
+        queue,
         session,
         node_id,
         max_message,
@@ -112,9 +120,10 @@ mod tests {
 
     #[test]
     fn hello_round_trip_and_refusal() {
-        let h = hello(Role::Host, 0, 0, 42, 70000);
+        let h = hello(Role::Host, 0, Queue { index: 2, count: 3 }, 0, 42, 70000);
         let (got, v) = accept_hello(&h).unwrap();
         assert_eq!(got.node_id, 42);
+        assert_eq!(got.queue, Queue { index: 2, count: 3 });
         assert_eq!(v, wire::VERSION);
         let r = reply(v, ErrorCode::Ok, 7, 70000);
         assert_eq!(accept_reply(&r).unwrap().session, 7);

@@ -12,6 +12,7 @@ const TUNSETCARRIER: libc::c_ulong = 0x4004_54e2;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
+const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
 const TUN_F_CSUM: libc::c_uint = 0x01;
 const TUN_F_TSO4: libc::c_uint = 0x02;
 const TUN_F_TSO6: libc::c_uint = 0x04;
@@ -43,6 +44,29 @@ pub struct Tap {
 impl Tap {
     /// Creates (or attaches to) TAP `name` with a 10-byte virtio-net header on every frame.
     pub fn open(name: &str) -> io::Result<Tap> {
+        Tap::open_with(name, IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)
+    }
+
+    /// Creates multi-queue TAP `name` with `queues` queues (at least 1), each its own
+    /// descriptor: the kernel spreads the frames it sends over the queues by flow, and
+    /// frames written to any queue enter its stack. One queue opens a plain TAP.
+    pub fn open_queues(name: &str, queues: usize) -> io::Result<Vec<Tap>> {
+        if queues <= 1 {
+            return Ok(vec![Tap::open(name)?]);
+        }
+        let flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | IFF_MULTI_QUEUE;
+        let first = Tap::open_with(name, flags)?;
+        let mut taps = Vec::with_capacity(queues);
+        // The first queue may have been given a kernel-chosen name; the others attach to it.
+        let name = first.name.clone();
+        taps.push(first);
+        for _ in 1..queues {
+            taps.push(Tap::open_with(&name, flags)?);
+        }
+        Ok(taps)
+    }
+
+    fn open_with(name: &str, flags: libc::c_short) -> io::Result<Tap> {
         let path = c"/dev/net/tun";
         // SAFETY: `path` is NUL-terminated; the result is checked before it is owned.
         let raw = cvt(unsafe {
@@ -54,7 +78,7 @@ impl Tap {
         // SAFETY: `raw` was just returned by open(2) and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let mut req = ifreq(name)?;
-        req.ifr_ifru.ifru_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+        req.ifr_ifru.ifru_flags = flags;
         // SAFETY: TUNSETIFF reads and writes the ifreq, valid for the call.
         cvt(unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF as _, &mut req as *mut libc::ifreq) })?;
         let hdr: libc::c_int = VNET_HDR_LEN as libc::c_int;

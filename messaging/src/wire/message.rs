@@ -3,7 +3,7 @@
 use super::cfg::CfgCode;
 use super::error::{ErrorCode, WireError};
 use super::header::{Function, Header, Reader, HEADER_LEN};
-use super::{MAX_DATA_CHANNELS, MAX_MESSAGE_LEN, MAX_SEND_DATA, MIN_VERSION, VERSION};
+use super::{MAX_DATA_CHANNELS, MAX_MESSAGE_LEN, MAX_QUEUES, MAX_SEND_DATA, MIN_VERSION, VERSION};
 
 /// Bytes of one BufferRecvPool entry.
 pub const POOL_ENTRY_LEN: usize = 40;
@@ -36,12 +36,38 @@ pub struct Hello {
     pub role: Role,
     /// 0 for the control channel, 1..=16 for data channels.
     pub channel: u8,
+    /// Which queue of a multi-queue host this session serves.
+    pub queue: Queue,
     /// 0 to open a session (control channel); the session id for a data channel.
     pub session: u64,
     /// Stable identity of the sender (a host's MAC is derived from it).
     pub node_id: u64,
     /// Largest SEND the sender accepts.
     pub max_message: u32,
+}
+
+/// A session's place among the queues of one host: queue `index` of `count`.
+///
+/// Each queue of a multi-queue host (one TAP queue, one thread on the host) is a session of
+/// its own; the IOC ties the sessions of one node id together and spreads frames over them
+/// by flow. On the wire: index u8, count u8, where a count of 0 (a peer that predates
+/// queues) means a single queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queue {
+    /// 0 for the host's first queue, which also carries its configuration.
+    pub index: u8,
+    /// Queues the host opens (1..=[`MAX_QUEUES`]).
+    pub count: u8,
+}
+
+impl Queue {
+    /// A single-queue host.
+    pub const SINGLE: Queue = Queue { index: 0, count: 1 };
+
+    /// The first queue, which carries the host's configuration.
+    pub fn is_first(&self) -> bool {
+        self.index == 0
+    }
 }
 
 /// Answers a Hello.
@@ -233,12 +259,20 @@ impl<'a> Message<'a> {
                         value: channel.into(),
                     });
                 }
-                r.reserved(2)?;
+                let index = r.u8()?;
+                let count = r.u8()?.max(1);
+                if count > MAX_QUEUES || index >= count {
+                    return Err(WireError::BadField {
+                        field: "queue",
+                        value: (u64::from(index) << 8) | u64::from(count),
+                    });
+                }
                 Message::Hello(Hello {
                     min_version,
                     max_version,
                     role,
                     channel,
+                    queue: Queue { index, count },
                     session: r.u64()?,
                     node_id: r.u64()?,
                     max_message: r.u32()?,
@@ -398,7 +432,8 @@ impl<'a> Message<'a> {
                 u16b(out, m.max_version);
                 out.push(m.role as u8);
                 out.push(m.channel);
-                u16b(out, 0);
+                out.push(m.queue.index);
+                out.push(m.queue.count);
                 u64b(out, m.session);
                 u64b(out, m.node_id);
                 u32b(out, m.max_message);

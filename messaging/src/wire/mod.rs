@@ -22,7 +22,8 @@ pub use header::{Function, Header, HEADER_LEN};
 pub use idata::Idata;
 pub use message::{
     CfgReply, CfgRequest, Goodbye, Hello, HelloReply, Indicate, Message, PoolEntry, PoolGet,
-    PoolRun, Role, MAX_FLUSH_REFS, MAX_POOL_ENTRIES, MAX_POOL_RUNS, POOL_ENTRY_LEN, POOL_RUN_LEN,
+    PoolRun, Queue, Role, MAX_FLUSH_REFS, MAX_POOL_ENTRIES, MAX_POOL_RUNS, POOL_ENTRY_LEN,
+    POOL_RUN_LEN,
 };
 
 /// Protocol version this implementation speaks best.
@@ -37,3 +38,5 @@ pub const MAX_SEND_DATA: usize = MAX_MESSAGE_LEN - HEADER_LEN - 4;
 pub const CONTROL_CHANNEL: u8 = 0;
 /// Most data channels (queue pairs) per session.
 pub const MAX_DATA_CHANNELS: u8 = 16;
+/// Most queues of one multi-queue host (each queue is a session of its own).
+pub const MAX_QUEUES: u8 = 16;

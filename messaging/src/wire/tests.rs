@@ -49,6 +49,7 @@ fn samples() -> Vec<Message<'static>> {
             max_version: 1,
             role: Role::Host,
             channel: 1,
+            queue: Queue { index: 1, count: 4 },
             session: 9,
             node_id: 77,
             max_message: 66_560,
@@ -182,6 +183,26 @@ fn bounds_are_enforced() {
         Message::parse(&b),
         Err(WireError::BadField { .. })
     ));
+    // Queues: a count of 0 (a peer that predates queues) is one queue; an index beyond the
+    // count or a count beyond the maximum is refused.
+    let mut b = enc(&samples()[0], 0);
+    b[18] = 0;
+    b[19] = 0;
+    match Message::parse(&b) {
+        Ok((_, Message::Hello(h))) => assert_eq!(h.queue, Queue::SINGLE),
+        other => panic!("{other:?}"),
+    }
+    for (index, count) in [(1, 1), (4, 4), (0, MAX_QUEUES + 1), (1, 0)] {
+        b[18] = index;
+        b[19] = count;
+        assert!(
+            matches!(
+                Message::parse(&b),
+                Err(WireError::BadField { field: "queue", .. })
+            ),
+            "{index}/{count}"
+        );
+    }
 }
 
 #[test]
@@ -251,21 +272,25 @@ fn arb_message(data: &'static [u8]) -> impl Strategy<Value = Message<'static>> {
             any::<u16>(),
             any::<bool>(),
             0u8..=MAX_DATA_CHANNELS,
+            (1u8..=MAX_QUEUES).prop_flat_map(|count| (0..count, Just(count))),
             any::<u64>(),
             any::<u64>(),
             any::<u32>()
         )
-            .prop_map(|(a, b, host, channel, session, node_id, max_message)| {
-                Message::Hello(Hello {
-                    min_version: a,
-                    max_version: b,
-                    role: if host { Role::Host } else { Role::Ioc },
-                    channel,
-                    session,
-                    node_id,
-                    max_message,
-                })
-            }),
+            .prop_map(
+                |(a, b, host, channel, (index, count), session, node_id, max_message)| {
+                    Message::Hello(Hello {
+                        min_version: a,
+                        max_version: b,
+                        role: if host { Role::Host } else { Role::Ioc },
+                        channel,
+                        queue: Queue { index, count },
+                        session,
+                        node_id,
+                        max_message,
+                    })
+                }
+            ),
         (any::<u16>(), arb_code(), any::<u64>(), any::<u32>()).prop_map(
             |(version, status, session, max_message)| Message::HelloReply(HelloReply {
                 version,

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Multi-queue: a host with interface.queues = 3 next to a single-queue host on one IOC. sd0
+# has 3 queues; the IOC serves 3 sessions for it (queues 0/3, 1/3, 2/3, one MAC, one protection
+# domain each); 32 parallel TCP flows each way spread over every queue; host to host and LAN
+# traffic work; the IOC's counters for the host (GetStats) add up all its queues; an IOC
+# restart brings every queue back; SIGTERM stops the host cleanly and the IOC removes all
+# three sessions.
+. "$(dirname "$0")/../lib.sh"
+need_root; need_tool ip ping iperf3 python3 ss; need_daemons
+CTL=$BIN/splitnetctl
+sed 's/^queues = 1$/queues = 3/' "$HOST_CONF" >"$T/host-3q.toml"
+grep -q '^queues = 3$' "$T/host-3q.toml" || fail "cannot make a 3-queue host configuration"
+topo_up 2; start_ioc
+HOST_CONF=$T/host-3q.toml start_host 1
+start_host 2
+wait_carrier sd-host up 10
+wait_carrier sd-host2 up 10
+
+# json COMMAND PYTHON-EXPRESSION over the IOC's reply (as `d`; `mine` = host 1's sessions).
+json() {
+    "$CTL" -s "$T/ioc.sock" --json "$1" | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+mine = sorted((h for h in d['hosts']['hosts'] if h['mac'] == '$(link_mac sd-host sd0)'), key=lambda h: h['queue'])
+print($2)"
+}
+
+# sessions: how many sessions the IOC serves for host 1.
+sessions() { json hosts "len(mine)"; }
+# host_sees_ioc_tx_at_least N: the host's copy of the IOC's counters (GetStats) shows at
+# least N frames delivered to it.
+host_sees_ioc_tx_at_least() {
+    local n
+    n=$("$CTL" -s "$T/host1.sock" --json stats |
+        python3 -c 'import json, sys; c = json.load(sys.stdin)["stats"]["ioc"]; print(c["tx"]["frames"] if c else 0)')
+    [ "$n" -ge "$1" ]
+}
+three_sessions() { [ "$(sessions)" = 3 ]; }
+no_sessions() { [ "$(sessions)" = 0 ]; }
+
+# --- the interface and the sessions ---------------------------------------------------------
+queues=$(ip netns exec sd-host ls /sys/class/net/sd0/queues | grep -c '^tx-')
+assert_eq "$queues" 3 "TX queues of sd0"
+"$CTL" -s "$T/ioc.sock" hosts | sed 's/^/    /'
+assert_eq "$(json hosts "[(h['queue'], h['queues']) for h in mine]")" "[(0, 3), (1, 3), (2, 3)]" \
+    "host 1's sessions (queue, queues)"
+assert_eq "$(json hosts "len({h['domain'] for h in mine})")" 3 "a protection domain per queue"
+assert_eq "$(json hosts "len(d['hosts']['hosts'])")" 4 "sessions on the IOC (3 + 1)"
+
+# --- traffic: LAN both ways, host to host, IPv6 ----------------------------------------------
+ping_ok sd-host 10.50.0.2
+ping_ok sd-host "$(host_ip 2)"
+ping_ok sd-host2 "$(host_ip 1)"
+ip netns exec sd-host ping -6 -c 3 -i 0.2 -W 2 "$(host_ip6 2)" >/dev/null ||
+    fail "IPv6 ping from the 3-queue host to host 2"
+tx=$(iperf sd-host 10.50.0.2 5211 -t 2 -P 32) || fail "iperf3 -P 32 host -> LAN: $tx"
+assert_positive "$tx" "host -> LAN throughput, 32 flows (Gb/s)"
+rx=$(iperf sd-host 10.50.0.2 5212 -t 2 -P 32 -R) || fail "iperf3 -P 32 LAN -> host: $rx"
+assert_positive "$rx" "LAN -> host throughput, 32 flows (Gb/s)"
+hh=$(SERVER_NS=sd-host2 iperf sd-host "$(host_ip 2)" 5213 -t 2 -P 8) || fail "iperf3 host 1 -> host 2: $hh"
+assert_positive "$hh" "host 1 -> host 2 throughput (Gb/s)"
+log "32 flows: host -> LAN ${tx} Gb/s, LAN -> host ${rx} Gb/s; host 1 -> host 2 ${hh} Gb/s"
+# 32 flows each way over 3 queues: every queue carries some (a queue missing all 32 flows of
+# a direction has probability 3 x (2/3)^32, below 1e-5).
+"$CTL" -s "$T/ioc.sock" hosts | sed 's/^/    /'
+for q in 0 1 2; do
+    assert_ge "$(json hosts "mine[$q]['counters']['tx']['frames']")" 1000 "frames the IOC delivered on queue $q"
+    assert_ge "$(json hosts "mine[$q]['counters']['rx']['frames']")" 1000 "frames host 1 sent on queue $q"
+done
+assert_eq "$(json hosts "sum(h['counters']['tx']['dropped'] + h['counters']['rx']['dropped'] for h in mine)")" 0 \
+    "frames dropped on host 1's queues"
+# The host's view of the IOC's counters (GetStats, once a second) adds up every queue.
+want=$(json hosts "sum(h['counters']['tx']['frames'] for h in mine)")
+eventually 5 host_sees_ioc_tx_at_least "$want" ||
+    fail "the host's IOC counters do not add up its queues (want >= $want frames)"
+
+# --- an IOC restart brings every queue back --------------------------------------------------
+stop_ioc KILL
+wait_carrier sd-host down 10
+start_ioc
+wait_carrier sd-host up 15
+ping_ok sd-host 10.50.0.2
+eventually 10 three_sessions || fail "host 1 did not reconnect its 3 queues: $(json hosts "[(h['queue'], h['queues']) for h in mine]")"
+tx=$(iperf sd-host 10.50.0.2 5214 -t 1 -P 8) || fail "iperf3 after the IOC restart: $tx"
+assert_positive "$tx" "host -> LAN after the IOC restart (Gb/s)"
+
+# --- SIGTERM: the host flushes every queue and exits 0; the IOC removes all its sessions -----
+stop_host 1 TERM
+assert_eq "$STOP_RC" 0 "host-driver exit status on SIGTERM"
+eventually 5 no_sessions || fail "the IOC kept sessions of the stopped host"
+assert_eq "$(json hosts "len(d['hosts']['hosts'])")" 1 "sessions left on the IOC (host 2)"
+ping_ok sd-host2 10.50.0.2
+assert_no_grep "$T/host1.log" "panicked|ERROR" "host 1's log"
+assert_no_grep "$T/ioc.log" "panicked|ERROR" "the IOC's log"
+pass "multi-queue host: 3 queues, flows spread, reconnect and stop together"
