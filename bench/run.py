@@ -3,10 +3,12 @@
 
 Measures direct veth (the limit), kernel VXLAN + bridge, OpenVPN tap (cipher none) + bridge,
 and splitnet: iperf3 TCP each way (best of N runs), ping RTT (average and p99), CPU seconds
-per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate). Prints a
-table of absolute figures and ratios, writes bench/out/results.json and bench/out/chart.svg.
+per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), and one
+host with 1 and 2 TAP queues under 4 TCP flows. Prints a table of absolute figures and
+ratios, writes bench/out/results.json and bench/out/chart.svg.
 
-    sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--only direct,vxlan,...]
+    sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
+                      [--only direct,vxlan,...]
 
 Needs root, iperf3, openvpn, iputils-ping, iproute2, and `cargo build --release` done.
 """
@@ -166,15 +168,17 @@ def cpu_busy():
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def iperf(ns_list, secs, reverse=False):
-    """Concurrent iperf3 clients from each namespace; returns (Gb/s sum, bytes, cpu s)."""
+def iperf(ns_list, secs, reverse=False, parallel=1):
+    """Concurrent iperf3 clients (`parallel` flows each) from each namespace; returns
+    (Gb/s sum, bytes, cpu s)."""
     servers = []
     for i, _ in enumerate(ns_list):
         servers.append(bg(f"ip netns exec sd-lan iperf3 -s -1 -p {5300+i}", f"/tmp/sd-bench-srv{i}.log"))
     time.sleep(0.4)
     c0 = cpu_busy()
     clients = [subprocess.Popen(
-        f"ip netns exec {ns} iperf3 -c 10.50.0.2 -p {5300+i} -t {secs} -J {'-R' if reverse else ''}",
+        f"ip netns exec {ns} iperf3 -c 10.50.0.2 -p {5300+i} -t {secs} -P {parallel} -J"
+        f" {'-R' if reverse else ''}",
         shell=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         for i, ns in enumerate(ns_list)]
     outs = [c.communicate(timeout=secs + 30)[0] for c in clients]
@@ -250,6 +254,19 @@ def scale(hosts_list, secs):
     return res
 
 
+def queues(queue_list, secs, flows=4):
+    """One host with 1, 2, ... TAP queues (a thread and a session each), `flows` TCP flows."""
+    res = []
+    for q in queue_list:
+        setup_splitnet(1, queues=q)
+        gbps, _, _ = iperf(["sd-host"], secs, parallel=flows)
+        rgbps, _, _ = iperf(["sd-host"], secs, reverse=True, parallel=flows)
+        cleanup()
+        res.append({"queues": q, "flows": flows, "tx_gbps": round(gbps, 2), "rx_gbps": round(rgbps, 2)})
+        print(f"  {q} queue(s), {flows} flows: tx {gbps:.2f} Gb/s, rx {rgbps:.2f} Gb/s", flush=True)
+    return res
+
+
 def svg(results, scaling, path):
     """A bar chart of tx/rx per mode and the multi-host aggregate, as plain SVG."""
     w, h, pad = 760, 340, 50
@@ -279,6 +296,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hosts", default="1,2,4,8")
+    ap.add_argument("--queues", default="1,2", help="TAP queues of one host to compare (4 flows)")
     ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -299,6 +317,8 @@ def main():
             results.append(measure(m, setups[m], a.seconds, a.runs))
         print("== splitnet, hosts sharing one IOC (aggregate)")
         scaling = scale([int(x) for x in a.hosts.split(",") if x], a.seconds)
+        print("== splitnet, one host with several queues (4 TCP flows)")
+        by_queues = queues([int(x) for x in a.queues.split(",") if x], a.seconds)
     finally:
         cleanup()
     by = {r["mode"]: r for r in results}
@@ -321,10 +341,15 @@ def main():
             last = scaling[-1]
             ratios[f"agg_{last['hosts']}h_vs_1h_tx"] = round(last["tx_gbps"] / scaling[0]["tx_gbps"], 2)
             ratios[f"agg_{last['hosts']}h_vs_1h_rx"] = round(last["rx_gbps"] / scaling[0]["rx_gbps"], 2)
+        if len(by_queues) > 1 and by_queues[0]["tx_gbps"]:
+            last = by_queues[-1]
+            ratios[f"q{last['queues']}_vs_q1_tx"] = round(last["tx_gbps"] / by_queues[0]["tx_gbps"], 2)
+            ratios[f"q{last['queues']}_vs_q1_rx"] = round(last["rx_gbps"] / by_queues[0]["rx_gbps"], 2)
         print("\nratios (splitnet / peer):", json.dumps(ratios))
         print("resident memory (KiB):", s.get("rss_kib"))
     doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": a.seconds,
-           "runs": a.runs, "results": results, "scaling": scaling, "ratios": ratios}
+           "runs": a.runs, "results": results, "scaling": scaling, "queues": by_queues,
+           "ratios": ratios}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(doc, f, indent=2)
     svg(results, scaling, os.path.join(OUT, "chart.svg"))
