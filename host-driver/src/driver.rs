@@ -158,6 +158,13 @@ impl Queues {
     }
 }
 
+impl Drop for Queues {
+    /// No queue outlives its connection (a signal may drop [`Queues::start`] half-way).
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// Serves TAP queue `queue` over a fabric session of its own until its connection ends:
 /// a signal (it flushes its pools and exits), the IOC, or another queue (`ended`).
 /// `connected` hears whether the session came up.
@@ -266,40 +273,24 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             index: 0,
             count: cfg.interface.queues as u8,
         };
-        let connect = fabric::connect(
-            cfg.fabric.ioc,
-            node_id,
-            queue,
-            0,
-            cfg.fabric.keepalive_timeout(),
-        );
+        let connect = async {
+            let timeout = cfg.fabric.keepalive_timeout();
+            let (ctrl, data, reply) = fabric::connect(cfg.fabric.ioc, node_id, queue, 0, timeout)
+                .await
+                .map_err(|e| format!("IOC {} unreachable: {e}", cfg.fabric.ioc))?;
+            // The further queues join the first queue's session before any frame moves.
+            let queues = Queues::start(&cfg, &more_taps, node_id, reply.session).await?;
+            Ok::<_, String>((ctrl, data, reply, queues))
+        };
         let conn = tokio::select! {
             c = connect => c,
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
         };
-        let (ctrl, data, reply) = match conn {
+        let (ctrl, data, reply, mut queues) = match conn {
             Ok(c) => c,
             Err(e) => {
-                warn!(
-                    "IOC {} unreachable: {e}; retrying in {backoff:?}",
-                    cfg.fabric.ioc
-                );
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = term.recv() => return Ok(()),
-                    _ = int.recv() => return Ok(()),
-                }
-                backoff = (backoff * 2).min(cfg.fabric.reconnect_max());
-                continue;
-            }
-        };
-        // The further queues join the first queue's session before any frame moves.
-        let mut queues = match Queues::start(&cfg, &more_taps, node_id, reply.session).await {
-            Ok(q) => q,
-            Err(e) => {
                 warn!("{e}; retrying in {backoff:?}");
-                drop((ctrl, data));
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = term.recv() => return Ok(()),
