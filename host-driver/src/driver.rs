@@ -23,7 +23,7 @@ use std::cell::RefCell;
 use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -95,10 +95,24 @@ impl Stop<'_> {
     }
 }
 
-/// The further queues of one connection: their threads, and the flag that ends them.
+/// A further queue's counters, published for the first queue's snapshot.
+#[derive(Debug, Clone, Copy, Default)]
+struct QueueCounters {
+    link: splitnet_messaging::endpoint::LinkStats,
+    rx_dropped: u64,
+    credits_free: u64,
+    credits_in_use: u64,
+}
+
+/// One further queue's published counters.
+type SharedCounters = Arc<Mutex<QueueCounters>>;
+
+/// The further queues of one connection: their threads, the flag that ends them, and
+/// their counters.
 struct Queues {
     threads: Vec<JoinHandle<()>>,
     ended: Arc<watch::Sender<bool>>,
+    counters: Vec<SharedCounters>,
 }
 
 impl Queues {
@@ -115,6 +129,7 @@ impl Queues {
         let mut q = Queues {
             threads: Vec::new(),
             ended: Arc::new(ended),
+            counters: Vec::new(),
         };
         let count = taps.len() as u8 + 1;
         let mut results = Vec::new();
@@ -124,10 +139,12 @@ impl Queues {
                 count,
             };
             let (tx, rx) = oneshot::channel();
+            let counters = SharedCounters::default();
+            q.counters.push(counters.clone());
             let (cfg, tap, ended) = (cfg.clone(), tap.clone(), q.ended.clone());
             let t = std::thread::Builder::new()
                 .name(format!("queue-{}", queue.index))
-                .spawn(move || queue_thread(cfg, tap, queue, node_id, first, tx, ended))
+                .spawn(move || queue_thread(cfg, tap, queue, node_id, first, tx, ended, counters))
                 .map_err(|e| format!("cannot start the thread of queue {}: {e}", queue.index))?;
             q.threads.push(t);
             results.push((queue.index, rx));
@@ -167,7 +184,8 @@ impl Drop for Queues {
 
 /// Serves TAP queue `queue` over a fabric session of its own until its connection ends:
 /// a signal (it flushes its pools and exits), the IOC, or another queue (`ended`).
-/// `connected` hears whether the session came up.
+/// `connected` hears whether the session came up; `counters` is kept current.
+#[allow(clippy::too_many_arguments)]
 fn queue_thread(
     cfg: Arc<HostConfig>,
     tap: Arc<Tap>,
@@ -176,6 +194,7 @@ fn queue_thread(
     first: u64,
     connected: oneshot::Sender<Result<(), String>>,
     ended: Arc<watch::Sender<bool>>,
+    counters: SharedCounters,
 ) {
     let rt = match service::runtime() {
         Ok(rt) => rt,
@@ -194,6 +213,7 @@ fn queue_thread(
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
         let mut conn = Conn::new(&cfg, queue, &tap, &tap_ready, ctrl, data, None)?;
+        conn.publish = Some(counters);
         debug!(queue = queue.index, "queue connected");
         let _ = connected.send(Ok(()));
         let mut stop = Stop {
@@ -312,6 +332,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             data,
             Some(snap.clone()),
         )?;
+        conn.others = queues.counters.clone();
         let mut stop = Stop {
             term: &mut term,
             int: &mut int,
@@ -475,6 +496,10 @@ struct Conn<'a> {
     rx_dropped: u64,
     /// What operators see (the first queue's connection keeps it).
     snap: Option<Rc<RefCell<Snapshot>>>,
+    /// A further queue: where it publishes its counters.
+    publish: Option<SharedCounters>,
+    /// The first queue: the further queues' counters, added into the snapshot.
+    others: Vec<SharedCounters>,
     /// Next time the IOC's counters for this host are asked for (GetStats).
     next_stats: Instant,
     /// Multicast groups of the TAP last reported to the IOC.
@@ -546,6 +571,8 @@ impl<'a> Conn<'a> {
             features,
             rx_dropped: 0,
             snap,
+            publish: None,
+            others: Vec::new(),
             next_stats: Instant::now(),
             multicast: Vec::new(),
         })
@@ -644,6 +671,8 @@ impl<'a> Conn<'a> {
                 self.watch_interface(now);
                 self.refresh_snapshot();
                 status.update(now, self.tl.link.stats(), &self.peer, self.carrier);
+            } else {
+                self.publish_counters();
             }
             match self.keepalive.poll(now) {
                 Liveness::Idle => {}
@@ -937,16 +966,41 @@ impl<'a> Conn<'a> {
         self.refresh_details(now);
     }
 
-    /// Counters for the metrics and control sockets: cheap, on every turn.
-    fn refresh_snapshot(&self) {
+    /// This connection's counters.
+    fn counters(&self) -> QueueCounters {
         let ini = self.tl.link.session().initiator();
+        QueueCounters {
+            link: self.tl.link.stats(),
+            rx_dropped: self.rx_dropped,
+            credits_free: ini.credits(),
+            credits_in_use: ini.in_use(),
+        }
+    }
+
+    /// A further queue: publishes its counters for the first queue's snapshot.
+    fn publish_counters(&self) {
+        if let Some(Ok(mut p)) = self.publish.as_ref().map(|p| p.lock()) {
+            *p = self.counters();
+        }
+    }
+
+    /// Counters for the metrics and control sockets, all queues together: cheap, on every
+    /// turn.
+    fn refresh_snapshot(&self) {
         let Some(snap) = &self.snap else { return };
+        let mut sum = self.counters();
+        for o in self.others.iter().filter_map(|o| o.lock().ok().map(|g| *g)) {
+            sum.link += o.link;
+            sum.rx_dropped += o.rx_dropped;
+            sum.credits_free += o.credits_free;
+            sum.credits_in_use += o.credits_in_use;
+        }
         let mut g = snap.borrow_mut();
         g.interface.carrier = self.carrier;
-        g.rx_dropped = self.rx_dropped;
-        g.credits_free = ini.credits();
-        g.credits_in_use = ini.in_use();
-        g.link = self.tl.link.stats();
+        g.rx_dropped = sum.rx_dropped;
+        g.credits_free = sum.credits_free;
+        g.credits_in_use = sum.credits_in_use;
+        g.link = sum.link;
     }
 
     /// Pools and interface settings for the control socket: every watch period.
