@@ -321,7 +321,13 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             }
         };
         backoff = min;
-        info!(ioc = %cfg.fabric.ioc, session = reply.session, version = reply.version, queues = queue.count, "fabric up");
+        info!(
+            ioc = %cfg.fabric.ioc,
+            session = reply.session,
+            version = reply.version,
+            queues = queue.count,
+            "fabric up"
+        );
         snap.borrow_mut().connected(reply.session, reply.version);
         let mut conn = Conn::new(
             &cfg,

@@ -3,9 +3,10 @@
 //! Group frames (broadcast, multicast) go to every host and to the LAN. A unicast frame
 //! goes to the host owning its destination MAC, else to the LAN (from a host) or to the
 //! promiscuous hosts (from the LAN). A host with several queues gets each frame on the queue
-//! its flow hashes to ([`Host::steer`]), so one flow stays in order on one queue. A host that has no credit left gets the frame queued in
-//! its backlog (a receive ring of [`crate::ioc::BACKLOG`] frames); beyond that it loses the
-//! frame, as a NIC ring overflow would, and the loss is counted in its statistics.
+//! its flow hashes to ([`Host::steer`]), so one flow stays in order on one queue. A host that
+//! has no credit left gets the frame queued in its backlog (a receive ring of
+//! [`crate::ioc::BACKLOG`] frames); beyond that it loses the frame, as a NIC ring overflow
+//! would, and the loss is counted in its statistics.
 
 use crate::ioc::{Host, Ioc, IocStats};
 use splitnet_messaging::endpoint::Lane;
