@@ -154,21 +154,16 @@ impl Queues {
                 .await
                 .unwrap_or_else(|_| Err("its thread stopped".into()));
             if let Err(e) = r {
-                q.stop();
+                // Dropping `q` stops the queues already started.
                 return Err(format!("queue {index} cannot connect: {e}"));
             }
         }
         Ok(q)
     }
 
-    /// Tells every queue that the connection ended.
-    fn end(&self) {
-        self.ended.send_replace(true);
-    }
-
     /// Ends every queue's connection and waits for their threads.
     fn stop(&mut self) {
-        self.end();
+        self.ended.send_replace(true);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -285,14 +280,14 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
     let mut backoff = min;
     let mut ready_sent = false;
     let mut watchdog = notify::Watchdog::from_env();
+    let queue = Queue {
+        index: 0,
+        count: cfg.interface.queues as u8,
+    };
     loop {
         watchdog.kick(Instant::now());
         notify::status(&format!("connecting to IOC {}", cfg.fabric.ioc));
         let node_id = cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name));
-        let queue = Queue {
-            index: 0,
-            count: cfg.interface.queues as u8,
-        };
         let connect = async {
             let timeout = cfg.fabric.keepalive_timeout();
             let (ctrl, data, reply) = fabric::connect(cfg.fabric.ioc, node_id, queue, 0, timeout)

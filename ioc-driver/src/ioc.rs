@@ -528,12 +528,7 @@ impl Ioc {
             .map(|h| h.mac)
             .collect();
         // The first queue reports the counters of all the host's queues together.
-        let mut node_stats = Stats::default();
-        if let Some(h) = self.hosts.get(&session).filter(|h| h.queue.is_first()) {
-            for q in h.queues.iter().filter_map(|s| self.hosts.get(s)) {
-                node_stats += q.stats;
-            }
-        }
+        let node_stats = (code == CfgCode::GetStats).then(|| self.host_stats(session));
         let Some(host) = self.hosts.get_mut(&session) else {
             return;
         };
@@ -580,12 +575,8 @@ impl Ioc {
                 reply.push(u8::from(link_up));
                 ErrorCode::Ok
             }
-            CfgCode::GetStats if host.queue.is_first() => {
-                reply.extend_from_slice(&node_stats.emit());
-                ErrorCode::Ok
-            }
             CfgCode::GetStats => {
-                reply.extend_from_slice(&host.stats.emit());
+                reply.extend_from_slice(&node_stats.unwrap_or(host.stats).emit());
                 ErrorCode::Ok
             }
             CfgCode::SetPromisc => match wire::parse_u8(data) {
@@ -632,6 +623,21 @@ impl Ioc {
                 h.mtu = mtu;
             }
         }
+    }
+
+    /// Counters of `session`; on a host's first queue, of all its queues together.
+    fn host_stats(&self, session: u64) -> Stats {
+        let mut sum = Stats::default();
+        match self.hosts.get(&session) {
+            Some(h) if h.queue.is_first() => {
+                for q in h.queues.iter().filter_map(|s| self.hosts.get(s)) {
+                    sum += q.stats;
+                }
+            }
+            Some(h) => sum = h.stats,
+            None => {}
+        }
+        sum
     }
 
     /// Makes the NIC's multicast filter the union of every host's groups: joins the new
