@@ -47,6 +47,9 @@ pub struct IocFabric {
     /// Time a new connection has to complete its handshake (ms).
     #[serde(default = "default_handshake")]
     pub handshake_timeout_ms: u64,
+    /// Connections allowed in their handshake at once; more are closed at once.
+    #[serde(default = "default_max_handshakes")]
+    pub max_handshakes: u32,
 }
 
 fn default_max_hosts() -> u32 {
@@ -54,6 +57,9 @@ fn default_max_hosts() -> u32 {
 }
 fn default_handshake() -> u64 {
     2000
+}
+fn default_max_handshakes() -> u32 {
+    32
 }
 
 impl IocFabric {
@@ -102,6 +108,39 @@ pub struct Lan {
     /// Offload pass-through on the NIC side.
     #[serde(default = "default_true")]
     pub offload: bool,
+    /// Source MACs a host may send from besides its own (virtual machines bridged behind
+    /// a host); frames from any other source are dropped and counted.
+    #[serde(default)]
+    pub extra_source_macs: Vec<MacAddr>,
+    /// Which addresses a host may take with SetMac.
+    #[serde(default)]
+    pub set_mac: SetMacPolicy,
+}
+
+/// Which MAC addresses a host may set for itself (CfgUtil SetMac).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SetMacPolicy {
+    /// Unicast addresses under `mac_base`'s first three octets, not used by another host.
+    #[default]
+    Prefix,
+    /// Any unicast address not used by another host.
+    Any,
+    /// None: hosts keep the MAC the IOC assigned.
+    Off,
+}
+
+impl SetMacPolicy {
+    /// True when a host may take `mac` (`base`: the configured prefix); whether another
+    /// host uses it is checked apart.
+    pub fn allows(self, mac: [u8; 6], base: [u8; 6]) -> bool {
+        let unicast = mac[0] & 1 == 0 && mac != [0; 6];
+        match self {
+            SetMacPolicy::Prefix => unicast && mac[..3] == base[..3],
+            SetMacPolicy::Any => unicast,
+            SetMacPolicy::Off => false,
+        }
+    }
 }
 
 fn default_mac_base() -> MacAddr {
@@ -121,6 +160,7 @@ impl IocConfig {
             ));
         }
         range("fabric.max_hosts", f.max_hosts.into(), 1, 64)?;
+        range("fabric.max_handshakes", f.max_handshakes.into(), 1, 1024)?;
         keepalive(f.keepalive_interval_ms, f.keepalive_timeout_ms)?;
         range(
             "fabric.handshake_timeout_ms",
@@ -130,6 +170,15 @@ impl IocConfig {
         )?;
         ifname("lan.interface", &self.lan.interface)?;
         unicast("lan.mac_base", self.lan.mac_base)?;
+        range(
+            "lan.extra_source_macs",
+            self.lan.extra_source_macs.len() as u64,
+            0,
+            256,
+        )?;
+        for mac in &self.lan.extra_source_macs {
+            unicast("lan.extra_source_macs", *mac)?;
+        }
         if let Some(mtu) = self.lan.mtu {
             range("lan.mtu", mtu.into(), 68, 65_535)?;
         }

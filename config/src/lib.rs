@@ -15,7 +15,7 @@ mod tests;
 pub use common::{Control, Log, MacAddr, Metrics, PoolConfig, Pools};
 pub use error::ConfigError;
 pub use host::{HostConfig, HostFabric, Interface};
-pub use ioc::{IocConfig, IocFabric, Lan, Promiscuous};
+pub use ioc::{IocConfig, IocFabric, Lan, Promiscuous, SetMacPolicy};
 
 use std::path::Path;
 

@@ -136,7 +136,7 @@ fn hosts(h: &Hosts) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:>7}  {:>5}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}",
+        "{:>7}  {:>5}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
         "session",
         "queue",
         "mac",
@@ -146,12 +146,13 @@ fn hosts(h: &Hosts) -> String {
         "up",
         "tx frames",
         "rx frames",
-        "dropped"
+        "dropped",
+        "buffers"
     );
     for e in &h.hosts {
         let _ = writeln!(
             o,
-            "{:>7}  {:>5}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}",
+            "{:>7}  {:>5}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
             e.session,
             format!("{}/{}", e.queue, e.queues),
             e.mac,
@@ -161,8 +162,12 @@ fn hosts(h: &Hosts) -> String {
             duration(e.connected_s),
             e.counters.tx.frames,
             e.counters.rx.frames,
-            e.counters.tx.dropped + e.counters.rx.dropped
+            e.counters.tx.dropped + e.counters.rx.dropped,
+            format!("{}/{}", e.buffers, e.buffer_quota)
         );
+        if !e.drops.is_empty() {
+            drops(&mut o, &e.drops);
+        }
     }
     if h.hosts.is_empty() {
         o.push_str("(no host connected)\n");
@@ -214,7 +219,15 @@ fn stats(s: &Stats) -> String {
     if let Some(c) = &s.ioc {
         counters(&mut o, "at the IOC for this host (tx: IOC to host)", c);
     }
+    drops(&mut o, &s.drops);
     o
+}
+
+fn drops(o: &mut String, d: &std::collections::BTreeMap<String, u64>) {
+    if !d.is_empty() {
+        let list: Vec<String> = d.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(o, "  drops by cause: {}", list.join(", "));
+    }
 }
 
 /// One frame of `splitnetctl top`.

@@ -4,6 +4,7 @@
 //! rates are left to the reader (`splitnetctl top` differentiates two samples).
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -274,6 +275,15 @@ pub struct HostEntry {
     pub connected_s: u64,
     /// Its traffic (tx: IOC to host).
     pub counters: Counters,
+    /// The IOC's send buffers it holds now (frames queued towards it).
+    #[serde(default)]
+    pub buffers: u32,
+    /// Send buffers it may hold at most; frames for it beyond are dropped (`rx_quota`).
+    #[serde(default)]
+    pub buffer_quota: u32,
+    /// Its frames dropped, by cause (causes with a count only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub drops: BTreeMap<String, u64>,
 }
 
 /// Frame counters of one direction.
@@ -362,4 +372,7 @@ pub struct Stats {
     /// The IOC's counters for this host, from CfgUtil GetStats (host, while the fabric is
     /// up; refreshed every second; tx is IOC to host).
     pub ioc: Option<Counters>,
+    /// Frames dropped, by where and why (causes with a count only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub drops: BTreeMap<String, u64>,
 }

@@ -802,6 +802,10 @@ impl<'a> Conn<'a> {
             }
             LinkEvent::PoolGet(o) => debug!(?o, "pool request from the IOC"),
             LinkEvent::Flushed { .. } => {}
+            LinkEvent::RefusedInline { len } => {
+                self.rx_dropped += 1;
+                debug!(len, "refused a SendData frame one of our pools could hold");
+            }
         }
         None
     }
@@ -1098,7 +1102,7 @@ impl<'a> Conn<'a> {
     }
 
     fn close(mut self) {
-        self.tl.link.close(&mut self.reg);
+        self.tl.link.close(&mut self.reg, &mut self.cache);
         if self.rx_dropped > 0 {
             info!(dropped = self.rx_dropped, "frames from the IOC dropped");
         }

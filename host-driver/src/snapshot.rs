@@ -152,6 +152,7 @@ impl Snapshot {
                 credits_in_use: self.credits_in_use,
                 nic: None,
                 ioc: self.ioc_counters,
+                drops: Default::default(),
             }),
         }
     }

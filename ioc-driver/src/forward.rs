@@ -8,10 +8,11 @@
 //! [`crate::ioc::BACKLOG`] frames); beyond that it loses the frame, as a NIC ring overflow
 //! would, and the loss is counted in its statistics.
 
-use crate::ioc::{Host, Ioc, IocStats};
+use crate::host::{Host, RxDrop, TxDrop};
+use crate::ioc::{Ioc, IocStats};
+use crate::nic::Nic;
 use splitnet_messaging::endpoint::Lane;
 use splitnet_messaging::memory::SendBufCache;
-use splitnet_messaging::sys::packet::PacketSocket;
 use splitnet_messaging::vnet;
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
@@ -23,21 +24,28 @@ pub const RX_BUDGET: usize = 256;
 /// Frames read from the NIC per wake-up.
 const LAN_BATCH: usize = 64;
 
-/// Copies `frame` into a send buffer and posts it to `host`.
+/// Copies `frame` into a send buffer and posts it to `host`, within its quota.
 fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
+    if !host.has_room() {
+        host.kick(cache);
+    }
+    if !host.has_room() {
+        host.drop_rx(RxDrop::Quota);
+        return;
+    }
     let Some(mut b) = cache.get() else {
-        host.stats.rx_dropped += 1;
+        host.drop_rx(RxDrop::Quota);
         return;
     };
     if b.fill_from(frame) {
         host.post(b, cache);
     } else {
         cache.put(b);
-        host.stats.rx_dropped += 1;
+        host.drop_rx(RxDrop::TooLarge);
     }
 }
 
-fn to_lan(nic: &PacketSocket, frame: &[u8], stats: &mut IocStats) -> bool {
+fn to_lan(nic: &dyn Nic, frame: &[u8], stats: &mut IocStats) -> bool {
     match nic.send(frame) {
         Ok(_) => {
             stats.lan_tx += 1;
@@ -80,23 +88,38 @@ fn deliver_all(
     }
 }
 
-/// Forwards one frame a host's session (`from`) wrote into the IOC's pool.
+/// What the IOC holds every host's frames to (see [`Host::check_tx`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TxPolicy<'a> {
+    /// Offloads offered to hosts.
+    pub offered: u64,
+    /// Source MACs any host may use besides its own.
+    pub extra_macs: &'a [[u8; 6]],
+}
+
+/// Forwards one frame a host's session (`from`) wrote into the IOC's pool, if it passes
+/// [`Host::check_tx`]; a frame that does not is dropped and counted against the host.
+#[allow(clippy::too_many_arguments)]
 pub fn from_host(
     from: u64,
     frame: &[u8],
     hosts: &mut BTreeMap<u64, Host>,
-    nic: &PacketSocket,
+    nic: &dyn Nic,
     cache: &mut SendBufCache,
     stats: &mut IocStats,
     keys: &RandomState,
+    policy: &TxPolicy<'_>,
 ) {
-    if let Err(e) = vnet::check_frame(frame) {
-        warn!(
-            session = from,
-            "dropping frame with invalid offload metadata: {e}"
-        );
-        if let Some(h) = hosts.get_mut(&from) {
-            h.stats.tx_dropped += 1;
+    let Some(h) = hosts.get_mut(&from) else {
+        return;
+    };
+    if let Err((why, text)) = h.check_tx(frame, policy.offered, policy.extra_macs) {
+        h.drop_tx(why);
+        if let Some(held) = h.log.allow(std::time::Instant::now()) {
+            warn!(
+                session = from,
+                "dropping a frame from the host: {text} ({held} more dropped since the last report)"
+            );
         }
         return;
     }
@@ -124,7 +147,7 @@ pub fn from_host(
             h.stats.tx_frames += 1;
             h.stats.tx_bytes += frame.len() as u64;
         } else {
-            h.stats.tx_dropped += 1;
+            h.drop_tx(TxDrop::Nic);
         }
     }
 }
@@ -190,6 +213,7 @@ impl Ioc {
     /// Drives one lane of a host's link: its frames are forwarded, its messages handled.
     /// Returns whether the lane is drained, or the error that ends the host's session.
     pub fn drive_host(&mut self, session: u64, lane: Lane) -> Result<bool, HostEnd> {
+        let offered = self.offered();
         let Ioc {
             reg,
             nic,
@@ -197,8 +221,13 @@ impl Ioc {
             hosts,
             stats,
             flow_keys,
+            extra_macs,
             ..
         } = self;
+        let policy = TxPolicy {
+            offered,
+            extra_macs,
+        };
         let Some(mut link) = hosts.get_mut(&session).and_then(|h| h.link.take()) else {
             return Err(HostEnd::Gone);
         };
@@ -207,7 +236,11 @@ impl Ioc {
             reg,
             lane,
             RX_BUDGET,
-            &mut |frame| from_host(session, frame, hosts, nic, cache, stats, flow_keys),
+            &mut |frame| {
+                from_host(
+                    session, frame, hosts, &**nic, cache, stats, flow_keys, &policy,
+                )
+            },
             &mut events,
         );
         link.session_mut().flush_credits(reg);
@@ -245,4 +278,6 @@ pub enum HostEnd {
     Closed(String),
     /// Its link failed (transport, protocol or protection error).
     Failed(splitnet_messaging::endpoint::LinkError),
+    /// It exceeded what the IOC lets one host hold (it does not read its channels).
+    Limit(String),
 }

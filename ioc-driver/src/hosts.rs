@@ -1,7 +1,7 @@
 //! One task per connected host: wait for its sockets or timers, then drive its link.
 
 use crate::forward::HostEnd;
-use crate::ioc::Ioc;
+use crate::ioc::{Ioc, MAX_CONTROL_BACKLOG};
 use splitnet_messaging::endpoint::{Lane, Liveness};
 use splitnet_messaging::fabric::LinkReady;
 use splitnet_messaging::wire::Message;
@@ -11,6 +11,10 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 /// Serves host `session` until its session ends; then removes it.
+///
+/// The task waits for its sockets, its keepalive timer, or a wake-up from another path that
+/// found its socket full. While its socket is full it waits for writability and nothing
+/// else writes to it, so a host that stops reading costs the IOC no work at all.
 pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: Rc<Notify>) {
     let end = loop {
         let (pending, deadline) = {
@@ -46,7 +50,8 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
         };
         match result {
             Ok(drained) => {
-                let Some(h) = st.hosts.get_mut(&session) else {
+                let Ioc { hosts, cache, .. } = &mut *st;
+                let Some(h) = hosts.get_mut(&session) else {
                     return;
                 };
                 match h.keepalive.poll(now) {
@@ -62,11 +67,16 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
                         ))
                     }
                 }
-                let flushed = match h.link.as_mut().map(|l| l.flush()) {
-                    Some(Ok(f)) => f,
-                    Some(Err(e)) => break Err(HostEnd::Failed(e)),
-                    None => true,
+                let flushed = match h.flush(cache) {
+                    Ok(f) => f,
+                    Err(e) => break Err(HostEnd::Failed(e)),
                 };
+                let unread = h.link.as_ref().map_or(0, |l| l.pending_on(Lane::Control));
+                if unread > MAX_CONTROL_BACKLOG {
+                    break Err(HostEnd::Limit(format!(
+                        "{unread} bytes of control messages unread (at most {MAX_CONTROL_BACKLOG})"
+                    )));
+                }
                 st.kick_hosts();
                 if let Some(mut g) = guard {
                     // Readable and drained, or writable and still full: wait for the next edge.
@@ -90,6 +100,7 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
     match end {
         Err(HostEnd::Gone) | Ok(()) => {}
         Err(HostEnd::Closed(why)) => st.remove_host(session, &why, None),
+        Err(HostEnd::Limit(why)) => st.remove_host_over_limit(session, &why),
         Err(HostEnd::Failed(e)) => {
             let why = e.to_string();
             st.remove_host(session, &why, Some(&e));

@@ -4,149 +4,49 @@
 //! awaits, so there are no locks and a frame moves from one host's pool to the NIC or to
 //! another host without crossing threads.
 
+use crate::host::{Drops, Host};
+use crate::nic::Nic;
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::{
-    InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolSpec, Posted, SessionConfig,
+    InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolSpec, SessionConfig,
     TargetConfig,
 };
 use splitnet_messaging::fabric::TcpChannel;
-use splitnet_messaging::memory::{Registry, SendBuf, SendBufCache};
+use splitnet_messaging::memory::{Registry, SendBufCache};
 use splitnet_messaging::service::notify;
-use splitnet_messaging::sys::packet::PacketSocket;
-use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{
     self, features, fmt_mac, CfgCode, ErrorCode, Goodbye, Message, Queue, Stats,
 };
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Instant;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-/// Send buffers shared by the LAN receive path and host-to-host forwarding (each holds the
-/// largest frame, so this bounds that memory to about 17 MiB).
+/// Send buffers for the LAN receive path and host-to-host forwarding, shared out among the
+/// sessions the IOC may serve (each buffer holds the largest frame, about 64 KiB).
 const SEND_BUFFERS: usize = 256;
+/// Fewest and most send buffers one session may hold.
+const QUOTA_RANGE: (usize, usize) = (8, 128);
+/// Bytes a host may leave unread on its control channel before its session ends: a peer
+/// that asks and never reads the answers cannot grow the IOC's memory.
+pub const MAX_CONTROL_BACKLOG: usize = 256 << 10;
 
-/// One connected host.
-#[derive(Debug)]
-pub struct Host {
-    /// Session id (also its protection domain).
-    pub session: u64,
-    /// Identity it announced.
-    pub node_id: u64,
-    /// Which of the host's queues this session serves.
-    pub queue: Queue,
-    /// Session of the host's first queue (its own id on the first queue), which carries
-    /// the host's configuration.
-    pub first: u64,
-    /// On the first queue: the sessions of every queue of the host connected so far, the
-    /// first queue's own first; frames for the host are spread over them by flow.
-    pub queues: Vec<u64>,
-    /// MAC address assigned or set.
-    pub mac: [u8; 6],
-    /// MTU agreed.
-    pub mtu: u32,
-    /// Receives every LAN frame.
-    pub promisc: bool,
-    /// Multicast groups it joined (the NIC filters on their union; group frames still go
-    /// to every host, whose kernel filters them as it does behind an imperfect NIC filter).
-    pub multicast: Vec<[u8; 6]>,
-    /// Offload features it uses.
-    pub features: u64,
-    /// Its link; `None` only while its own frames are being forwarded.
-    pub link: Option<Link<TcpChannel>>,
-    /// Wakes its task when another path posted output for it.
-    pub wake: Rc<Notify>,
-    /// Keepalive timer.
-    pub keepalive: Keepalive,
-    /// Counters reported over CfgUtil GetStats.
-    pub stats: Stats,
-    /// Frames for it that met no credit, oldest first, waiting for a BufferRecvPoolUpdate
-    /// (its receive ring: at most [`BACKLOG`] frames, beyond which frames are dropped).
-    pub backlog: VecDeque<SendBuf>,
-    /// Its fabric address.
-    pub peer: std::net::SocketAddr,
-    /// When it connected.
-    pub since: Instant,
+/// Each session's share of the send buffers, and the size of the whole pool: every session
+/// at its quota still leaves the buffer the LAN is read into, so no host can stop the
+/// others' traffic by not reading its own.
+pub fn buffer_plan(max_sessions: u32) -> (usize, usize) {
+    let n = max_sessions.max(1) as usize;
+    let quota = (SEND_BUFFERS / n).clamp(QUOTA_RANGE.0, QUOTA_RANGE.1);
+    (quota, quota * n + 1)
 }
 
-/// Frames held per host while it has no credit, like the descriptors of a NIC's receive
-/// ring: a burst longer than the host's pools waits here instead of being dropped.
-pub const BACKLOG: usize = 16;
-
-impl Host {
-    /// The session of this host's queues that carries `frame`'s flow (call on the first
-    /// queue).
-    pub fn steer(&self, frame: &[u8], keys: &RandomState) -> u64 {
-        match self.queues.len() {
-            0 | 1 => self.session,
-            n => self.queues[(vnet::flow_hash(frame, keys) % n as u64) as usize],
-        }
-    }
-
-    /// Posts a frame for this host, in order behind any frames already waiting; a frame
-    /// that finds the backlog full is dropped and counted.
-    pub fn post(&mut self, buf: SendBuf, cache: &mut SendBufCache) {
-        if self.backlog.is_empty() {
-            self.post_now(buf, cache);
-        } else if self.backlog.len() < BACKLOG {
-            self.backlog.push_back(buf);
-        } else {
-            cache.put(buf);
-            self.stats.rx_dropped += 1;
-        }
-    }
-
-    fn post_now(&mut self, buf: SendBuf, cache: &mut SendBufCache) -> bool {
-        let len = buf.len() as u64;
-        let Some(link) = self.link.as_mut() else {
-            cache.put(buf);
-            self.stats.rx_dropped += 1;
-            return true;
-        };
-        match link.post_frame(buf) {
-            Posted::SendData | Posted::Rdma => {
-                self.stats.rx_frames += 1;
-                self.stats.rx_bytes += len;
-                true
-            }
-            Posted::Backpressure(b) => {
-                self.backlog.push_front(b);
-                false
-            }
-            Posted::TooLarge(b) => {
-                cache.put(b);
-                self.stats.rx_dropped += 1;
-                true
-            }
-        }
-    }
-
-    /// Posts waiting frames while credits last (after a BufferRecvPoolUpdate).
-    pub fn drain_backlog(&mut self, cache: &mut SendBufCache) {
-        while let Some(b) = self.backlog.pop_front() {
-            if !self.post_now(b, cache) {
-                break;
-            }
-        }
-    }
-
-    /// Bytes waiting to be written to this host.
-    pub fn pending(&self) -> usize {
-        self.link.as_ref().map_or(0, |l| l.pending())
-    }
-
-    /// Pushes queued output now, returning written buffers to `cache`; wakes the host's
-    /// task if the socket is full (or failed: the task then finds out why).
-    pub fn kick(&mut self, cache: &mut SendBufCache) {
-        if let Some(link) = self.link.as_mut() {
-            if link.pending() > 0 && !matches!(link.flush(), Ok(true)) {
-                self.wake.notify_one();
-            }
-            link.reclaim(cache);
-        }
-    }
+/// An unguessable 64-bit token from the operating system's random source (falling back
+/// to a keyed hash of the time, which std seeds from that source too).
+fn session_token() -> u64 {
+    getrandom::u64()
+        .unwrap_or_else(|_| std::hash::BuildHasher::hash_one(&RandomState::new(), Instant::now()))
 }
 
 /// Counters of the IOC as a whole.
@@ -176,13 +76,21 @@ pub struct Ioc {
     /// The adapter's registered memory (every host's pools, each in its own domain).
     pub reg: Registry,
     /// The NIC.
-    pub nic: PacketSocket,
+    pub nic: Box<dyn Nic>,
     /// The NIC's MTU as offered to hosts.
     pub mtu: u32,
     /// NIC link state.
     pub link_up: bool,
     /// Send buffers.
     pub cache: SendBufCache,
+    /// Send buffers each session may hold ([`buffer_plan`]).
+    pub quota: usize,
+    /// The last session id handed out.
+    pub next_session: u64,
+    /// Drops counted against the hosts that left.
+    pub past_drops: Drops,
+    /// Source MACs any host may use besides its own (`lan.extra_source_macs`).
+    pub extra_macs: Vec<[u8; 6]>,
     /// Connected hosts by session id.
     pub hosts: BTreeMap<u64, Host>,
     /// Counters.
@@ -206,17 +114,22 @@ pub struct Ioc {
 
 impl Ioc {
     /// The IOC over an opened NIC.
-    pub fn new(cfg: IocConfig, nic: PacketSocket, mtu: u32, link_up: bool) -> Ioc {
+    pub fn new(cfg: IocConfig, nic: Box<dyn Nic>, mtu: u32, link_up: bool) -> Ioc {
         let limit = cfg
             .pools
             .max_granted_bytes
             .saturating_mul(u64::from(cfg.fabric.max_hosts));
+        let (quota, buffers) = buffer_plan(cfg.fabric.max_hosts);
         Ioc {
             reg: Registry::new(limit),
             nic,
             mtu,
             link_up,
-            cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
+            cache: SendBufCache::new(wire::MAX_SEND_DATA, buffers),
+            quota,
+            next_session: 0,
+            past_drops: Drops::default(),
+            extra_macs: cfg.lan.extra_source_macs.iter().map(|m| m.0).collect(),
             hosts: BTreeMap::new(),
             stats: IocStats::default(),
             stopping: false,
@@ -274,7 +187,15 @@ impl Ioc {
         }
     }
 
-    /// Flushes every host with output queued and takes their written buffers back.
+    /// A new session id (never reused while the IOC runs, so nothing that outlives a
+    /// session can act on a later one) and the unguessable token its channels name.
+    pub fn new_session(&mut self) -> (u64, u64) {
+        self.next_session += 1;
+        (self.next_session, session_token())
+    }
+
+    /// Flushes every host with output queued, except those whose socket is full (their
+    /// own task waits for it), and takes their written buffers back.
     pub fn kick_hosts(&mut self) {
         let before = self.cache.in_use();
         for h in self.hosts.values_mut() {
@@ -285,10 +206,11 @@ impl Ioc {
         }
     }
 
-    /// The connected first queue, session `first` of host `node_id`, that a session for
-    /// `queue` joins: same node, same number of queues, and that queue not taken yet.
+    /// The connected first queue of host `node_id`, named by its token `first`, that a
+    /// session for `queue` joins: same node, same number of queues, and that queue not
+    /// taken yet.
     pub fn first_queue(&self, first: u64, node_id: u64, queue: Queue) -> Option<&Host> {
-        self.hosts.get(&first).filter(|h| {
+        self.hosts.values().find(|h| h.token == first).filter(|h| {
             h.node_id == node_id
                 && h.queue.is_first()
                 && h.queue.count == queue.count
@@ -303,22 +225,24 @@ impl Ioc {
     /// link has queued (the HelloReply and the pool advertisements). Returns the notifier
     /// that wakes its task, or `None` (the session closed and its pools freed) for a further
     /// queue whose first queue has left meanwhile.
+    #[allow(clippy::too_many_arguments)]
     pub fn add_host(
         &mut self,
         session: u64,
+        token: u64,
         node_id: u64,
         queue: Queue,
-        first: u64,
+        first_token: u64,
         mut link: Link<TcpChannel>,
         peer: std::net::SocketAddr,
     ) -> Option<Rc<Notify>> {
-        let (first, mac, mtu) = if queue.is_first() {
-            (session, self.assign_mac(node_id), self.mtu)
+        let (first, mac, mtu, features) = if queue.is_first() {
+            (session, self.assign_mac(node_id), self.mtu, 0)
         } else {
-            match self.first_queue(first, node_id, queue) {
-                Some(f) => (f.session, f.mac, f.mtu),
+            match self.first_queue(first_token, node_id, queue) {
+                Some(f) => (f.session, f.mac, f.mtu, f.features),
                 None => {
-                    link.close(&mut self.reg);
+                    link.close(&mut self.reg, &mut self.cache);
                     self.free_domain(splitnet_messaging::memory::DomainId(session as u32));
                     return None;
                 }
@@ -339,37 +263,19 @@ impl Ioc {
                 .emit(),
             );
         }
-        let wake = Rc::new(Notify::new());
-        self.hosts.insert(
-            session,
-            Host {
-                session,
-                node_id,
-                queue,
-                first,
-                queues: if queue.is_first() {
-                    vec![session]
-                } else {
-                    Vec::new()
-                },
-                mac,
-                mtu,
-                promisc: false,
-                multicast: Vec::new(),
-                features: 0,
-                link: Some(link),
-                wake: wake.clone(),
-                keepalive: Keepalive::new(
-                    f.keepalive_interval(),
-                    f.keepalive_timeout(),
-                    Instant::now(),
-                ),
-                stats: Stats::default(),
-                backlog: VecDeque::new(),
-                peer,
-                since: Instant::now(),
-            },
+        let keepalive = Keepalive::new(
+            f.keepalive_interval(),
+            f.keepalive_timeout(),
+            Instant::now(),
         );
+        let mut host = Host::new(
+            session, token, node_id, queue, first, link, self.quota, keepalive, peer,
+        );
+        host.mac = mac;
+        host.mtu = mtu;
+        host.features = features;
+        let wake = host.wake.clone();
+        self.hosts.insert(session, host);
         self.connects += 1;
         info!(
             %peer,
@@ -521,6 +427,7 @@ impl Ioc {
     /// its other queues may only ask for their own counters.
     pub fn cfg_request(&mut self, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
         let (mtu_max, link_up, offered) = (self.mtu, self.link_up, self.offered());
+        let (set_mac, mac_base) = (self.cfg.lan.set_mac, self.cfg.lan.mac_base.0);
         let taken: Vec<[u8; 6]> = self
             .hosts
             .values()
@@ -546,7 +453,7 @@ impl Ioc {
                 ErrorCode::Ok
             }
             CfgCode::SetMac => match wire::parse_mac(data) {
-                Ok(mac) if mac[0] & 1 == 0 && mac != [0; 6] && !taken.contains(&mac) => {
+                Ok(mac) if set_mac.allows(mac, mac_base) && !taken.contains(&mac) => {
                     host.mac = mac;
                     ErrorCode::Ok
                 }
@@ -609,18 +516,23 @@ impl Ioc {
             },
             CfgCode::LinkChange | CfgCode::Other(_) => ErrorCode::Unsupported,
         };
-        let (mac, mtu) = (host.mac, host.mtu);
+        let (mac, mtu, features) = (host.mac, host.mtu, host.features);
         if let Some(link) = host.link.as_mut() {
             link.session_mut().cfg_reply(txn, code, status, &reply);
         }
         if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
             self.sync_multicast();
         }
-        // The other queues show the first queue's address and MTU.
-        if matches!(code, CfgCode::SetMac | CfgCode::SetMtu) && status == ErrorCode::Ok {
+        // The other queues show the first queue's address, MTU and features.
+        if matches!(
+            code,
+            CfgCode::SetMac | CfgCode::SetMtu | CfgCode::SetFeatures
+        ) && status == ErrorCode::Ok
+        {
             for h in self.hosts.values_mut().filter(|h| h.first == session) {
                 h.mac = mac;
                 h.mtu = mtu;
+                h.features = features;
             }
         }
     }
@@ -685,6 +597,14 @@ impl Ioc {
                         h.drain_backlog(&mut self.cache);
                     }
                 }
+                LinkEvent::RefusedInline { len } => {
+                    if let Some(h) = self.hosts.get_mut(&session) {
+                        h.drop_tx(crate::host::TxDrop::OversizeInline);
+                        if let Some(held) = h.log.allow(Instant::now()) {
+                            warn!(session, len, "dropping a SendData frame that belongs in a pool ({held} more dropped since the last report)");
+                        }
+                    }
+                }
                 LinkEvent::CfgReply { .. } | LinkEvent::Flushed { .. } => {}
             }
         }
@@ -708,6 +628,23 @@ impl Ioc {
         for s in siblings {
             self.remove_session(s, &format!("another queue of the host ended ({why})"), None);
         }
+    }
+
+    /// Removes a host that exceeded a resource limit: told with ResourceLimit (as far as
+    /// its socket takes it), counted as a protocol error.
+    pub fn remove_host_over_limit(&mut self, session: u64, why: &str) {
+        if let Some(link) = self.hosts.get_mut(&session).and_then(|h| h.link.as_mut()) {
+            self.stats.protocol_errors += 1;
+            warn!(session, "host over its limits: {why}; disconnecting it");
+            link.session_mut().send(
+                Lane::Control,
+                &Message::Goodbye(Goodbye {
+                    code: ErrorCode::ResourceLimit,
+                }),
+            );
+            let _ = link.flush();
+        }
+        self.remove_host(session, why, None);
     }
 
     fn remove_session(&mut self, session: u64, why: &str, err: Option<&LinkError>) {
@@ -742,7 +679,7 @@ impl Ioc {
             }
         }
         if let Some(mut link) = host.link.take() {
-            link.close(&mut self.reg);
+            link.close(&mut self.reg, &mut self.cache);
         }
         let domain = splitnet_messaging::memory::DomainId(session as u32);
         let left = self.reg.regions_of(domain);
@@ -761,6 +698,8 @@ impl Ioc {
         }
         host.wake.notify_one();
         self.past += host.stats;
+        self.past_drops += host.drops;
+        self.buffers_freed.notify_one();
         if !host.multicast.is_empty() {
             self.sync_multicast();
         }

@@ -7,10 +7,14 @@
 #![deny(unsafe_code)]
 
 mod forward;
+mod host;
 mod hosts;
 mod ioc;
+mod nic;
 mod report;
 mod server;
+#[cfg(test)]
+mod tests;
 
 use clap::Parser;
 use splitnet_messaging::service;

@@ -1,7 +1,8 @@
 //! The IOC's answers on the control socket, built from its state when asked (the state is
 //! on the same thread; nothing is copied on the data path).
 
-use crate::ioc::{Host, Ioc};
+use crate::host::{Drops, Host};
+use crate::ioc::Ioc;
 use splitnet_config::Promiscuous;
 use splitnet_control::report::{
     offload_names, Counters, Direction, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools,
@@ -11,6 +12,7 @@ use splitnet_messaging::service::Introspect;
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::wire::features;
 use splitnet_messaging::wire::fmt_mac;
+use std::collections::BTreeMap;
 
 /// Every offload the IOC can pass through to the NIC (`lan.offload = true`).
 const ALL_OFFLOADS: u64 = features::VNET_HDR
@@ -43,6 +45,15 @@ fn nic_stats(name: &str) -> Option<NicStats> {
         rx_errors: read("rx_errors")?,
         tx_errors: read("tx_errors")?,
     })
+}
+
+/// The causes with a count, by name.
+fn named_drops(d: &Drops) -> BTreeMap<String, u64> {
+    d.named()
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| (k.to_string(), n))
+        .collect()
 }
 
 fn peer_pools(h: &Host) -> Option<PeerPools> {
@@ -119,13 +130,18 @@ impl Ioc {
                         offloads: offload_names(h.features),
                         connected_s: h.since.elapsed().as_secs(),
                         counters: Counters::from(&h.stats),
+                        buffers: h.held() as u32,
+                        buffer_quota: h.quota as u32,
+                        drops: named_drops(&h.drops),
                     })
                     .collect(),
             }),
             Request::Stats => {
                 let mut fabric = Counters::from(&self.past);
+                let mut drops = self.past_drops;
                 let (mut credits, mut in_use, mut inline, mut waited) = (0, 0, 0, 0);
                 for h in self.hosts.values() {
+                    drops += h.drops;
                     let c = Counters::from(&h.stats);
                     fabric.tx.frames += c.tx.frames;
                     fabric.tx.bytes += c.tx.bytes;
@@ -152,6 +168,7 @@ impl Ioc {
                     credits_in_use: in_use,
                     nic: nic_stats(lan),
                     ioc: None,
+                    drops: named_drops(&drops),
                 })
             }
         }

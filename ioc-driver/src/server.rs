@@ -8,11 +8,12 @@ use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_messaging::endpoint::{Lane, Session};
 use splitnet_messaging::fabric::{self, Ready, TcpLink};
 use splitnet_messaging::memory::DomainId;
+use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
 use splitnet_messaging::wire::fmt_mac;
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Queue, Role};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io;
 use std::net::TcpStream;
@@ -56,9 +57,28 @@ pub enum StartError {
     Runtime(#[from] io::Error),
 }
 
-/// Control channels waiting for their data channel, by session id, with the node, the queue
-/// and (for a further queue) the first queue's session they named.
-type Pending = Rc<RefCell<HashMap<u64, (fabric::TcpChannel, u64, Queue, u64)>>>;
+/// A control channel waiting for its data channel.
+#[derive(Debug)]
+struct Waiting {
+    ch: fabric::TcpChannel,
+    session: u64,
+    node_id: u64,
+    queue: Queue,
+    /// For a further queue, the token of the host's first queue.
+    first: u64,
+}
+
+/// Control channels waiting for their data channel, by the token the data channel must name.
+type Pending = Rc<RefCell<HashMap<u64, Waiting>>>;
+
+/// Counts a connection in its handshake while it lives.
+struct InHandshake(Rc<Cell<u32>>);
+
+impl Drop for InHandshake {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
 
 /// Runs the IOC until SIGTERM/SIGINT.
 pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), StartError> {
@@ -78,6 +98,8 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     };
     let link_up = netdev::is_running(&name).unwrap_or(false);
     let nic_ready = Ready::new(&nic)?;
+    let handshakes = Rc::new(Cell::new(0u32));
+    let mut refusals = LogLimit::new(Duration::from_secs(5));
     let listen = cfg.fabric.listen;
     let listener = TcpListener::bind(listen)
         .await
@@ -86,7 +108,8 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
             source,
         })?;
     info!(lan = %name, mac = %fmt_mac(&netdev::mac(&name).unwrap_or_default()), mtu, link_up, %listen, "IOC ready");
-    let ioc = Rc::new(RefCell::new(Ioc::new(cfg, nic, mtu, link_up)));
+    let max_handshakes = cfg.fabric.max_handshakes;
+    let ioc = Rc::new(RefCell::new(Ioc::new(cfg, Box::new(nic), mtu, link_up)));
     notify::ready(&format!("listening on {listen}, LAN {name}"));
     let pending: Pending = Rc::default();
     let mut term = signal(SignalKind::terminate())?;
@@ -99,8 +122,18 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
         tokio::select! {
             a = listener.accept() => match a {
                 Ok((sock, peer)) => {
+                    if handshakes.get() >= max_handshakes {
+                        // Closed at once: half-open connections cannot pile up.
+                        ioc.borrow_mut().stats.handshake_failures += 1;
+                        if let Some(held) = refusals.allow(Instant::now()) {
+                            warn!(%peer, "connection closed: {max_handshakes} handshakes already in progress (fabric.max_handshakes; {held} more closed since the last report)");
+                        }
+                        continue;
+                    }
+                    handshakes.set(handshakes.get() + 1);
+                    let guard = InHandshake(handshakes.clone());
                     let accepted = sock.into_std().map(|s| {
-                        tokio::task::spawn_local(handshake(ioc.clone(), pending.clone(), s, peer));
+                        tokio::task::spawn_local(handshake(ioc.clone(), pending.clone(), s, peer, guard));
                     });
                     if let Err(e) = accepted {
                         warn!(%peer, "cannot take the connection: {e}");
@@ -124,9 +157,12 @@ async fn handshake(
     pending: Pending,
     sock: TcpStream,
     peer: std::net::SocketAddr,
+    guard: InHandshake,
 ) {
     let timeout = ioc.borrow().cfg.fabric.handshake_timeout();
-    let (mut ch, hello, version) = match fabric::accept_hello(sock, timeout).await {
+    let accepted = fabric::accept_hello(sock, timeout).await;
+    drop(guard);
+    let (mut ch, hello, version) = match accepted {
         Ok(h) => h,
         Err(e) => {
             ioc.borrow_mut().stats.handshake_failures += 1;
@@ -143,7 +179,7 @@ async fn handshake(
     }
     if hello.channel == wire::CONTROL_CHANNEL {
         let admitted = {
-            let st = ioc.borrow();
+            let mut st = ioc.borrow_mut();
             if st.stopping {
                 Err((ErrorCode::ShuttingDown, "shutting down"))
             } else if st.hosts.len() + pending.borrow().len() >= st.cfg.fabric.max_hosts as usize {
@@ -159,34 +195,48 @@ async fn handshake(
                     "queue of a host whose first queue is not connected",
                 ))
             } else {
-                Ok(next_session(&st, &pending))
+                Ok(st.new_session())
             }
         };
-        let session = match admitted {
+        let (session, token) = match admitted {
             Ok(s) => s,
             Err((status, why)) => return refuse(ch, status, why).await,
         };
-        fabric::post_reply(&mut ch, version, ErrorCode::Ok, session);
+        fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
         if let Err(e) = fabric::flush(&mut ch, timeout).await {
             warn!(%peer, "cannot answer the Hello: {e}");
             return;
         }
-        pending
-            .borrow_mut()
-            .insert(session, (ch, hello.node_id, hello.queue, hello.session));
+        let waiting = Waiting {
+            ch,
+            session,
+            node_id: hello.node_id,
+            queue: hello.queue,
+            first: hello.session,
+        };
+        pending.borrow_mut().insert(token, waiting);
         debug!(%peer, session, "control channel open, waiting for the data channel");
-        // A host that never opens its data channel is dropped after the handshake timeout.
+        // A host that never opens its data channel is dropped after the handshake timeout;
+        // the token names this control channel alone, never a later one.
         tokio::time::sleep(timeout).await;
-        if pending.borrow_mut().remove(&session).is_some() {
+        if pending.borrow_mut().remove(&token).is_some() {
             ioc.borrow_mut().stats.handshake_failures += 1;
             warn!(%peer, session, "no data channel within {timeout:?}; dropped");
         }
         return;
     }
-    let Some((ctrl, node_id, queue, first)) = pending.borrow_mut().remove(&hello.session) else {
+    // A data channel joins the control channel whose token it names, from the same node.
+    let joined = {
+        let mut p = pending.borrow_mut();
+        match p.get(&hello.session) {
+            Some(w) if w.node_id == hello.node_id => p.remove(&hello.session),
+            _ => None,
+        }
+    };
+    let Some(w) = joined else {
         return refuse(ch, ErrorCode::UnknownSession, "unknown session").await;
     };
-    let session = hello.session;
+    let (session, token) = (w.session, hello.session);
     let domain = DomainId(session as u32);
     let mut s = Session::new(domain, ioc.borrow().session_config());
     let started = s.start(&mut ioc.borrow_mut().reg);
@@ -196,8 +246,8 @@ async fn handshake(
         return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
     }
     // The reply goes first on the data channel, ahead of anything posted to the host later.
-    fabric::post_reply(&mut ch, version, ErrorCode::Ok, session);
-    let tl = match TcpLink::new(s, ctrl, ch) {
+    fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
+    let tl = match TcpLink::new(s, w.ch, ch) {
         Ok(tl) => tl,
         Err(e) => {
             warn!(%peer, "cannot register the host's sockets: {e}");
@@ -208,20 +258,13 @@ async fn handshake(
     let TcpLink { ready, link } = tl;
     let added = ioc
         .borrow_mut()
-        .add_host(session, node_id, queue, first, link, peer);
+        .add_host(session, token, w.node_id, w.queue, w.first, link, peer);
     match added {
         Some(wake) => hosts::serve(ioc, session, ready, wake).await,
         None => {
             warn!(%peer, session, "the host's first queue left while this queue connected; closed")
         }
     }
-}
-
-fn next_session(st: &Ioc, pending: &Pending) -> u64 {
-    let p = pending.borrow();
-    (1..)
-        .find(|s| !st.hosts.contains_key(s) && !p.contains_key(s))
-        .unwrap_or(u64::MAX)
 }
 
 /// Moves frames from the NIC to the hosts.

@@ -79,10 +79,14 @@ fn prepare(sock: &TcpStream) -> io::Result<()> {
 }
 
 /// A channel for a new connection; its domain is set once the session is known.
-fn channel(sock: TcpStream) -> io::Result<TcpChannel> {
+fn channel(sock: TcpStream, max_send: usize) -> io::Result<TcpChannel> {
     prepare(&sock)?;
-    Ok(StreamChannel::new(sock, DomainId(0), wire::MAX_MESSAGE_LEN))
+    Ok(StreamChannel::new(sock, DomainId(0), max_send))
 }
+
+/// Largest SEND an accepted connection takes before its Hello is read: a Hello with room to
+/// spare, so that a connection that never completes its handshake holds about 2 KiB.
+const HELLO_MAX: usize = 256;
 
 /// Writes everything posted on `ch`, within `timeout`.
 pub async fn flush(ch: &mut TcpChannel, timeout: Duration) -> Result<(), FabricError> {
@@ -136,7 +140,7 @@ pub async fn connect(
         let s = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr))
             .await
             .map_err(|_| FabricError::Timeout(timeout))??;
-        let mut ch = channel(s.into_std()?)?;
+        let mut ch = channel(s.into_std()?, wire::MAX_MESSAGE_LEN)?;
         let hello = handshake::hello(Role::Host, channel_no, queue, session, node_id, max);
         ch.post(Op::Send, &[], Payload::Bytes(hello));
         flush(&mut ch, timeout).await?;
@@ -156,9 +160,10 @@ pub async fn accept_hello(
     sock: TcpStream,
     timeout: Duration,
 ) -> Result<(TcpChannel, Hello, u16), FabricError> {
-    let mut ch = channel(sock)?;
+    let mut ch = channel(sock, HELLO_MAX)?;
     let bytes = recv_message(&mut ch, timeout).await?;
     let (hello, version) = handshake::accept_hello(&bytes)?;
+    ch.set_max_send(wire::MAX_MESSAGE_LEN);
     Ok((ch, hello, version))
 }
 

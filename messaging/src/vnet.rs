@@ -145,11 +145,47 @@ pub fn check_frame(frame: &[u8]) -> Result<VnetHdr, FrameError> {
             hdr_len: h.hdr_len,
             len,
         };
-        if h.gso_size == 0 || usize::from(h.hdr_len) > len || h.flags & F_NEEDS_CSUM == 0 {
+        if h.gso_size == 0
+            || usize::from(h.gso_size) > len
+            || usize::from(h.hdr_len) > len
+            || h.flags & F_NEEDS_CSUM == 0
+        {
             return Err(bad);
         }
     }
     Ok(h)
+}
+
+/// The negotiated features (`wire::features`) a frame with header `h` relies on: a partial
+/// checksum needs CSUM, a super-frame the segmentation offload of its kind, an ECN flag ECN.
+/// UFO (GSO_UDP) has no feature bit: no peer may send it, so it asks for a bit no one has.
+pub fn features_used(h: &VnetHdr) -> u64 {
+    use crate::wire::features::{CSUM, ECN, TSO4, TSO6, USO};
+    let mut f = 0;
+    if h.flags & F_NEEDS_CSUM != 0 {
+        f |= CSUM;
+    }
+    if h.gso_type & GSO_ECN != 0 {
+        f |= ECN;
+    }
+    f | match h.gso_type & !GSO_ECN {
+        GSO_TCPV4 => TSO4,
+        GSO_TCPV6 => TSO6,
+        GSO_UDP_L4 => USO,
+        GSO_UDP => 1 << 63,
+        _ => 0,
+    }
+}
+
+/// Bytes of the network-layer packet of a non-segmented frame: what the MTU bounds (the
+/// Ethernet header and up to two VLAN tags are not counted).
+pub fn l3_len(frame: &[u8]) -> usize {
+    let eth = frame.get(VNET_HDR_LEN..).unwrap_or(&[]);
+    let mut at = 12;
+    while at < 20 && matches!(eth.get(at..at + 2), Some([0x81, 0x00] | [0x88, 0xa8])) {
+        at += 4;
+    }
+    eth.len().saturating_sub(at + 2)
 }
 
 /// Destination MAC of a frame that passed [`check_frame`].
@@ -266,6 +302,56 @@ mod tests {
             csum_offset: 16,
         };
         assert_eq!(check_frame(&frame(h, 60_000)), Ok(h));
+    }
+
+    #[test]
+    fn gso_size_beyond_the_frame_is_refused() {
+        let h = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: GSO_TCPV4,
+            hdr_len: 66,
+            gso_size: 1449,
+            csum_start: 34,
+            csum_offset: 16,
+        };
+        assert!(matches!(
+            check_frame(&frame(h, 1448)),
+            Err(FrameError::Gso { .. })
+        ));
+        assert!(check_frame(&frame(h, 1449)).is_ok());
+    }
+
+    #[test]
+    fn features_used_name_each_offload() {
+        use crate::wire::features::{CSUM, ECN, TSO4, TSO6, USO};
+        let csum = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            ..VnetHdr::default()
+        };
+        assert_eq!(features_used(&VnetHdr::default()), 0);
+        assert_eq!(features_used(&csum), CSUM);
+        let with = |gso_type| VnetHdr { gso_type, ..csum };
+        assert_eq!(features_used(&with(GSO_TCPV4)), CSUM | TSO4);
+        assert_eq!(features_used(&with(GSO_TCPV6 | GSO_ECN)), CSUM | TSO6 | ECN);
+        assert_eq!(features_used(&with(GSO_UDP_L4)), CSUM | USO);
+        let all = CSUM | TSO4 | TSO6 | USO | ECN;
+        assert_ne!(
+            features_used(&with(GSO_UDP)) & !all,
+            0,
+            "UFO is never negotiated"
+        );
+    }
+
+    #[test]
+    fn l3_len_skips_ethernet_and_vlan_tags() {
+        let mut f = frame(VnetHdr::default(), 14 + 1500);
+        f[VNET_HDR_LEN + 12..VNET_HDR_LEN + 14].copy_from_slice(&[0x08, 0x00]);
+        assert_eq!(l3_len(&f), 1500);
+        let mut tagged = frame(VnetHdr::default(), 22 + 1500);
+        tagged[VNET_HDR_LEN + 12..VNET_HDR_LEN + 22]
+            .copy_from_slice(&[0x88, 0xa8, 0, 1, 0x81, 0x00, 0, 2, 0x08, 0x00]);
+        assert_eq!(l3_len(&tagged), 1500);
+        assert_eq!(l3_len(&[0; 5]), 0);
     }
 
     #[test]

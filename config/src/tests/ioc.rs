@@ -17,6 +17,9 @@ fn defaults() {
     assert_eq!(i.lan.mac_base, MacAddr([0x02, 0x5d, 0, 0, 0, 0]));
     assert_eq!(i.lan.mtu, None);
     assert!(i.lan.offload);
+    assert!(i.lan.extra_source_macs.is_empty());
+    assert_eq!(i.lan.set_mac, crate::SetMacPolicy::Prefix);
+    assert_eq!(i.fabric.max_handshakes, 32);
     assert_eq!(i.pools, crate::Pools::default());
     assert_eq!(i.log.level, "info");
 }
@@ -24,8 +27,8 @@ fn defaults() {
 #[test]
 fn every_key_is_read() {
     let i = ioc(
-        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100",
-        "promiscuous = \"off\"\nmac_base = \"06:11:22:33:44:55\"\nmtu = 9000\noffload = false",
+        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100\nmax_handshakes = 5",
+        "promiscuous = \"off\"\nmac_base = \"06:11:22:33:44:55\"\nmtu = 9000\noffload = false\nextra_source_macs = [\"02:00:00:00:00:07\"]\nset_mac = \"any\"",
         "[log]\nlevel = \"warn\"",
     )
     .unwrap();
@@ -37,6 +40,9 @@ fn every_key_is_read() {
     assert_eq!(i.lan.mac_base.to_string(), "06:11:22:33:44:55");
     assert_eq!(i.lan.mtu, Some(9000));
     assert!(!i.lan.offload);
+    assert_eq!(i.fabric.max_handshakes, 5);
+    assert_eq!(i.lan.extra_source_macs, vec![MacAddr([2, 0, 0, 0, 0, 7])]);
+    assert_eq!(i.lan.set_mac, crate::SetMacPolicy::Any);
     assert_eq!(i.log.level, "warn");
 }
 
@@ -166,4 +172,30 @@ fn shared_sections_are_validated() {
         "pools.credit_batch",
     );
     invalid(ioc("", "", "[log]\nlevel = \"loud\""), "log.level");
+}
+
+#[test]
+fn source_macs_and_set_mac_policy() {
+    for (lan, key) in [
+        (
+            "extra_source_macs = [\"01:00:5e:00:00:01\"]",
+            "lan.extra_source_macs",
+        ),
+        (
+            "extra_source_macs = [\"00:00:00:00:00:00\"]",
+            "lan.extra_source_macs",
+        ),
+    ] {
+        invalid(ioc("", lan, ""), key);
+    }
+    parse_error(ioc("", "set_mac = \"sometimes\"", ""), &["sometimes"]);
+    invalid(ioc("max_handshakes = 0", "", ""), "fabric.max_handshakes");
+    let base = [0x02, 0x5d, 0, 0, 0, 0];
+    let p = crate::SetMacPolicy::Prefix;
+    assert!(p.allows([0x02, 0x5d, 0, 1, 2, 3], base));
+    assert!(!p.allows([0x02, 0x5e, 0, 1, 2, 3], base));
+    assert!(!p.allows([0x03, 0x5d, 0, 1, 2, 3], base), "group address");
+    assert!(crate::SetMacPolicy::Any.allows([0x02, 0x5e, 0, 1, 2, 3], base));
+    assert!(!crate::SetMacPolicy::Any.allows([0; 6], base));
+    assert!(!crate::SetMacPolicy::Off.allows([0x02, 0x5d, 0, 1, 2, 3], base));
 }

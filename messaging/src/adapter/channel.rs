@@ -45,7 +45,10 @@ pub trait Channel {
     fn reclaim(&mut self, cache: &mut SendBufCache);
     /// Bytes posted but not yet written.
     fn pending(&self) -> usize;
-    /// Tears the queue pair down: aborts a write in progress, drops what is queued.
+    /// Send buffers the channel holds (posted, or written and not yet reclaimed).
+    fn held_buffers(&self) -> usize;
+    /// Tears the queue pair down: aborts a write in progress and drops what is queued; the
+    /// send buffers of dropped operations come back through [`Channel::reclaim`].
     fn close(&mut self, reg: &mut Registry);
 }
 
@@ -81,6 +84,12 @@ impl<S: Read + Write> StreamChannel<S> {
     /// Gives the stream back (between messages, e.g. after a handshake).
     pub fn into_stream(self) -> S {
         self.stream
+    }
+
+    /// Changes the largest SEND accepted (between messages: a connection accepts only a
+    /// Hello until its handshake is done, so a half-open one costs little memory).
+    pub fn set_max_send(&mut self, max_send: usize) {
+        self.rx.set_max_send(max_send);
     }
 
     /// The underlying stream, mutably (tests inject raw bytes through it).
@@ -141,6 +150,10 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
 
     fn pending(&self) -> usize {
         self.tx.queued_bytes()
+    }
+
+    fn held_buffers(&self) -> usize {
+        self.tx.held_buffers()
     }
 
     fn close(&mut self, reg: &mut Registry) {

@@ -103,6 +103,15 @@ impl RxStream {
         }
     }
 
+    /// Changes the largest SEND accepted. Takes effect at once unless a SEND is being
+    /// received, in which case the buffer keeps its size (call between messages).
+    pub fn set_max_send(&mut self, max_send: usize) {
+        if !matches!(self.state, State::Send { .. }) && self.recv.len() != max_send {
+            self.recv = vec![0u8; max_send].into_boxed_slice();
+            self.received = 0;
+        }
+    }
+
     /// Changes the protection domain of the writer.
     pub fn set_domain(&mut self, domain: DomainId) {
         self.domain = domain;

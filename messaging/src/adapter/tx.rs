@@ -63,6 +63,8 @@ pub struct TxQueue {
     /// Bytes of the front operation already written.
     sent: usize,
     queued: usize,
+    /// Send buffers among `ops`.
+    bufs: usize,
     done: Vec<SendBuf>,
 }
 
@@ -91,6 +93,7 @@ impl TxQueue {
             payload,
         };
         self.queued += op.len();
+        self.bufs += usize::from(matches!(op.payload, Payload::Buf(_)));
         self.ops.push_back(op);
     }
 
@@ -146,9 +149,16 @@ impl TxQueue {
                 ..
             }) = self.ops.pop_front()
             {
+                self.bufs -= 1;
                 self.done.push(b);
             }
         }
+    }
+
+    /// Send buffers this queue holds: posted and not yet written, or written and not yet
+    /// taken back with [`TxQueue::take_done`].
+    pub fn held_buffers(&self) -> usize {
+        self.bufs + self.done.len()
     }
 
     /// Send buffers whose operations have been written, to be reused.
@@ -165,5 +175,6 @@ impl TxQueue {
         }
         self.sent = 0;
         self.queued = 0;
+        self.bufs = 0;
     }
 }

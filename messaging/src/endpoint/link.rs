@@ -60,6 +60,12 @@ pub enum LinkEvent {
     },
     /// The peer said goodbye.
     Goodbye(ErrorCode),
+    /// A frame the peer sent inline although one of our pools could hold it (longer than
+    /// [`crate::wire::MAX_INLINE`]): refused, for the shell to count.
+    RefusedInline {
+        /// Bytes of the frame.
+        len: usize,
+    },
 }
 
 /// Frame and byte counters of a link.
@@ -214,6 +220,10 @@ impl<C: Channel> Link<C> {
                         events.push(LinkEvent::Goodbye(code));
                         None
                     }
+                    Incoming::RefusedInline { len } => {
+                        events.push(LinkEvent::RefusedInline { len });
+                        None
+                    }
                 },
                 RxCompletion::Write {
                     handle,
@@ -267,9 +277,15 @@ impl<C: Channel> Link<C> {
         Ok(c && d)
     }
 
-    /// Bytes posted and not yet written on either channel.
+    /// Bytes queued by the session or posted, and not yet written, on either channel.
     pub fn pending(&self) -> usize {
-        self.ctrl.pending() + self.data.pending()
+        self.session.queued_bytes() + self.ctrl.pending() + self.data.pending()
+    }
+
+    /// Bytes of `lane` posted and not yet written (after [`Link::flush`] moved the
+    /// session's messages onto the channels).
+    pub fn pending_on(&self, lane: Lane) -> usize {
+        self.channel(lane).pending()
     }
 
     /// Returns sent buffers to `cache`.
@@ -278,11 +294,17 @@ impl<C: Channel> Link<C> {
         self.ctrl.reclaim(cache);
     }
 
-    /// Tears the link down: channels closed first (aborting writes in flight), then every
-    /// pool of the peer's domain freed.
-    pub fn close(&mut self, reg: &mut Registry) {
+    /// Send buffers the link holds (queued frames, or written and not yet reclaimed).
+    pub fn held_buffers(&self) -> usize {
+        self.ctrl.held_buffers() + self.data.held_buffers()
+    }
+
+    /// Tears the link down: channels closed first (aborting writes in flight), every send
+    /// buffer they held returned to `cache`, then every pool of the peer's domain freed.
+    pub fn close(&mut self, reg: &mut Registry, cache: &mut SendBufCache) {
         self.ctrl.close(reg);
         self.data.close(reg);
+        self.reclaim(cache);
         self.session.teardown(reg);
     }
 }

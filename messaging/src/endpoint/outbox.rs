@@ -17,6 +17,7 @@ pub enum Lane {
 #[derive(Debug, Default)]
 pub struct Outbox {
     queue: VecDeque<(Lane, Vec<u8>)>,
+    bytes: usize,
     next_txn: u64,
 }
 
@@ -36,12 +37,20 @@ impl Outbox {
     pub fn push(&mut self, lane: Lane, txn: u64, msg: &Message<'_>) {
         let mut bytes = Vec::with_capacity(msg.encoded_len());
         msg.emit(txn, &mut bytes);
+        self.bytes += bytes.len();
         self.queue.push_back((lane, bytes));
     }
 
     /// The next message to post.
     pub fn pop(&mut self) -> Option<(Lane, Vec<u8>)> {
-        self.queue.pop_front()
+        let m = self.queue.pop_front()?;
+        self.bytes -= m.1.len();
+        Some(m)
+    }
+
+    /// Bytes of the messages waiting.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Messages waiting.

@@ -14,7 +14,7 @@ use super::outbox::{Lane, Outbox};
 use super::target::{Delivery, PoolGetOutcome, PoolSpec, Target, TargetConfig};
 use crate::adapter::Channel;
 use crate::memory::{DomainId, Handle, Registry, RegistryError, SendBuf};
-use crate::wire::{CfgCode, ErrorCode, Message};
+use crate::wire::{self, CfgCode, ErrorCode, Message};
 
 /// Configuration of one session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +36,13 @@ pub enum Incoming<'a> {
     Credits,
     /// A frame delivered inline (SendData); valid until the next receive.
     Inline(&'a [u8]),
+    /// A SendData of `len` bytes longer than [`wire::MAX_INLINE`] that one of our pools
+    /// could have held, a pool the peer already wrote into (so it knew it): not delivered
+    /// (the shell counts it).
+    RefusedInline {
+        /// Bytes of the frame.
+        len: usize,
+    },
     /// A frame placed in one of our elements.
     Placed(Delivery),
     /// A CfgUtilRequest for the shell to answer with [`Session::cfg_reply`].
@@ -176,6 +183,12 @@ impl Session {
                     complete: self.is_flushed(),
                 }
             }
+            Message::SendData(frame)
+                if frame.len() > wire::MAX_INLINE
+                    && self.target.largest_element() >= frame.len() as u64 =>
+            {
+                Incoming::RefusedInline { len: frame.len() }
+            }
             Message::SendData(frame) => Incoming::Inline(frame),
             Message::BufferRdmaIndicate(ind) => Incoming::Placed(self.target.on_indicate(&ind)?),
             Message::CfgUtilRequest(req) => Incoming::CfgRequest {
@@ -262,6 +275,11 @@ impl Session {
     /// True when none of our pools is left and our flush of the peer's pools was confirmed.
     pub fn is_flushed(&self) -> bool {
         self.target.is_empty() && !self.initiator.flush_pending()
+    }
+
+    /// Bytes of the messages queued and not yet taken by [`Session::poll_transmit`].
+    pub fn queued_bytes(&self) -> usize {
+        self.outbox.bytes()
     }
 
     /// The next message to post, with its channel.

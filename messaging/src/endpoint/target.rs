@@ -88,6 +88,8 @@ struct LocalPool {
     spec: PoolSpec,
     state: PoolState,
     elems: Vec<Elem>,
+    /// The peer has written into it: it knows the pool.
+    used: bool,
 }
 
 /// Occupancy of one pool, for operators (`splitnetctl pools`).
@@ -177,6 +179,7 @@ impl Target {
             spec,
             state: PoolState::Active,
             elems: vec![Elem::Granted; spec.element_count as usize],
+            used: false,
         });
         self.granted_bytes += spec.bytes();
         Ok(PoolEntry {
@@ -211,6 +214,7 @@ impl Target {
             .position(|p| p.as_ref().is_some_and(|p| p.handle == handle))
             .ok_or(ProtocolError::UnknownPool(u32::MAX))? as u32;
         let pool = self.pool_mut(pool_ref)?;
+        pool.used = true;
         let slot = pool
             .elems
             .get_mut(element as usize)
@@ -370,6 +374,19 @@ impl Target {
             Ok(pool_ref) => PoolGetOutcome::Granted(pool_ref),
             Err(_) => PoolGetOutcome::Declined("registration failed"),
         }
+    }
+
+    /// Element size of the largest pool still taking writes that the peer has shown it
+    /// knows by writing into it (0 without one): a frame up to this size the peer should
+    /// write, never send inline.
+    pub fn largest_element(&self) -> u64 {
+        self.pools
+            .iter()
+            .flatten()
+            .filter(|p| p.state == PoolState::Active && p.used)
+            .map(|p| u64::from(p.spec.element_size))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Pools currently granted.

@@ -383,7 +383,7 @@ mod flush {
     fn teardown_frees_everything() {
         let mut p = pair();
         p.send(Side::A, &frame(3000, 1));
-        p.a.link.close(&mut p.a.reg);
+        p.a.link.close(&mut p.a.reg, &mut p.a.cache);
         assert_eq!(p.a.reg.stats().regions, 0);
         let _ = Registry::base_address;
     }

@@ -3,6 +3,7 @@
 //! and the current-thread runtime they run on.
 
 pub mod control;
+pub mod loglimit;
 pub mod metrics;
 pub mod notify;
 

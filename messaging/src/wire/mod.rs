@@ -34,6 +34,10 @@ pub const MIN_VERSION: u16 = 1;
 pub const MAX_MESSAGE_LEN: usize = 65_536 + 1024;
 /// Largest frame a SendData carries: whatever fits the largest message.
 pub const MAX_SEND_DATA: usize = MAX_MESSAGE_LEN - HEADER_LEN - 4;
+/// Longest frame a sender may choose to send inline (the bound of `send_data_max`). A
+/// longer SendData is allowed only for a frame no pool of the receiver can hold; any
+/// other is refused and counted by the receiver.
+pub const MAX_INLINE: usize = 1024;
 /// Channel number of the control channel.
 pub const CONTROL_CHANNEL: u8 = 0;
 /// Most data channels (queue pairs) per session.

@@ -1,0 +1,380 @@
+//! One connected host session as the IOC serves it, and what it may use of the IOC.
+//!
+//! Every host gets its own share of the IOC's send buffers (its quota) and its own receive
+//! ring (the backlog of frames waiting for credit). A host that does not read fast enough
+//! loses its own frames, counted against it; it can never take another host's buffers, and
+//! a full socket of its own is waited on by its own task only.
+
+use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
+use splitnet_messaging::fabric::TcpChannel;
+use splitnet_messaging::memory::{SendBuf, SendBufCache};
+use splitnet_messaging::service::loglimit::LogLimit;
+use splitnet_messaging::vnet;
+use splitnet_messaging::wire::{self, Queue, Stats};
+use std::collections::hash_map::RandomState;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// Frames held per host while it has no credit, like the descriptors of a NIC's receive
+/// ring: a burst longer than the host's pools waits here instead of being dropped.
+pub const BACKLOG: usize = 16;
+
+/// How often a host's bad frames may be logged (each line counts the ones held back).
+pub const LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Frames dropped for or from one host session, by cause.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// To the host: no credit and its receive ring (backlog) full.
+    pub ring_full: u64,
+    /// To the host: its share of the IOC's send buffers is queued (it reads too slowly).
+    pub quota: u64,
+    /// To the host: larger than any of its pools and than a SendData message.
+    pub too_large: u64,
+    /// From the host: virtio-net metadata the kernel must not see.
+    pub bad_offload: u64,
+    /// From the host: a source MAC that is not the host's.
+    pub spoofed: u64,
+    /// From the host: longer than its MTU allows.
+    pub over_mtu: u64,
+    /// From the host: an offload it did not negotiate.
+    pub not_negotiated: u64,
+    /// From the host: SendData where the protocol calls for an RDMA write.
+    pub oversize_inline: u64,
+    /// From the host: refused by the NIC.
+    pub nic: u64,
+}
+
+impl Drops {
+    /// Every cause with its count, named as operators see them.
+    pub fn named(&self) -> [(&'static str, u64); 9] {
+        [
+            ("rx_ring_full", self.ring_full),
+            ("rx_quota", self.quota),
+            ("rx_too_large", self.too_large),
+            ("tx_bad_offload", self.bad_offload),
+            ("tx_spoofed_source", self.spoofed),
+            ("tx_over_mtu", self.over_mtu),
+            ("tx_not_negotiated", self.not_negotiated),
+            ("tx_oversize_inline", self.oversize_inline),
+            ("tx_nic", self.nic),
+        ]
+    }
+}
+
+impl std::ops::AddAssign for Drops {
+    fn add_assign(&mut self, o: Drops) {
+        self.ring_full += o.ring_full;
+        self.quota += o.quota;
+        self.too_large += o.too_large;
+        self.bad_offload += o.bad_offload;
+        self.spoofed += o.spoofed;
+        self.over_mtu += o.over_mtu;
+        self.not_negotiated += o.not_negotiated;
+        self.oversize_inline += o.oversize_inline;
+        self.nic += o.nic;
+    }
+}
+
+/// Why a frame from a host is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxDrop {
+    /// Invalid virtio-net metadata.
+    BadOffload,
+    /// Source MAC not the host's.
+    Spoofed,
+    /// Longer than the MTU.
+    OverMtu,
+    /// Offload not negotiated.
+    NotNegotiated,
+    /// SendData where an RDMA write was due.
+    OversizeInline,
+    /// The NIC refused it.
+    Nic,
+}
+
+/// Why a frame for a host is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxDrop {
+    /// No credit and the backlog is full.
+    RingFull,
+    /// The host's send-buffer quota is in use.
+    Quota,
+    /// Too large for the host.
+    TooLarge,
+}
+
+/// One connected host session (one queue of a host).
+#[derive(Debug)]
+pub struct Host {
+    /// Session id (also its protection domain); never reused while the IOC runs.
+    pub session: u64,
+    /// The unguessable token its channels name in their Hellos.
+    pub token: u64,
+    /// Identity it announced.
+    pub node_id: u64,
+    /// Which of the host's queues this session serves.
+    pub queue: Queue,
+    /// Session of the host's first queue (its own id on the first queue), which carries
+    /// the host's configuration.
+    pub first: u64,
+    /// On the first queue: the sessions of every queue of the host connected so far, the
+    /// first queue's own first; frames for the host are spread over them by flow.
+    pub queues: Vec<u64>,
+    /// MAC address assigned or set.
+    pub mac: [u8; 6],
+    /// MTU agreed.
+    pub mtu: u32,
+    /// Receives every LAN frame.
+    pub promisc: bool,
+    /// Multicast groups it joined (the NIC filters on their union; group frames still go
+    /// to every host, whose kernel filters them as it does behind an imperfect NIC filter).
+    pub multicast: Vec<[u8; 6]>,
+    /// Offload features it uses.
+    pub features: u64,
+    /// Its link; `None` only while its own frames are being forwarded.
+    pub link: Option<Link<TcpChannel>>,
+    /// Wakes its task when another path found its socket full (the task then waits for
+    /// the socket to drain) or removed it.
+    pub wake: Rc<Notify>,
+    /// Its socket refused a write: its task waits for writability, and no other path
+    /// writes to it (they queue, within the quota).
+    pub blocked: bool,
+    /// Send buffers it may hold at once (queued towards it or in its backlog).
+    pub quota: usize,
+    /// Keepalive timer.
+    pub keepalive: Keepalive,
+    /// Counters reported over CfgUtil GetStats.
+    pub stats: Stats,
+    /// Drops by cause (their sums are `stats.rx_dropped` and `stats.tx_dropped`).
+    pub drops: Drops,
+    /// Rate of the log lines it causes.
+    pub log: LogLimit,
+    /// Frames for it that met no credit, oldest first, waiting for a BufferRecvPoolUpdate
+    /// (its receive ring: at most [`BACKLOG`] frames, beyond which frames are dropped).
+    pub backlog: VecDeque<SendBuf>,
+    /// Its fabric address.
+    pub peer: std::net::SocketAddr,
+    /// When it connected.
+    pub since: Instant,
+}
+
+impl Host {
+    /// A host session just admitted, with nothing queued.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        session: u64,
+        token: u64,
+        node_id: u64,
+        queue: Queue,
+        first: u64,
+        link: Link<TcpChannel>,
+        quota: usize,
+        keepalive: Keepalive,
+        peer: std::net::SocketAddr,
+    ) -> Host {
+        Host {
+            session,
+            token,
+            node_id,
+            queue,
+            first,
+            queues: if queue.is_first() {
+                vec![session]
+            } else {
+                Vec::new()
+            },
+            mac: [0; 6],
+            mtu: 0,
+            promisc: false,
+            multicast: Vec::new(),
+            features: 0,
+            link: Some(link),
+            wake: Rc::new(Notify::new()),
+            blocked: false,
+            quota,
+            keepalive,
+            stats: Stats::default(),
+            drops: Drops::default(),
+            log: LogLimit::new(LOG_INTERVAL),
+            backlog: VecDeque::new(),
+            peer,
+            since: Instant::now(),
+        }
+    }
+
+    /// The session of this host's queues that carries `frame`'s flow (call on the first
+    /// queue).
+    pub fn steer(&self, frame: &[u8], keys: &RandomState) -> u64 {
+        match self.queues.len() {
+            0 | 1 => self.session,
+            n => self.queues[(vnet::flow_hash(frame, keys) % n as u64) as usize],
+        }
+    }
+
+    /// Send buffers it holds: in its backlog, queued on its link, or written and not yet
+    /// taken back.
+    pub fn held(&self) -> usize {
+        self.backlog.len() + self.link.as_ref().map_or(0, |l| l.held_buffers())
+    }
+
+    /// True when one more frame for it fits its quota.
+    pub fn has_room(&self) -> bool {
+        self.held() < self.quota
+    }
+
+    /// Counts a frame for it that was dropped.
+    pub fn drop_rx(&mut self, why: RxDrop) {
+        self.stats.rx_dropped += 1;
+        match why {
+            RxDrop::RingFull => self.drops.ring_full += 1,
+            RxDrop::Quota => self.drops.quota += 1,
+            RxDrop::TooLarge => self.drops.too_large += 1,
+        }
+    }
+
+    /// Counts a frame from it that was dropped.
+    pub fn drop_tx(&mut self, why: TxDrop) {
+        self.stats.tx_dropped += 1;
+        let d = &mut self.drops;
+        match why {
+            TxDrop::BadOffload => d.bad_offload += 1,
+            TxDrop::Spoofed => d.spoofed += 1,
+            TxDrop::OverMtu => d.over_mtu += 1,
+            TxDrop::NotNegotiated => d.not_negotiated += 1,
+            TxDrop::OversizeInline => d.oversize_inline += 1,
+            TxDrop::Nic => d.nic += 1,
+        }
+    }
+
+    /// Checks a frame the host sent against what it negotiated: offload metadata the
+    /// kernel may see, its own source MAC (or one of `extra_macs`), only the offloads it
+    /// negotiated (`offered` until it sent SetFeatures), and its MTU. The error says why.
+    pub fn check_tx(
+        &self,
+        frame: &[u8],
+        offered: u64,
+        extra_macs: &[[u8; 6]],
+    ) -> Result<(), (TxDrop, String)> {
+        let h = vnet::check_frame(frame).map_err(|e| (TxDrop::BadOffload, e.to_string()))?;
+        let src = vnet::src_mac(frame);
+        if src != self.mac && !extra_macs.contains(&src) {
+            return Err((
+                TxDrop::Spoofed,
+                format!("source MAC {} is not the host's", wire::fmt_mac(&src)),
+            ));
+        }
+        let negotiated = if self.features == 0 {
+            offered
+        } else {
+            self.features
+        };
+        let used = vnet::features_used(&h);
+        if used & !negotiated != 0 {
+            return Err((
+                TxDrop::NotNegotiated,
+                format!("offloads {used:#x} beyond the negotiated {negotiated:#x}"),
+            ));
+        }
+        let len = if h.is_gso() {
+            usize::from(h.gso_size)
+        } else {
+            vnet::l3_len(frame)
+        };
+        if len > self.mtu as usize {
+            return Err((
+                TxDrop::OverMtu,
+                format!("{len} bytes beyond the MTU of {}", self.mtu),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Posts a frame for this host, in order behind any frames already waiting. A frame
+    /// beyond its quota, or that finds the backlog full, is dropped and counted.
+    pub fn post(&mut self, buf: SendBuf, cache: &mut SendBufCache) {
+        if !self.has_room() {
+            // Written buffers may be waiting to be taken back.
+            self.kick(cache);
+        }
+        if !self.has_room() {
+            cache.put(buf);
+            self.drop_rx(RxDrop::Quota);
+        } else if self.backlog.is_empty() {
+            self.post_now(buf, cache);
+        } else if self.backlog.len() < BACKLOG {
+            self.backlog.push_back(buf);
+        } else {
+            cache.put(buf);
+            self.drop_rx(RxDrop::RingFull);
+        }
+    }
+
+    fn post_now(&mut self, buf: SendBuf, cache: &mut SendBufCache) -> bool {
+        let len = buf.len() as u64;
+        let Some(link) = self.link.as_mut() else {
+            cache.put(buf);
+            self.drop_rx(RxDrop::RingFull);
+            return true;
+        };
+        match link.post_frame(buf) {
+            Posted::SendData | Posted::Rdma => {
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += len;
+                true
+            }
+            Posted::Backpressure(b) => {
+                self.backlog.push_front(b);
+                false
+            }
+            Posted::TooLarge(b) => {
+                cache.put(b);
+                self.drop_rx(RxDrop::TooLarge);
+                true
+            }
+        }
+    }
+
+    /// Posts waiting frames while credits last (after a BufferRecvPoolUpdate).
+    pub fn drain_backlog(&mut self, cache: &mut SendBufCache) {
+        while let Some(b) = self.backlog.pop_front() {
+            if !self.post_now(b, cache) {
+                break;
+            }
+        }
+    }
+
+    /// Bytes waiting to be written to this host.
+    pub fn pending(&self) -> usize {
+        self.link.as_ref().map_or(0, |l| l.pending())
+    }
+
+    /// Pushes queued output from another path than the host's own task, and takes written
+    /// buffers back. A socket that is full (or failed) is left to the host's task, woken
+    /// once for it: nobody retries a full socket until it is writable again.
+    pub fn kick(&mut self, cache: &mut SendBufCache) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        if !self.blocked && link.pending() > 0 && !matches!(link.flush(), Ok(true)) {
+            self.blocked = true;
+            self.wake.notify_one();
+        }
+        link.reclaim(cache);
+    }
+
+    /// The host's own task writes what is queued: `Ok(true)` when everything went out
+    /// (the socket is no longer full), `Ok(false)` when it must wait for writability.
+    pub fn flush(&mut self, cache: &mut SendBufCache) -> Result<bool, LinkError> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(true);
+        };
+        let done = link.flush();
+        link.reclaim(cache);
+        let done = done?;
+        self.blocked = !done;
+        Ok(done)
+    }
+}

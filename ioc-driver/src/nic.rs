@@ -1,0 +1,73 @@
+//! The NIC as the IOC uses it: frames in and out, and its multicast filter.
+//!
+//! The daemon's NIC is an AF_PACKET socket ([`PacketSocket`]); the unit tests put a queue in
+//! its place, so that forwarding, quotas and session ends run without root or an interface.
+
+use splitnet_messaging::sys::packet::PacketSocket;
+use std::io;
+
+/// A network interface carrying frames with a virtio-net header in front.
+pub trait Nic: std::fmt::Debug {
+    /// Receives one frame into `buf`; `WouldBlock` when none is waiting.
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Sends one frame.
+    fn send(&self, frame: &[u8]) -> io::Result<usize>;
+    /// Joins (`join`) or leaves a link-layer multicast group.
+    fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()>;
+}
+
+impl Nic for PacketSocket {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        PacketSocket::recv(self, buf)
+    }
+
+    fn send(&self, frame: &[u8]) -> io::Result<usize> {
+        PacketSocket::send(self, frame)
+    }
+
+    fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {
+        PacketSocket::set_multicast(self, group, join)
+    }
+}
+
+#[cfg(test)]
+pub mod fake {
+    //! A NIC made of two queues, for tests.
+
+    use super::Nic;
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+    use std::io;
+    use std::rc::Rc;
+
+    /// Frames waiting to be received, and frames sent, shared with the test.
+    #[derive(Debug, Default, Clone)]
+    pub struct FakeNic {
+        /// Frames the IOC will receive, in order.
+        pub rx: Rc<RefCell<VecDeque<Vec<u8>>>>,
+        /// Frames the IOC sent, in order.
+        pub tx: Rc<RefCell<Vec<Vec<u8>>>>,
+    }
+
+    impl Nic for FakeNic {
+        fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+            let frame = self
+                .rx
+                .borrow_mut()
+                .pop_front()
+                .ok_or(io::ErrorKind::WouldBlock)?;
+            let n = frame.len().min(buf.len());
+            buf[..n].copy_from_slice(&frame[..n]);
+            Ok(n)
+        }
+
+        fn send(&self, frame: &[u8]) -> io::Result<usize> {
+            self.tx.borrow_mut().push(frame.to_vec());
+            Ok(frame.len())
+        }
+
+        fn set_multicast(&self, _: [u8; 6], _: bool) -> io::Result<()> {
+            Ok(())
+        }
+    }
+}

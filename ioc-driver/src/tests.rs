@@ -1,0 +1,453 @@
+//! The IOC's forwarding, quotas and session ends, with hosts over loopback TCP and a NIC
+//! made of queues: no root, no interface.
+
+use crate::host::Host;
+use crate::ioc::Ioc;
+use crate::nic::fake::FakeNic;
+use splitnet_messaging::adapter::StreamChannel;
+use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
+use splitnet_messaging::fabric::TcpChannel;
+use splitnet_messaging::memory::{DomainId, Registry, SendBufCache};
+use splitnet_messaging::testing;
+use splitnet_messaging::vnet::{VnetHdr, VNET_HDR_LEN};
+use splitnet_messaging::wire::{self, CfgCode, Queue};
+use std::future::Future;
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::pin::pin;
+use std::task::{Context, Waker};
+
+fn config(extra: &str) -> splitnet_config::IocConfig {
+    let text =
+        format!("[fabric]\nlisten = \"127.0.0.1:7400\"\n{extra}\n[lan]\ninterface = \"lan0\"\n");
+    splitnet_config::parse_ioc(&text, Path::new("test.toml")).unwrap()
+}
+
+fn ioc_with(extra: &str) -> (Ioc, FakeNic) {
+    let nic = FakeNic::default();
+    (
+        Ioc::new(config(extra), Box::new(nic.clone()), 1500, true),
+        nic,
+    )
+}
+
+/// A connected pair of non-blocking TCP sockets on loopback.
+fn pair(small: bool) -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (b, _) = l.accept().unwrap();
+    for s in [&a, &b] {
+        s.set_nonblocking(true).unwrap();
+        s.set_nodelay(true).unwrap();
+        if small {
+            let r = socket2::SockRef::from(s);
+            r.set_send_buffer_size(4096).unwrap();
+            r.set_recv_buffer_size(4096).unwrap();
+        }
+    }
+    (a, b)
+}
+
+fn channel(s: TcpStream, domain: u32) -> TcpChannel {
+    StreamChannel::new(s, DomainId(domain), wire::MAX_MESSAGE_LEN)
+}
+
+/// The host's end of a session, driven by the test.
+struct Peer {
+    link: Link<TcpChannel>,
+    reg: Registry,
+    frames: u64,
+    events: Vec<LinkEvent>,
+}
+
+impl Peer {
+    /// Reads its control channel (and its data channel if `data`), returns credits and
+    /// writes what it has queued.
+    fn step(&mut self, data: bool) {
+        let Peer {
+            link,
+            reg,
+            frames,
+            events,
+        } = self;
+        let _ = link.poll(reg, Lane::Control, 256, &mut |_| {}, events);
+        if data {
+            let _ = link.poll(reg, Lane::Data, 256, &mut |_| *frames += 1, events);
+        }
+        link.session_mut().flush_credits(reg);
+        let _ = link.flush();
+    }
+}
+
+/// Host pools with room for many frames, so credit never runs out before the quota does.
+fn host_config(send_data_max: usize) -> SessionConfig {
+    let mut c = testing::config(send_data_max);
+    c.advertise = vec![PoolSpec {
+        element_size: 2048,
+        element_count: 1024,
+    }];
+    c.target.max_granted_bytes = 16 << 20;
+    c.target.credit_batch = 16;
+    c
+}
+
+/// Connects a host over loopback (tiny socket buffers when `small`), admits it, and lets
+/// both sides exchange their pools. Returns its session id.
+fn connect(ioc: &mut Ioc, node_id: u64, small: bool, send_data_max: usize) -> (u64, Peer) {
+    let (ictrl, hctrl) = pair(false);
+    let (idata, hdata) = pair(small);
+    let (session, token) = ioc.new_session();
+    let mut s = Session::new(DomainId(session as u32), ioc.session_config());
+    s.start(&mut ioc.reg).unwrap();
+    let link = Link::new(
+        s,
+        channel(ictrl, session as u32),
+        channel(idata, session as u32),
+    );
+    let peer_addr = "127.0.0.1:1".parse().unwrap();
+    ioc.add_host(session, token, node_id, Queue::SINGLE, 0, link, peer_addr)
+        .unwrap();
+    let mut reg = Registry::new(64 << 20);
+    let mut hs = Session::new(DomainId(1), host_config(send_data_max));
+    hs.start(&mut reg).unwrap();
+    let mut peer = Peer {
+        link: Link::new(hs, channel(hctrl, 1), channel(hdata, 1)),
+        reg,
+        frames: 0,
+        events: Vec::new(),
+    };
+    pump(ioc, &mut peer, session, true);
+    (session, peer)
+}
+
+/// Lets the IOC's side of `session` and the host run until things settle.
+fn pump(ioc: &mut Ioc, peer: &mut Peer, session: u64, read_data: bool) {
+    for _ in 0..20 {
+        peer.step(read_data);
+        let _ = ioc.drive_host(session, Lane::Control);
+        let _ = ioc.drive_host(session, Lane::Data);
+        let Ioc { hosts, cache, .. } = ioc;
+        if let Some(h) = hosts.get_mut(&session) {
+            let _ = h.flush(cache);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// An Ethernet frame with a virtio-net header: `len` bytes of IPv4 payload.
+fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
+    let mut f = VnetHdr::default().emit().to_vec();
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&[0x08, 0x00]);
+    f.resize(VNET_HDR_LEN + 14 + len, 0x45);
+    f
+}
+
+const LAN_PEER: [u8; 6] = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+
+fn mac(ioc: &Ioc, session: u64) -> [u8; 6] {
+    ioc.hosts[&session].mac
+}
+
+/// Feeds `n` LAN frames for `to` through the NIC.
+fn from_lan(ioc: &mut Ioc, nic: &FakeNic, to: [u8; 6], n: usize) {
+    for _ in 0..n {
+        nic.rx.borrow_mut().push_back(frame(to, LAN_PEER, 1400));
+    }
+    for _ in 0..n {
+        if nic.rx.borrow().is_empty() {
+            return;
+        }
+        ioc.drive_lan();
+    }
+    assert!(
+        nic.rx.borrow().is_empty(),
+        "LAN receive stalled: {} send buffers in use",
+        ioc.cache.in_use()
+    );
+}
+
+fn host(ioc: &Ioc, session: u64) -> &Host {
+    &ioc.hosts[&session]
+}
+
+/// Fills a host that does not read its data channel until its quota is in use.
+fn stuck_host(ioc: &mut Ioc, nic: &FakeNic) -> (u64, Peer) {
+    let (slow, mut peer) = connect(ioc, 7, true, 128);
+    let to = mac(ioc, slow);
+    from_lan(ioc, nic, to, 400);
+    pump(ioc, &mut peer, slow, false);
+    let h = host(ioc, slow);
+    assert_eq!(h.held(), h.quota, "the slow host's quota is all queued");
+    assert!(h.drops.quota > 0, "frames beyond the quota are dropped");
+    assert!(h.blocked, "its socket is full");
+    (slow, peer)
+}
+
+#[test]
+fn every_session_end_returns_every_send_buffer() {
+    type End = fn(&mut Ioc, u64);
+    let ends: [(&str, End); 3] = [
+        ("goodbye", |ioc, s| {
+            ioc.remove_host(s, "host disconnected", None)
+        }),
+        ("over a limit", |ioc, s| {
+            ioc.remove_host_over_limit(s, "too much unread")
+        }),
+        ("keepalive", |ioc, s| {
+            ioc.remove_host(s, "silent beyond the keepalive timeout", None)
+        }),
+    ];
+    for (what, end) in ends {
+        let (mut ioc, nic) = ioc_with("");
+        let (slow, _peer) = stuck_host(&mut ioc, &nic);
+        assert!(ioc.cache.in_use() > 0);
+        end(&mut ioc, slow);
+        assert!(ioc.hosts.is_empty());
+        assert_eq!(ioc.cache.in_use(), 0, "{what}: buffers leaked");
+        assert_eq!(ioc.reg.stats().regions, 0, "{what}: pools left");
+    }
+}
+
+#[test]
+fn churn_under_load_keeps_the_pool_whole() {
+    let (mut ioc, nic) = ioc_with("");
+    for round in 0..20 {
+        let (slow, _peer) = stuck_host(&mut ioc, &nic);
+        ioc.remove_host(slow, "host disconnected", None);
+        assert_eq!(ioc.cache.in_use(), 0, "round {round}");
+    }
+    // The LAN still reaches a new host.
+    let (good, mut peer) = connect(&mut ioc, 9, false, 128);
+    let to = mac(&ioc, good);
+    from_lan(&mut ioc, &nic, to, 50);
+    pump(&mut ioc, &mut peer, good, true);
+    assert_eq!(peer.frames, 50);
+}
+
+#[test]
+fn a_host_that_stops_reading_costs_only_itself() {
+    let (mut ioc, nic) = ioc_with("");
+    let (good, mut good_peer) = connect(&mut ioc, 1, false, 128);
+    let (slow, _slow_peer) = stuck_host(&mut ioc, &nic);
+    let (to_good, to_slow) = (mac(&ioc, good), mac(&ioc, slow));
+    let mut sent = 0;
+    for _ in 0..20 {
+        from_lan(&mut ioc, &nic, to_slow, 100);
+        from_lan(&mut ioc, &nic, to_good, 50);
+        sent += 50;
+        pump(&mut ioc, &mut good_peer, good, true);
+    }
+    assert_eq!(good_peer.frames, sent, "the good host got every frame");
+    let g = host(&ioc, good);
+    assert_eq!(g.stats.rx_dropped, 0);
+    assert_eq!(g.drops, Default::default());
+    let s = host(&ioc, slow);
+    assert!(s.held() <= s.quota);
+    assert!(
+        s.drops.quota >= 2000,
+        "the slow host's frames are dropped and counted"
+    );
+    assert_eq!(s.stats.rx_dropped, s.drops.quota + s.drops.ring_full);
+}
+
+/// Polls a notification once: true if a wake-up was stored for the task.
+fn woken(h: &Host) -> bool {
+    let mut n = pin!(h.wake.notified());
+    let mut cx = Context::from_waker(Waker::noop());
+    n.as_mut().poll(&mut cx).is_ready()
+}
+
+#[test]
+fn a_full_socket_wakes_its_task_once_and_is_not_retried() {
+    let (mut ioc, nic) = ioc_with("");
+    let (slow, _peer) = stuck_host(&mut ioc, &nic);
+    // The stuck host's task was told once; it now waits for writability.
+    let _ = woken(host(&ioc, slow));
+    for _ in 0..10 {
+        ioc.kick_hosts();
+        let to = mac(&ioc, slow);
+        from_lan(&mut ioc, &nic, to, 5);
+        assert!(
+            !woken(host(&ioc, slow)),
+            "a blocked host's task is not woken again"
+        );
+    }
+    // Its own task finds the socket still full: it stays blocked and is not woken by the
+    // kick that follows (the busy loop of issue 14).
+    let Ioc { hosts, cache, .. } = &mut ioc;
+    let h = hosts.get_mut(&slow).unwrap();
+    assert!(!h.flush(cache).unwrap());
+    ioc.kick_hosts();
+    assert!(!woken(host(&ioc, slow)));
+    assert!(host(&ioc, slow).blocked);
+}
+
+#[test]
+fn a_host_socket_that_fills_from_another_path_wakes_its_task() {
+    let (mut ioc, nic) = ioc_with("");
+    let (slow, mut peer) = connect(&mut ioc, 7, true, 128);
+    let _ = woken(host(&ioc, slow));
+    let to = mac(&ioc, slow);
+    from_lan(&mut ioc, &nic, to, 400);
+    assert!(host(&ioc, slow).blocked);
+    assert!(woken(host(&ioc, slow)), "told once to wait for writability");
+    // Once the host reads again, its task writes everything out and is unblocked.
+    for _ in 0..200 {
+        pump(&mut ioc, &mut peer, slow, true);
+        if !host(&ioc, slow).blocked && host(&ioc, slow).held() == 0 {
+            break;
+        }
+    }
+    assert!(!host(&ioc, slow).blocked);
+    assert_eq!(host(&ioc, slow).held(), 0);
+    assert_eq!(ioc.cache.in_use(), 0);
+}
+
+/// Frames the host writes into the IOC's pools: each goes to the NIC or is dropped and
+/// counted with its cause.
+fn host_sends(ioc: &mut Ioc, peer: &mut Peer, session: u64, frames: Vec<Vec<u8>>) {
+    let mut cache = SendBufCache::new(wire::MAX_SEND_DATA, 64);
+    for f in frames {
+        let mut b = cache.get().unwrap();
+        assert!(b.fill_from(&f));
+        let posted = peer.link.post_frame(b);
+        assert!(
+            matches!(
+                posted,
+                splitnet_messaging::endpoint::Posted::Rdma
+                    | splitnet_messaging::endpoint::Posted::SendData
+            ),
+            "{posted:?}"
+        );
+        pump(ioc, peer, session, true);
+        peer.link.reclaim(&mut cache);
+    }
+}
+
+#[test]
+fn frames_beyond_what_the_host_negotiated_are_dropped_and_counted() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect(&mut ioc, 3, false, 128);
+    let own = mac(&ioc, s);
+    let tso = {
+        let mut f = frame(LAN_PEER, own, 20_000);
+        let h = VnetHdr {
+            flags: 1,
+            gso_type: 1,
+            hdr_len: 54,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+        };
+        f[..VNET_HDR_LEN].copy_from_slice(&h.emit());
+        f
+    };
+    // The host turns its offloads off (as with lan.offload = false it must).
+    peer.link.session_mut().cfg_request(
+        CfgCode::SetFeatures,
+        &wire::features::VNET_HDR.to_be_bytes(),
+    );
+    pump(&mut ioc, &mut peer, s, true);
+    host_sends(
+        &mut ioc,
+        &mut peer,
+        s,
+        vec![
+            frame(LAN_PEER, own, 1000),
+            frame(LAN_PEER, [0x02, 0x5d, 9, 9, 9, 9], 1000),
+            frame(LAN_PEER, own, 1501),
+            tso,
+            frame(LAN_PEER, own, 1500),
+        ],
+    );
+    assert_eq!(
+        nic.tx.borrow().len(),
+        2,
+        "only the two good frames reach the LAN"
+    );
+    let d = host(&ioc, s).drops;
+    assert_eq!((d.spoofed, d.over_mtu, d.not_negotiated), (1, 1, 1));
+    assert_eq!(host(&ioc, s).stats.tx_dropped, 3);
+    assert_eq!(host(&ioc, s).stats.tx_frames, 2);
+}
+
+#[test]
+fn extra_source_macs_are_allowed() {
+    let (mut ioc, nic) = ioc_with("");
+    ioc.extra_macs = vec![[0x02, 0x00, 0, 0, 0, 7]];
+    let (s, mut peer) = connect(&mut ioc, 3, false, 128);
+    host_sends(
+        &mut ioc,
+        &mut peer,
+        s,
+        vec![frame(LAN_PEER, [0x02, 0x00, 0, 0, 0, 7], 100)],
+    );
+    assert_eq!(nic.tx.borrow().len(), 1);
+    assert_eq!(host(&ioc, s).drops.spoofed, 0);
+}
+
+#[test]
+fn sendata_that_belongs_in_a_pool_is_refused_and_counted() {
+    let nic = FakeNic::default();
+    let mut ioc = Ioc::new(config(""), Box::new(nic.clone()), 9000, true);
+    // This host sends every frame up to 2000 bytes inline.
+    let (s, mut peer) = connect(&mut ioc, 3, false, 2000);
+    let own = mac(&ioc, s);
+    host_sends(
+        &mut ioc,
+        &mut peer,
+        s,
+        vec![
+            frame(LAN_PEER, own, 900),
+            // Written into the IOC's large pool: from now on the host knows it.
+            frame(LAN_PEER, own, 3000),
+            frame(LAN_PEER, own, 1400),
+        ],
+    );
+    assert_eq!(
+        nic.tx.borrow().len(),
+        2,
+        "the 1400-byte SendData is refused"
+    );
+    assert_eq!(host(&ioc, s).drops.oversize_inline, 1);
+    assert_eq!(host(&ioc, s).stats.tx_dropped, 1);
+}
+
+#[test]
+fn set_mac_follows_the_policy() {
+    let (mut ioc, _nic) = ioc_with("");
+    let (a, mut pa) = connect(&mut ioc, 1, false, 128);
+    let (b, _pb) = connect(&mut ioc, 2, false, 128);
+    let taken = mac(&ioc, b);
+    for (want, ok) in [
+        ([0x02, 0x77, 0, 0, 0, 1], false), // outside mac_base's prefix
+        (taken, false),                    // another host's
+        ([0x03, 0x5d, 0, 0, 0, 1], false), // a group address
+        ([0x02, 0x5d, 0, 0, 0, 1], true),
+    ] {
+        pa.link.session_mut().cfg_request(CfgCode::SetMac, &want);
+        pump(&mut ioc, &mut pa, a, true);
+        assert_eq!(mac(&ioc, a) == want, ok, "{want:02x?}");
+    }
+}
+
+#[test]
+fn session_ids_are_not_reused_and_tokens_differ() {
+    let (mut ioc, _nic) = ioc_with("");
+    let (s1, t1) = ioc.new_session();
+    let (s2, t2) = ioc.new_session();
+    assert!(s2 > s1);
+    assert_ne!(t1, t2);
+    assert_ne!(t1, s1);
+}
+
+#[test]
+fn quotas_leave_the_lan_a_buffer_whatever_the_hosts_hold() {
+    for max in [1, 2, 8, 16, 64] {
+        let (quota, buffers) = crate::ioc::buffer_plan(max);
+        assert!(quota >= 8);
+        assert!(buffers > quota * max as usize, "max_hosts {max}");
+    }
+}
