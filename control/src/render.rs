@@ -220,6 +220,9 @@ fn stats(s: &Stats) -> String {
         counters(&mut o, "at the IOC for this host (tx: IOC to host)", c);
     }
     drops(&mut o, &s.drops);
+    if let Some((used, all)) = s.send_buffers {
+        let _ = writeln!(o, "  send buffers queued towards hosts: {used} of {all}");
+    }
     o
 }
 

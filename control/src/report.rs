@@ -375,4 +375,7 @@ pub struct Stats {
     /// Frames dropped, by where and why (causes with a count only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drops: BTreeMap<String, u64>,
+    /// The IOC's send buffers queued towards hosts now, and how many there are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_buffers: Option<(u64, u64)>,
 }

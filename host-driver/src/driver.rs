@@ -464,6 +464,14 @@ impl StatusLine {
     }
 }
 
+/// Whether the TAP is worth waiting for: the kernel sends on a queue only while the first
+/// queue has the carrier on; a frame held back for credit goes first; and with every send
+/// buffer queued on the fabric socket there is nothing to read into (the socket's
+/// writability wakes the loop instead, so a full socket never makes it spin).
+fn tap_wanted(sending: bool, holding: bool, buffers: bool) -> bool {
+    sending && !holding && buffers
+}
+
 /// One queue's connection to the IOC.
 struct Conn<'a> {
     /// The TAP queue it serves; the first also carries the configuration and the carrier.
@@ -596,8 +604,11 @@ impl<'a> Conn<'a> {
             if first {
                 self.update_carrier(ready_sent);
             }
-            // The kernel sends on a queue only while the first queue has the carrier on.
-            let tap_wanted = (self.carrier || !first) && self.held.is_none();
+            let tap_wanted = tap_wanted(
+                self.carrier || !first,
+                self.held.is_some(),
+                self.cache.has_free(),
+            );
             let pending = self.tl.link.pending() > 0;
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
             let TcpLink { ready, link } = &mut self.tl;
@@ -1112,6 +1123,17 @@ impl<'a> Conn<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tap_waits_while_no_send_buffer_is_free() {
+        assert!(tap_wanted(true, false, true));
+        assert!(
+            !tap_wanted(true, false, false),
+            "every buffer queued: no busy loop"
+        );
+        assert!(!tap_wanted(true, true, true));
+        assert!(!tap_wanted(false, false, true));
+    }
 
     #[test]
     fn features_follow_the_tap_offloads() {

@@ -153,6 +153,7 @@ impl Snapshot {
                 nic: None,
                 ioc: self.ioc_counters,
                 drops: Default::default(),
+                send_buffers: None,
             }),
         }
     }

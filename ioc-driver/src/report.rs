@@ -169,6 +169,7 @@ impl Ioc {
                     nic: nic_stats(lan),
                     ioc: None,
                     drops: named_drops(&drops),
+                    send_buffers: Some((self.cache.in_use() as u64, self.cache.capacity() as u64)),
                 })
             }
         }

@@ -3,7 +3,10 @@
 //! `rogue host ADDR` connects to an ioc-driver at ADDR once per attack, speaks the protocol
 //! correctly up to the attack, and checks that the IOC closes the connection afterwards.
 //! `rogue ioc ADDR` listens at ADDR like an IOC and attacks each host-driver connection in
-//! turn. Exit status 0 when every attack was refused as expected.
+//! turn. `rogue slow ADDR SECONDS` is a host that keeps its session alive (keepalives, a
+//! GetStats a second) but never reads its data channel; it prints its MAC, then whether the
+//! IOC kept it. `rogue churn ADDR N` connects and vanishes N times. Exit status 0 when every
+//! attack was refused as expected.
 //!
 //! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
 
@@ -12,7 +15,9 @@ use splitnet_messaging::adapter::{
 };
 use splitnet_messaging::endpoint::handshake;
 use splitnet_messaging::memory::{DomainId, Handle, Registry};
-use splitnet_messaging::wire::{self, Message, PoolEntry, PoolGet, PoolRun, Queue, Role};
+use splitnet_messaging::wire::{
+    self, CfgCode, CfgRequest, Idata, Message, PoolEntry, PoolGet, PoolRun, Queue, Role,
+};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -77,22 +82,41 @@ struct Conn {
     data: Ch,
     reg: Registry,
     pools: Vec<PoolEntry>,
+    /// The token the IOC gave this session.
+    token: u64,
 }
 
 /// A correct handshake as a host, then the IOC's pools.
 fn connect_host(addr: &str) -> Result<Conn, String> {
+    connect_as(addr, 0xbad, None)
+}
+
+/// A correct handshake as host `node_id`; `rcvbuf` shrinks the data channel's receive
+/// buffer before it connects (a host that reads slowly).
+fn connect_as(addr: &str, node_id: u64, rcvbuf: Option<usize>) -> Result<Conn, String> {
     let mut reg = Registry::new(0);
     let mut ctrl = chan(TcpStream::connect(addr).map_err(|e| e.to_string())?);
     send(
         &mut ctrl,
-        handshake::hello(Role::Host, 0, Queue::SINGLE, 0, 0xbad, 70_000),
+        handshake::hello(Role::Host, 0, Queue::SINGLE, 0, node_id, 70_000),
     );
     let r = recv(&mut ctrl, &mut reg).ok_or("no HelloReply")?;
     let r = handshake::accept_reply(&r).map_err(|e| e.to_string())?;
-    let mut data = chan(TcpStream::connect(addr).map_err(|e| e.to_string())?);
+    let data_sock = match rcvbuf {
+        Some(n) => {
+            let sa: std::net::SocketAddr = addr.parse().map_err(|e| format!("{e}"))?;
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                .map_err(|e| e.to_string())?;
+            s.set_recv_buffer_size(n).map_err(|e| e.to_string())?;
+            s.connect(&sa.into()).map_err(|e| e.to_string())?;
+            TcpStream::from(s)
+        }
+        None => TcpStream::connect(addr).map_err(|e| e.to_string())?,
+    };
+    let mut data = chan(data_sock);
     send(
         &mut data,
-        handshake::hello(Role::Host, 1, Queue::SINGLE, r.session, 0xbad, 70_000),
+        handshake::hello(Role::Host, 1, Queue::SINGLE, r.session, node_id, 70_000),
     );
     recv(&mut data, &mut reg).ok_or("no data HelloReply")?;
     let mut pools = Vec::new();
@@ -116,7 +140,56 @@ fn connect_host(addr: &str) -> Result<Conn, String> {
         data,
         reg,
         pools,
+        token: r.session,
     })
+}
+
+/// A frame (virtio-net header, then Ethernet) from `src` to the broadcast address.
+fn frame_from(src: [u8; 6], len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; 10];
+    f.extend_from_slice(&[0xff; 6]);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&[0x88, 0xb5]);
+    f.resize(len, 0x5a);
+    f
+}
+
+/// Writes `frame` into element `element` of `pool` with immediate data, as a host does.
+fn write_frame(ch: &mut Ch, pool: &PoolEntry, element: u32, frame: &[u8]) {
+    let imm = Idata::new(pool.pool_ref, element, frame.len() as u32)
+        .map(|i| i.to_u32())
+        .unwrap_or(0);
+    ch.post(
+        Op::WriteImm {
+            handle: pool.handle,
+            addr: pool.address + u64::from(element) * u64::from(pool.element_size),
+            imm,
+        },
+        &[],
+        Payload::Bytes(frame.to_vec()),
+    );
+    let _ = ch.flush();
+}
+
+/// The session's MAC, asked with GetMac.
+fn get_mac(c: &mut Conn) -> Option<[u8; 6]> {
+    send(
+        &mut c.ctrl,
+        msg(&Message::CfgUtilRequest(CfgRequest {
+            code: CfgCode::GetMac,
+            data: &[],
+        })),
+    );
+    let end = Instant::now() + WAIT;
+    while Instant::now() < end {
+        let m = recv(&mut c.ctrl, &mut c.reg)?;
+        if let Ok((_, Message::CfgUtilReply(r))) = Message::parse(&m) {
+            if r.code == CfgCode::GetMac {
+                return r.data.try_into().ok();
+            }
+        }
+    }
+    None
 }
 
 fn write(ch: &mut Ch, handle: u64, addr: u64, len: usize) {
@@ -317,7 +390,184 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
     if joined > 0 {
         missed.push("queue joining another host's session");
     }
+    // A data channel naming another session: the next tokens, small ids, or the right
+    // token from another node.
+    if let Ok(c) = connect_host(addr) {
+        let mut joined = 0;
+        let guesses = [c.token.wrapping_add(1), c.token.wrapping_sub(1), 1, 2, 3];
+        for (session, node) in guesses
+            .iter()
+            .map(|&s| (s, 0xbad))
+            .chain([(c.token, 0xb0b)])
+        {
+            let Ok(s) = TcpStream::connect(addr) else {
+                continue;
+            };
+            let mut d = chan(s);
+            let mut reg = Registry::new(0);
+            send(
+                &mut d,
+                handshake::hello(Role::Host, 1, Queue::SINGLE, session, node, 70_000),
+            );
+            joined += usize::from(
+                recv(&mut d, &mut reg).is_some_and(|r| handshake::accept_reply(&r).is_ok()),
+            );
+        }
+        println!(
+            "data channel joining another session: {}",
+            if joined == 0 {
+                "refused"
+            } else {
+                "NOT refused"
+            }
+        );
+        if joined > 0 {
+            missed.push("data channel joining another session");
+        }
+    }
+    // Pool requests of absurd geometry: declined, nothing granted.
+    if let Ok(mut c) = connect_host(addr) {
+        for (size, count) in [(1, 1 << 26), (8, 1 << 20), (256, 1 << 16)] {
+            send(
+                &mut c.ctrl,
+                msg(&Message::BufferRecvPoolGet(PoolGet {
+                    element_size: size,
+                    element_count: count,
+                })),
+            );
+        }
+        let mut granted = 0;
+        while let Some(m) = recv(&mut c.ctrl, &mut c.reg) {
+            if let Ok((_, Message::BufferRecvPool(p))) = Message::parse(&m) {
+                granted += p.len();
+            }
+        }
+        println!(
+            "BufferRecvPoolGet of absurd geometry: {}",
+            if granted == 0 {
+                "declined"
+            } else {
+                "NOT declined"
+            }
+        );
+        if granted > 0 {
+            missed.push("BufferRecvPoolGet of absurd geometry");
+        }
+    }
+    // Requests whose answers are never read: the IOC ends the session once its backlog of
+    // unread answers passes its bound, instead of growing.
+    if let Ok(c) = connect_host(addr) {
+        let Conn {
+            mut ctrl, mut reg, ..
+        } = c;
+        let req = msg(&Message::CfgUtilRequest(CfgRequest {
+            code: CfgCode::GetStats,
+            data: &[],
+        }));
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut gone = false;
+        while !gone && Instant::now() < end {
+            for _ in 0..1000 {
+                ctrl.post(Op::Send, &[], Payload::Bytes(req.clone()));
+            }
+            gone = ctrl.flush().is_err();
+        }
+        // Only now read: what the IOC sent ends with the close.
+        let gone = gone || closed(&mut ctrl, &mut reg, WAIT);
+        println!(
+            "GetStats without reading the answers: {}",
+            if gone {
+                "disconnected"
+            } else {
+                "NOT disconnected"
+            }
+        );
+        if !gone {
+            missed.push("GetStats without reading the answers");
+        }
+    }
+    // Frames from a source MAC that is not the host's: dropped and counted by the IOC (the
+    // end-to-end test reads the counter); the session stays.
+    if let Ok(mut c) = connect_host(addr) {
+        if let Some(pool) = c.pools.iter().find(|p| p.element_size >= 128).copied() {
+            for e in 0..SPOOFED {
+                write_frame(&mut c.data, &pool, e, &frame_from(SPOOF_MAC, 100));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            println!("spoofed source MAC: {SPOOFED} frames sent");
+        }
+    }
     missed
+}
+
+/// Frames sent from [`SPOOF_MAC`].
+const SPOOFED: u32 = 10;
+/// A source MAC no host owns.
+const SPOOF_MAC: [u8; 6] = [0x02, 0x66, 0x66, 0x66, 0x66, 0x66];
+
+/// A host that keeps its control channel alive and never reads its data channel.
+fn slow_host(addr: &str, seconds: u64) -> Vec<&'static str> {
+    let mut c = match connect_as(addr, 0x5107, Some(4096)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("slow host: cannot connect: {e}");
+            return vec!["connect"];
+        }
+    };
+    let Some(mac) = get_mac(&mut c) else {
+        return vec!["GetMac"];
+    };
+    println!("mac {}", wire::fmt_mac(&mac));
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut next_stats = Instant::now();
+    while Instant::now() < end {
+        send(&mut c.ctrl, msg(&Message::Keepalive));
+        if Instant::now() >= next_stats {
+            next_stats += Duration::from_secs(1);
+            send(
+                &mut c.ctrl,
+                msg(&Message::CfgUtilRequest(CfgRequest {
+                    code: CfgCode::GetStats,
+                    data: &[],
+                })),
+            );
+        }
+        // Read the control channel (answers, keepalives) for 100 ms; never the data channel.
+        let until = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < until {
+            match c.ctrl.poll_recv(&mut c.reg) {
+                Ok(_) => {}
+                Err(ChannelError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => {
+                    println!("slow host: the IOC closed the session: {e}");
+                    return vec!["the IOC kept the slow host"];
+                }
+            }
+        }
+    }
+    println!("slow host: still connected after {seconds} s");
+    Vec::new()
+}
+
+/// Connects `n` times, each time dropping the connection without a word.
+fn churn(addr: &str, n: usize) -> Vec<&'static str> {
+    let mut failed = 0;
+    for i in 0..n {
+        match connect_as(addr, 0xc0de + i as u64 % 4, None) {
+            Ok(c) => drop(c),
+            Err(_) => failed += 1,
+        }
+    }
+    println!("churn: {n} connections, {failed} failed");
+    if failed * 10 > n {
+        vec!["churn"]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Plays a hostile IOC for `rounds` host connections.
@@ -420,13 +670,21 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
     missed
 }
 
+fn number(arg: Option<&String>, default: u64) -> u64 {
+    arg.and_then(|a| a.parse().ok()).unwrap_or(default)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let missed = match (args.get(1).map(String::as_str), args.get(2)) {
         (Some("host"), Some(addr)) => attack_ioc(addr),
         (Some("ioc"), Some(addr)) => attack_host(addr, 4),
+        (Some("slow"), Some(addr)) => slow_host(addr, number(args.get(3), 20)),
+        (Some("churn"), Some(addr)) => churn(addr, number(args.get(3), 100) as usize),
         _ => {
-            eprintln!("usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR");
+            eprintln!(
+                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N"
+            );
             std::process::exit(2);
         }
     };

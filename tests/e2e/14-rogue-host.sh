@@ -4,6 +4,7 @@
 # good host's traffic is not interrupted; the IOC's memory stays bounded.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip iperf3 python3; need_daemons
+# Every attack, and frames from a source MAC that is not the host's (counted, not passed on).
 ROGUE=$BIN/examples/rogue
 [ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
 topo_up 2; start_ioc; start_host 1
@@ -20,6 +21,9 @@ log "good host: $(cat "$T/good.rate") Gb/s during the attacks"
 kill -0 "$IOC_PID" || fail "ioc-driver died"
 n=$(grep -c "host broke the protocol" "$T/ioc.log")
 [ "$n" -ge 10 ] || fail "only $n protocol/protection errors logged"
+spoofed=$("$BIN/splitnetctl" -s "$T/ioc.sock" --json stats |
+    python3 -c "import json, sys; print(json.load(sys.stdin)['stats'].get('drops', {}).get('tx_spoofed_source', 0))")
+assert_ge "$spoofed" 10 "frames from a spoofed source MAC dropped and counted"
 rss1=$(rss_kib "$IOC_PID")
 log "IOC resident memory ${rss0} KiB before, ${rss1} KiB after; $n errors logged"
 [ "$rss1" -lt $((256 * 1024)) ] || fail "IOC resident memory grew to $rss1 KiB"

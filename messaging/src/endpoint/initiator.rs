@@ -13,6 +13,7 @@ use super::target::PoolSpec;
 use crate::adapter::{Channel, Op, Payload};
 use crate::memory::SendBuf;
 use crate::wire::{self, Function, Header, Idata, Indicate, Message, PoolEntry, PoolGet, PoolRun};
+use std::collections::VecDeque;
 
 /// Limits of the initiator side.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +62,9 @@ struct RemotePool {
 pub struct Initiator {
     config: InitiatorConfig,
     pools: Vec<RemotePool>,
-    retired: Vec<u32>,
+    /// Pools we stopped using lately, newest last (at most `max_pools`): a credit update
+    /// for one of them raced our flush and is ignored.
+    retired: VecDeque<u32>,
     pool_get_sent: bool,
     flush_txn: Option<u64>,
 }
@@ -85,7 +88,7 @@ impl Initiator {
         Initiator {
             config,
             pools: Vec::new(),
-            retired: Vec::new(),
+            retired: VecDeque::new(),
             pool_get_sent: false,
             flush_txn: None,
         }
@@ -265,10 +268,33 @@ impl Initiator {
     /// The target's BufferPoolFlushRequest: stop using `pool_refs` and confirm on the data
     /// channel, behind every write already posted into them.
     pub fn on_flush_request(&mut self, txn: u64, pool_refs: &[u32], out: &mut Outbox) {
+        let live: Vec<u32> = self
+            .pools
+            .iter()
+            .map(|p| p.entry.pool_ref)
+            .filter(|r| pool_refs.contains(r))
+            .collect();
         self.pools
             .retain(|p| !pool_refs.contains(&p.entry.pool_ref));
-        self.retired.extend_from_slice(pool_refs);
+        self.retire(&live);
         out.push(Lane::Data, txn, &Message::BufferPoolFlushReply);
+    }
+
+    /// Remembers pools we stopped using (only pools we held), forgetting the oldest beyond
+    /// `max_pools`: what a peer names in flush requests cannot grow this list.
+    fn retire(&mut self, refs: &[u32]) {
+        for &r in refs {
+            self.retired.retain(|x| *x != r);
+            self.retired.push_back(r);
+        }
+        while self.retired.len() > self.config.max_pools {
+            self.retired.pop_front();
+        }
+    }
+
+    /// Pools remembered as retired (for tests and operators).
+    pub fn retired(&self) -> usize {
+        self.retired.len()
     }
 
     /// Stops using every remote pool (shutdown): queues a BufferPoolFlushRequest on the data
@@ -286,8 +312,8 @@ impl Initiator {
                 &Message::BufferPoolFlushRequest(chunk.to_vec()),
             );
         }
-        self.retired.extend_from_slice(&refs);
         self.pools.clear();
+        self.retire(&refs);
         self.flush_txn = Some(txn);
         Some(txn)
     }

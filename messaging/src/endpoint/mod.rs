@@ -17,4 +17,7 @@ pub use link::{Link, LinkError, LinkEvent, LinkStats};
 pub use liveness::{Keepalive, Liveness};
 pub use outbox::{Lane, Outbox};
 pub use session::{Incoming, Session, SessionConfig};
-pub use target::{Delivery, PoolGetOutcome, PoolSpec, PoolUsage, Target, TargetConfig};
+pub use target::{
+    Delivery, PoolGetOutcome, PoolSpec, PoolUsage, Target, TargetConfig, ELEMENT_OVERHEAD,
+    MAX_ELEMENT_COUNT, MIN_ELEMENT_SIZE,
+};

@@ -39,6 +39,11 @@ impl PoolSpec {
     }
 }
 
+/// Memory a pool costs the target: its elements and their bookkeeping.
+fn cost(spec: PoolSpec) -> u64 {
+    spec.bytes() + u64::from(spec.element_count) * ELEMENT_OVERHEAD
+}
+
 /// Limits of the target side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetConfig {
@@ -51,6 +56,14 @@ pub struct TargetConfig {
     /// Largest element a BufferRecvPoolGet may ask for.
     pub max_element_size: u32,
 }
+
+/// Smallest element a BufferRecvPoolGet may ask for (the bound of advertised pools too).
+pub const MIN_ELEMENT_SIZE: u32 = 256;
+/// Most elements a BufferRecvPoolGet may ask for (the bound of advertised pools too).
+pub const MAX_ELEMENT_COUNT: u32 = 4096;
+/// Bookkeeping bytes one element costs the target (its state here and its grant in the
+/// registry), counted with the pool's memory against `max_granted_bytes`.
+pub const ELEMENT_OVERHEAD: u64 = 16;
 
 /// A frame that landed in one of our elements. Release it with [`Target::release`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -361,13 +374,19 @@ impl Target {
         if spec.element_size == 0 || spec.element_count == 0 {
             return PoolGetOutcome::Declined("empty pool");
         }
+        if spec.element_size < MIN_ELEMENT_SIZE {
+            return PoolGetOutcome::Declined("element size below the minimum");
+        }
         if spec.element_size > self.config.max_element_size {
             return PoolGetOutcome::Declined("element size above the limit");
+        }
+        if spec.element_count > MAX_ELEMENT_COUNT {
+            return PoolGetOutcome::Declined("element count above the limit");
         }
         if self.live_pools() >= self.config.max_pools {
             return PoolGetOutcome::Declined("too many pools");
         }
-        if self.granted_bytes.saturating_add(spec.bytes()) > self.config.max_granted_bytes {
+        if self.cost().saturating_add(cost(spec)) > self.config.max_granted_bytes {
             return PoolGetOutcome::Declined("granted memory limit reached");
         }
         match self.advertise(reg, spec, out) {
@@ -387,6 +406,11 @@ impl Target {
             .map(|p| u64::from(p.spec.element_size))
             .max()
             .unwrap_or(0)
+    }
+
+    /// Memory of every live pool with its bookkeeping.
+    fn cost(&self) -> u64 {
+        self.pools.iter().flatten().map(|p| cost(p.spec)).sum()
     }
 
     /// Pools currently granted.

@@ -168,6 +168,95 @@ mod credits {
         ));
         assert_eq!(b.link.session().target().live_pools(), 2);
     }
+
+    /// Asks `b` for a pool of `element_size` x `element_count`.
+    fn pool_get(
+        b: &mut crate::testing::Peer,
+        element_size: u32,
+        element_count: u32,
+    ) -> PoolGetOutcome {
+        let mut bytes = Vec::new();
+        Message::BufferRecvPoolGet(crate::wire::PoolGet {
+            element_size,
+            element_count,
+        })
+        .emit(3, &mut bytes);
+        match b
+            .link
+            .session_mut()
+            .on_message(&mut b.reg, crate::endpoint::Lane::Control, &bytes)
+            .unwrap()
+        {
+            crate::endpoint::Incoming::PoolGet(o) => o,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn pool_get_geometry_is_bounded_with_its_bookkeeping() {
+        let mut p = pair();
+        let b = &mut p.b;
+        // Element size 1: the bookkeeping would outweigh the memory many times over.
+        assert_eq!(
+            pool_get(b, 1, 4096),
+            PoolGetOutcome::Declined("element size below the minimum")
+        );
+        assert_eq!(
+            pool_get(b, 256, 65_536),
+            PoolGetOutcome::Declined("element count above the limit")
+        );
+        // 8 MiB budget, about 0.6 MiB granted: 7 pools of 1 MiB of elements fit, the
+        // bookkeeping of the 7th (64 KiB per pool of 4096) does not.
+        let mut granted = 0;
+        while let PoolGetOutcome::Granted(_) = pool_get(b, 256, 4096) {
+            granted += 1;
+        }
+        assert!(granted > 0 && granted < 8, "{granted}");
+        let t = b.link.session().target();
+        let meta = t.live_pools() as u64 * 4096 * crate::endpoint::ELEMENT_OVERHEAD;
+        assert!(t.granted_bytes() + meta <= 8 << 20);
+    }
+}
+
+mod retired {
+    use super::*;
+
+    #[test]
+    fn flush_requests_for_pools_never_held_are_not_remembered() {
+        let mut p = pair();
+        let mut out = crate::endpoint::Outbox::new();
+        let a = &mut p.a;
+        let before = a.link.session().initiator().retired();
+        let mut bytes = Vec::new();
+        for r in 0..1000u32 {
+            bytes.clear();
+            Message::BufferPoolFlushRequest(vec![1000 + r, 2000 + r])
+                .emit(u64::from(r), &mut bytes);
+            a.link
+                .session_mut()
+                .on_message(&mut a.reg, crate::endpoint::Lane::Control, &bytes)
+                .unwrap();
+        }
+        let _ = &mut out;
+        assert_eq!(a.link.session().initiator().retired(), before);
+        // Pools it held are remembered, at most max_pools of them.
+        let refs: Vec<u32> = a
+            .link
+            .session()
+            .initiator()
+            .pools()
+            .map(|e| e.pool_ref)
+            .collect();
+        assert!(!refs.is_empty());
+        bytes.clear();
+        Message::BufferPoolFlushRequest(refs.clone()).emit(5000, &mut bytes);
+        a.link
+            .session_mut()
+            .on_message(&mut a.reg, crate::endpoint::Lane::Control, &bytes)
+            .unwrap();
+        assert_eq!(a.link.session().initiator().retired(), before + refs.len());
+        assert!(a.link.session().initiator().retired() <= 16);
+    }
 }
 
 mod indication {

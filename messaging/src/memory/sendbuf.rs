@@ -135,9 +135,19 @@ impl SendBufCache {
         }
     }
 
+    /// True when [`SendBufCache::get`] would return a buffer.
+    pub fn has_free(&self) -> bool {
+        !self.free.is_empty() || self.live < self.max
+    }
+
     /// Buffers currently handed out.
     pub fn in_use(&self) -> usize {
         self.live - self.free.len()
+    }
+
+    /// Most buffers alive at once.
+    pub fn capacity(&self) -> usize {
+        self.max
     }
 
     /// Buffer size.
@@ -161,8 +171,10 @@ mod tests {
         let a = c.get().unwrap();
         let b = c.get().unwrap();
         assert!(c.get().is_none(), "bounded at max");
+        assert!(!c.has_free());
         assert_eq!(c.in_use(), 2);
         c.put(a);
+        assert!(c.has_free());
         c.put(b);
         for _ in 0..10 {
             let x = c.get().unwrap();

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Hundreds of host connections that vanish without a word while a good host moves traffic
+# through the IOC both ways: every session's send buffers and pools come back (the pool is
+# whole afterwards), the IOC's descriptors and memory stay flat, and the good host is never
+# disturbed.
+. "$(dirname "$0")/../lib.sh"
+need_root; need_tool ip iperf3 python3 ping; need_daemons
+ROGUE=$BIN/examples/rogue
+CTL=$BIN/splitnetctl
+[ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
+json() { "$CTL" -s "$T/ioc.sock" --json "$1" | python3 -c "import json, sys; d = json.load(sys.stdin); print($2)"; }
+topo_up 2; start_ioc; start_host 1
+wait_carrier sd-host up 10
+ping_ok sd-host 10.50.0.2
+# A first round, so that lazily made buffers and allocator arenas exist before measuring.
+ip netns exec sd-host2 "$ROGUE" churn 10.200.0.2:7400 20 >/dev/null 2>&1
+fds0=$(fds "$IOC_PID"); rss0=$(rss_kib "$IOC_PID")
+iperf sd-host 10.50.0.2 5311 -t 20 --bidir >"$T/good.rate" & good=$!
+sleep 1
+ip netns exec sd-host2 "$ROGUE" churn 10.200.0.2:7400 300 >"$T/churn.out" 2>&1 || fail "churn: $(cat "$T/churn.out")"
+log "$(cat "$T/churn.out")"
+wait $good || fail "the good host's iperf3 was interrupted"
+log "good host during the churn: $(cat "$T/good.rate") Gb/s"
+assert_no_grep "$T/host1.log" "fabric lost|connection lost" "the good host reconnected"
+# Sessions whose data channel never came are dropped after the handshake timeout.
+eventually 5 [ "$(json status "d['status']['fabric']['hosts']")" = 1 ] || fail "sessions left behind"
+in_use=$(json stats "d['stats']['send_buffers'][0]")
+quota=$(json hosts "d['hosts']['hosts'][0]['buffer_quota']")
+log "send buffers in use: $in_use (the good host's quota: $quota)"
+assert_le "$in_use" "$quota" "send buffers still held by departed sessions"
+connects=$(json status "d['status']['fabric']['connects']")
+assert_ge "$connects" 300 "sessions admitted"
+fds1=$(fds "$IOC_PID"); rss1=$(rss_kib "$IOC_PID")
+log "IOC: $fds0 -> $fds1 descriptors, $rss0 -> $rss1 KiB resident"
+assert_le "$fds1" "$fds0" "the IOC's descriptors grew"
+assert_le "$rss1" $((rss0 + 16384)) "the IOC's resident memory grew by more than 16 MiB"
+ping_ok sd-host 10.50.0.2
+pass "churn leaves the IOC as it was"
