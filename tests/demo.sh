@@ -68,7 +68,8 @@ echo "   + splitnetctl -s $T/ioc.sock hosts"
 "$BIN/splitnetctl" -s "$T/ioc.sock" hosts | sed 's/^/     /'
 
 say "7. stop both daemons (SIGTERM: buffer pools flushed with the peer, exit 0)"
-stop_host 1; echo "   host-driver exited with status $STOP_RC; sd0 is gone: $(ip -n sd-host link show sd0 >/dev/null 2>&1 && echo no || echo yes)"
+stop_host 1; echo "   host-driver exited with status $STOP_RC; sd0 stays for the next host-driver, carrier off, addresses kept:"
+ip -n sd-host -br addr show sd0 | sed 's/^/     /'
 stop_ioc; echo "   ioc-driver exited with status $STOP_RC"
 echo "   last lines of their logs:"
 tail -n 3 "$T/host1.log" "$T/ioc.log" 2>/dev/null | sed 's/^/     /'
