@@ -42,6 +42,7 @@ deb_package() {
     as_user cargo deb -p host-driver --no-build
 }
 step "Debian package (cargo deb)" deb_package
+step "rust-version (tests/msrv.sh)" as_user tests/msrv.sh
 step "systemd units (tests/units.sh)" tests/units.sh
 step "shellcheck (tests, .ci/run)" shellcheck -S warning tests/*.sh tests/e2e/*.sh .ci/run debian/post* debian/pre*
 step "fuzz smoke (${FUZZ_SECONDS:-10} s per target)" as_user fuzz/run.sh "${FUZZ_SECONDS:-10}"

@@ -572,8 +572,9 @@ mod tests {
             ..VnetHdr::default()
         };
         let mut f = frame(far, 60);
-        f.resize(f.len() + 4, 0);
-        assert_eq!(insert_vlan(&mut f, f.len() - 4, 0x8100, 1), None);
+        let n = f.len();
+        f.resize(n + 4, 0);
+        assert_eq!(insert_vlan(&mut f, n, 0x8100, 1), None);
     }
 
     proptest! {
