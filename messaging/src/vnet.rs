@@ -539,7 +539,7 @@ mod tests {
             csum_start: 34,
             csum_offset: 16,
         };
-        let mut buf = frame(h, 100);
+        let mut buf = frame(h, 2000);
         buf[VNET_HDR_LEN..VLAN_TAG_AT].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         buf[VLAN_TAG_AT..VLAN_TAG_AT + 2].copy_from_slice(&[0x08, 0x00]);
         let len = buf.len();
