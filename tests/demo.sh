@@ -2,10 +2,16 @@
 # The demo: builds splitnet, brings up the reference topology (host, IOC and LAN namespaces
 # joined by veth pairs), starts ioc-driver and host-driver with the example configs, configures
 # sd0, pings the LAN peer 5 times and runs iperf3 for 3 s each way through sd0, then stops the
-# daemons and removes the topology, printing every step. Run it as root: sudo tests/demo.sh
+# daemons and removes the topology, printing every step. It needs root: from a root shell it
+# runs as it is; otherwise it runs itself again with sudo. What it lacks it installs first
+# (tests/setup.sh: Debian packages with apt-get); the build runs as the calling user.
 set -u
-cd "$(dirname "$0")/.." || exit 1
+SELF=$(readlink -f "$0")
+. "$(dirname "$SELF")/setup.sh"
+reexec_as_root "$SELF" "$@"
+cd "$(dirname "$SELF")/.." || exit 1
 . tests/cargo.sh
+setup_tools demo || exit 1
 . tests/lib.sh
 say() { printf '\n== %s\n' "$*"; }
 need_root
@@ -62,7 +68,8 @@ echo "   + splitnetctl -s $T/ioc.sock hosts"
 "$BIN/splitnetctl" -s "$T/ioc.sock" hosts | sed 's/^/     /'
 
 say "7. stop both daemons (SIGTERM: buffer pools flushed with the peer, exit 0)"
-stop_host 1; echo "   host-driver exited with status $STOP_RC; sd0 is gone: $(ip -n sd-host link show sd0 >/dev/null 2>&1 && echo no || echo yes)"
+stop_host 1; echo "   host-driver exited with status $STOP_RC; sd0 stays for the next host-driver, carrier off, addresses kept:"
+ip -n sd-host -br addr show sd0 | sed 's/^/     /'
 stop_ioc; echo "   ioc-driver exited with status $STOP_RC"
 echo "   last lines of their logs:"
 tail -n 3 "$T/host1.log" "$T/ioc.log" 2>/dev/null | sed 's/^/     /'

@@ -100,7 +100,7 @@ need_daemons() {
 need_tools() { need_tool "$@"; need_daemons; }
 
 # ---------------------------------------------------------------------------------------------
-# Cleanup: processes first (sd0 goes with host-driver), then the namespaces.
+# Cleanup: processes first, then the namespaces (a persistent sd0 goes with its namespace).
 
 stop_processes() {
     local p
@@ -231,11 +231,13 @@ stop_ioc() {
 }
 
 # start_host K: host-driver in host K's namespace with HOST_CONF (the same file for every
-# host), waits for sd0, then configures it as the OS would: addresses (unless NO_ADDR=1) and
-# link up. Sets HOST_PID[K].
+# host), waits for sd0, then configures it as the OS would: addresses (unless NO_ADDR=1 or sd0
+# existed already: a persistent sd0 left by an earlier host-driver keeps its own) and link
+# up. Sets HOST_PID[K].
 start_host() {
-    local k=$1 ns
+    local k=$1 ns existed=0
     ns=$(host_ns "$k")
+    ip -n "$ns" link show sd0 >/dev/null 2>&1 && existed=1
     ip netns exec "$ns" "$BIN/host-driver" --config "$HOST_CONF" --control-socket "$T/host$k.sock" \
         >>"$T/host$k.log" 2>&1 &
     HOST_PID[$k]=$!
@@ -246,7 +248,7 @@ start_host() {
         sleep 0.05
     done
     ip -n "$ns" link show sd0 >/dev/null 2>&1 || fail "host-driver did not create sd0 in $ns within 5 s"
-    [ "${NO_ADDR:-0}" = 1 ] || configure_sd0 "$k"
+    [ "${NO_ADDR:-0}" = 1 ] || [ "$existed" = 1 ] || configure_sd0 "$k"
     run ip -n "$ns" link set sd0 up
 }
 

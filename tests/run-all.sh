@@ -4,9 +4,15 @@
 # tests/e2e/ in order (root: network namespaces). Prints PASS/FAIL per step and a summary;
 # exits non-zero if anything failed. Nothing is skipped: a missing tool or missing root is a
 # FAIL that names what is missing.
+# It needs root: from a root shell it runs as it is; otherwise it runs itself again with sudo.
+# Its first step installs what is missing (tests/setup.sh: Debian packages with apt-get,
+# cargo-fuzz and cargo-deb with cargo install --locked, rustfmt and clippy with rustup).
 #   FUZZ_SECONDS (default 10): fuzzing time per target.  SOAK_SECONDS (default 600): soak test.
 set -u
-cd "$(dirname "$0")/.." || exit 1
+SELF=$(readlink -f "$0")
+. "$(dirname "$SELF")/setup.sh"
+reexec_as_root "$SELF" "$@"
+cd "$(dirname "$SELF")/.." || exit 1
 . tests/cargo.sh
 failed=()
 summary=()
@@ -18,8 +24,8 @@ step() {
     summary+=("$(printf '%s  %-44s %4ss' "$r" "$name" $((SECONDS - start)))")
     echo "$r: $name"
 }
-[ "$(id -u)" = 0 ] || echo "note: not root; the end-to-end tests need root and will FAIL (run: sudo $0)"
 need_cargo || failed+=("cargo")
+step "set-up (tests/setup.sh all)" setup_tools all
 step "cargo fmt --all -- --check" as_user cargo fmt --all -- --check
 step "cargo clippy -D warnings" as_user cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test --workspace" as_user cargo test --workspace
@@ -36,8 +42,9 @@ deb_package() {
     as_user cargo deb -p host-driver --no-build
 }
 step "Debian package (cargo deb)" deb_package
+step "rust-version (tests/msrv.sh)" as_user tests/msrv.sh
 step "systemd units (tests/units.sh)" tests/units.sh
-step "shellcheck (tests, .ci/run)" shellcheck -S warning tests/*.sh tests/e2e/*.sh .ci/run
+step "shellcheck (tests, .ci/run)" shellcheck -S warning tests/*.sh tests/e2e/*.sh .ci/run debian/post* debian/pre*
 step "fuzz smoke (${FUZZ_SECONDS:-10} s per target)" as_user fuzz/run.sh "${FUZZ_SECONDS:-10}"
 # e2e TEST: runs one end-to-end test (20 min at most); a test that leaves a namespace of the
 # reference topology behind (killed before its trap ran) fails, and the leftovers are removed so

@@ -187,7 +187,8 @@ impl Metrics {
 pub struct Control {
     /// Listen on the control socket at all.
     pub enabled: bool,
-    /// Where; absent: the daemon's default (/run/host-driver/control.sock,
+    /// Where; absent: the daemon's default (/run/host-driver/control.sock for sd0,
+    /// /run/host-driver/control-IFNAME.sock for another interface,
     /// /run/ioc-driver/control.sock).
     pub socket: Option<std::path::PathBuf>,
 }
@@ -207,7 +208,7 @@ impl Control {
     pub fn socket_path(
         &self,
         explicit: Option<std::path::PathBuf>,
-        default: &str,
+        default: impl Into<std::path::PathBuf>,
     ) -> Option<std::path::PathBuf> {
         match explicit {
             Some(p) => Some(p),

@@ -97,6 +97,10 @@ pub struct Interface {
     /// TAP queues, each served by a thread of its own over a fabric session of its own
     /// (1..=16; more than one where the host gives the driver more than one core).
     pub queues: u16,
+    /// The interface outlives the driver (a persistent TAP): carrier off while no driver
+    /// serves it, addresses, routes, MAC and MTU kept, re-attached by the next driver.
+    /// `false`: it goes away when the driver stops, as a plain TAP does.
+    pub persist: bool,
 }
 
 impl Default for Interface {
@@ -106,6 +110,7 @@ impl Default for Interface {
             mac: None,
             offload: true,
             queues: 1,
+            persist: true,
         }
     }
 }

@@ -16,8 +16,24 @@ pub mod report;
 
 pub use report::{Reply, Request};
 
-/// Where host-driver listens unless configured otherwise.
+/// Where host-driver listens unless configured otherwise, for the default interface `sd0`
+/// (another interface's driver has [`host_socket`]).
 pub const HOST_SOCKET: &str = "/run/host-driver/control.sock";
+/// The runtime directory of host-driver, where its control sockets are.
+pub const HOST_DIR: &str = "/run/host-driver";
+/// The default interface of host-driver, whose socket is [`HOST_SOCKET`].
+pub const DEFAULT_INTERFACE: &str = "sd0";
+
+/// Where the host-driver of TAP interface `ifname` listens unless configured otherwise:
+/// [`HOST_SOCKET`] for `sd0`, `/run/host-driver/control-IFNAME.sock` for any other name,
+/// so that two drivers of one machine (two interfaces) never share a socket.
+pub fn host_socket(ifname: &str) -> std::path::PathBuf {
+    if ifname == DEFAULT_INTERFACE {
+        HOST_SOCKET.into()
+    } else {
+        std::path::Path::new(HOST_DIR).join(format!("control-{ifname}.sock"))
+    }
+}
 /// Where ioc-driver listens unless configured otherwise.
 pub const IOC_SOCKET: &str = "/run/ioc-driver/control.sock";
 /// The JSON answer to a request line: `answer`'s reply for a known request, an error
@@ -39,6 +55,16 @@ pub const MAX_REPLY: u64 = 4 << 20;
 mod tests {
     use super::report::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn each_interface_has_its_own_default_socket() {
+        assert_eq!(super::host_socket("sd0").to_str(), Some(super::HOST_SOCKET));
+        assert_eq!(
+            super::host_socket("sd1").to_str(),
+            Some("/run/host-driver/control-sd1.sock")
+        );
+        assert_ne!(super::host_socket("sd1"), super::host_socket("sd2"));
+    }
 
     #[test]
     fn request_words_round_trip() {

@@ -6,7 +6,7 @@ mod render;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use splitnet_control::client::{self, ClientError};
-use splitnet_control::{Reply, Request, HOST_SOCKET, IOC_SOCKET};
+use splitnet_control::{host_socket, Reply, Request, HOST_DIR, HOST_SOCKET, IOC_SOCKET};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
     version,
     about = "Inspect a running splitnet daemon (host-driver or ioc-driver)",
     long_about = "Inspect a running splitnet daemon over its control socket \
-(/run/host-driver/control.sock or /run/ioc-driver/control.sock, root only). With neither \
---socket nor --daemon, the one of the two that exists is used.\n\n\
-Exit status: 0 answered, 1 the daemon could not be reached or refused, 2 usage error."
+(/run/host-driver/control.sock, or control-IFNAME.sock there for an interface other than sd0, \
+or /run/ioc-driver/control.sock; root only). With neither --socket, --daemon nor --interface, \
+the one daemon socket that exists is used. The options go anywhere on the line.\n\n\
+Exit status: 0 answered, 1 the daemon could not be reached (none running) or refused, 2 usage \
+error (including several daemons running and none chosen)."
 )]
 struct Cli {
     /// Print the daemon's JSON document instead of a table (for scripts).
@@ -31,6 +33,9 @@ struct Cli {
     /// Which daemon of this machine to ask (its default socket).
     #[arg(long, short, value_enum, global = true, conflicts_with = "socket")]
     daemon: Option<Daemon>,
+    /// The host-driver of this TAP interface (its default socket; implies --daemon host).
+    #[arg(long, value_name = "IFNAME", global = true, conflicts_with = "socket")]
+    interface: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -73,9 +78,13 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let socket = match pick_socket(&cli) {
+    let socket = match pick_socket(&cli, &present_sockets()) {
         Ok(s) => s,
-        Err(msg) => {
+        Err(Unpicked::NoDaemon(msg)) => {
+            eprintln!("splitnetctl: {msg}");
+            return ExitCode::FAILURE;
+        }
+        Err(Unpicked::Ambiguous(msg)) => {
             eprintln!("splitnetctl: {msg}");
             return ExitCode::from(2);
         }
@@ -96,27 +105,73 @@ fn main() -> ExitCode {
     }
 }
 
-/// The socket named on the command line, or the one daemon socket that exists.
-fn pick_socket(cli: &Cli) -> Result<PathBuf, String> {
+/// Why no socket was chosen.
+#[derive(Debug, PartialEq, Eq)]
+enum Unpicked {
+    /// No daemon runs here (exit 1: nothing to reach).
+    NoDaemon(String),
+    /// Several do and the command line did not choose (exit 2: usage).
+    Ambiguous(String),
+}
+
+/// The control sockets of the daemons running here: every host-driver's (one per
+/// interface) and the IOC's.
+fn present_sockets() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(HOST_DIR)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n == "control.sock" || (n.starts_with("control-") && n.ends_with(".sock"))
+            })
+        })
+        .collect();
+    found.sort();
+    if Path::new(IOC_SOCKET).exists() {
+        found.push(IOC_SOCKET.into());
+    }
+    found
+}
+
+/// The socket named on the command line, or the one daemon socket of `present` that the
+/// command line allows.
+fn pick_socket(cli: &Cli, present: &[PathBuf]) -> Result<PathBuf, Unpicked> {
     if let Some(s) = &cli.socket {
         return Ok(s.clone());
     }
-    match cli.daemon {
-        Some(Daemon::Host) => return Ok(HOST_SOCKET.into()),
-        Some(Daemon::Ioc) => return Ok(IOC_SOCKET.into()),
-        None => {}
+    if let Some(ifname) = &cli.interface {
+        return Ok(host_socket(ifname));
     }
-    let present: Vec<&str> = [HOST_SOCKET, IOC_SOCKET]
-        .into_iter()
-        .filter(|p| Path::new(p).exists())
-        .collect();
-    match present[..] {
-        [one] => Ok(one.into()),
-        [] => Err(format!(
-            "no daemon socket found ({HOST_SOCKET}, {IOC_SOCKET}): is a daemon running? \
-             (--socket PATH names another)"
-        )),
-        _ => Err("both host-driver and ioc-driver run here: choose with --daemon host|ioc".into()),
+    let is_host = |p: &&PathBuf| p.starts_with(HOST_DIR);
+    let list = |v: &[&PathBuf]| {
+        v.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match cli.daemon {
+        Some(Daemon::Ioc) => Ok(IOC_SOCKET.into()),
+        Some(Daemon::Host) => match present.iter().filter(is_host).collect::<Vec<_>>()[..] {
+            [] => Ok(HOST_SOCKET.into()),
+            [one] => Ok(one.clone()),
+            ref several => Err(Unpicked::Ambiguous(format!(
+                "several host-drivers run here ({}): choose with --interface IFNAME",
+                list(several)
+            ))),
+        },
+        None => match present.iter().collect::<Vec<_>>()[..] {
+            [] => Err(Unpicked::NoDaemon(format!(
+                "no daemon socket found ({HOST_DIR}/control*.sock, {IOC_SOCKET}): is a daemon \
+                 running? (--socket PATH names another)"
+            ))),
+            [one] => Ok(one.clone()),
+            ref several => Err(Unpicked::Ambiguous(format!(
+                "several daemons run here ({}): choose with --daemon host|ioc, --interface \
+                 IFNAME or --socket PATH",
+                list(several)
+            ))),
+        },
     }
 }
 
@@ -169,5 +224,83 @@ fn top(socket: &Path, interval: f64, count: Option<u64>, json: bool) -> Result<(
             return Ok(());
         }
         std::thread::sleep(period.saturating_sub(t.elapsed()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        let mut argv = vec!["splitnetctl"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn global_options_go_anywhere_on_the_line() {
+        for args in [
+            &["--json", "status"][..],
+            &["status", "--json"],
+            &["-s", "/x.sock", "status", "--json"],
+            &["status", "--json", "-s", "/x.sock"],
+            &["stats", "-s", "/x.sock", "--json"],
+            &["top", "-n", "1", "--json", "--socket", "/x.sock"],
+        ] {
+            let c = cli(args);
+            assert!(c.json, "{args:?}");
+        }
+        assert_eq!(
+            cli(&["pools", "-d", "ioc"]).daemon.map(|d| d as u8),
+            Some(1)
+        );
+        assert_eq!(
+            cli(&["hosts", "--interface", "sd1"]).interface.as_deref(),
+            Some("sd1")
+        );
+        // top's -i stays its interval.
+        let c = cli(&["top", "-i", "0.5", "--json"]);
+        assert!(matches!(c.command, Command::Top { interval, .. } if interval == 0.5));
+        // A socket and a daemon together are refused (exit 2).
+        let e =
+            Cli::try_parse_from(["splitnetctl", "status", "-s", "/x", "-d", "ioc"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn the_one_running_daemon_is_asked_and_none_is_not_a_usage_error() {
+        let host = PathBuf::from(HOST_SOCKET);
+        let sd1 = PathBuf::from("/run/host-driver/control-sd1.sock");
+        let ioc = PathBuf::from(IOC_SOCKET);
+        let status = cli(&["status", "--json"]);
+        assert!(matches!(
+            pick_socket(&status, &[]),
+            Err(Unpicked::NoDaemon(_))
+        ));
+        assert_eq!(
+            pick_socket(&status, std::slice::from_ref(&sd1)),
+            Ok(sd1.clone())
+        );
+        assert_eq!(
+            pick_socket(&status, std::slice::from_ref(&ioc)),
+            Ok(ioc.clone())
+        );
+        assert!(matches!(
+            pick_socket(&status, &[host.clone(), ioc.clone()]),
+            Err(Unpicked::Ambiguous(_))
+        ));
+        let as_host = cli(&["--json", "-d", "host", "status"]);
+        assert_eq!(
+            pick_socket(&as_host, &[sd1.clone(), ioc.clone()]),
+            Ok(sd1.clone())
+        );
+        assert!(matches!(
+            pick_socket(&as_host, &[host.clone(), sd1.clone()]),
+            Err(Unpicked::Ambiguous(m)) if m.contains("--interface")
+        ));
+        let by_name = cli(&["status", "--interface", "sd1"]);
+        assert_eq!(pick_socket(&by_name, &[host.clone(), sd1.clone()]), Ok(sd1));
+        let by_name = cli(&["status", "--interface", "sd0"]);
+        assert_eq!(pick_socket(&by_name, &[]), Ok(host));
     }
 }

@@ -194,8 +194,14 @@ fn counters(o: &mut String, title: &str, c: &Counters) {
     );
 }
 
-fn nic(o: &mut String, n: &NicStats) {
-    let _ = writeln!(o, "NIC (kernel counters)");
+fn nic(o: &mut String, role: Role, n: &NicStats) {
+    let title = match role {
+        Role::Ioc => "NIC (kernel counters)",
+        Role::Host => {
+            "TAP (kernel counters; tx dropped: the kernel's queue to host-driver was full)"
+        }
+    };
+    let _ = writeln!(o, "{title}");
     direction(o, "tx", &n.tx);
     direction(o, "rx", &n.rx);
     let _ = writeln!(o, "  errors: rx {}, tx {}", n.rx_errors, n.tx_errors);
@@ -214,7 +220,7 @@ fn stats(s: &Stats) -> String {
         s.tx_inline, s.tx_backpressure, s.credits, s.credits_in_use
     );
     if let Some(n) = &s.nic {
-        nic(&mut o, n);
+        nic(&mut o, s.role, n);
     }
     if let Some(c) = &s.ioc {
         counters(&mut o, "at the IOC for this host (tx: IOC to host)", c);

@@ -352,6 +352,34 @@ pub struct NicStats {
     pub tx_errors: u64,
 }
 
+impl NicStats {
+    /// The kernel's counters of interface `name` of this network namespace (sysfs), or
+    /// `None` when it has none.
+    pub fn read(name: &str) -> Option<NicStats> {
+        let read = |c: &str| -> Option<u64> {
+            std::fs::read_to_string(format!("/sys/class/net/{name}/statistics/{c}"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        Some(NicStats {
+            rx: Direction {
+                frames: read("rx_packets")?,
+                bytes: read("rx_bytes")?,
+                dropped: read("rx_dropped")?,
+            },
+            tx: Direction {
+                frames: read("tx_packets")?,
+                bytes: read("tx_bytes")?,
+                dropped: read("tx_dropped")?,
+            },
+            rx_errors: read("rx_errors")?,
+            tx_errors: read("tx_errors")?,
+        })
+    }
+}
+
 /// Answer to `stats`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
@@ -367,7 +395,9 @@ pub struct Stats {
     pub credits: u64,
     /// Elements of the peers' pools in use now.
     pub credits_in_use: u64,
-    /// The NIC's kernel counters (IOC).
+    /// The kernel's counters of the daemon's interface: the NIC (IOC), or the TAP (host),
+    /// whose tx dropped counts the frames the kernel had to drop because the driver did not
+    /// read them in time (its queue to the driver was full).
     pub nic: Option<NicStats>,
     /// The IOC's counters for this host, from CfgUtil GetStats (host, while the fabric is
     /// up; refreshed every second; tx is IOC to host).

@@ -1,7 +1,8 @@
-//! The virtio-net header and Ethernet checks, and the flow hash, on arbitrary frames.
+//! The virtio-net header and Ethernet checks, the flow hash and the VLAN tag re-insertion,
+//! on arbitrary frames.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use splitnet_messaging::vnet::{check_frame, flow_hash, VNET_HDR_LEN};
+use splitnet_messaging::vnet::{check_frame, flow_hash, insert_vlan, VLAN_TAG_LEN, VNET_HDR_LEN};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 
@@ -16,5 +17,24 @@ fuzz_target!(|data: &[u8]| {
         if h.is_gso() {
             assert!(h.gso_size > 0 && usize::from(h.hdr_len) <= len);
         }
+    }
+    // Re-inserting a VLAN tag (TPID and TCI from the frame's last bytes) keeps a valid frame
+    // valid, and leaves the buffer alone when it refuses.
+    let tag: [u8; 4] = data
+        .get(data.len().saturating_sub(4)..)
+        .and_then(|t| t.try_into().ok())
+        .unwrap_or([0x81, 0, 0, 1]);
+    let mut buf = data.to_vec();
+    buf.resize(data.len() + VLAN_TAG_LEN, 0);
+    let tpid = u16::from_be_bytes([tag[0], tag[1]]);
+    let tci = u16::from_be_bytes([tag[2], tag[3]]);
+    match insert_vlan(&mut buf, data.len(), tpid, tci) {
+        Some(n) => {
+            assert_eq!(n, data.len() + VLAN_TAG_LEN);
+            if check_frame(data).is_ok() {
+                assert!(check_frame(&buf[..n]).is_ok());
+            }
+        }
+        None => assert_eq!(&buf[..data.len()], data),
     }
 });

@@ -250,6 +250,13 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         return Err(tap_err(io::Error::other("no TAP queue opened")));
     }
     let tap = more_taps.remove(0);
+    // Persistent: sd0 outlives this process (restart, upgrade, crash), and the next driver
+    // re-attaches to it with its addresses, routes, MAC and MTU.
+    tap.set_persist(cfg.interface.persist).map_err(tap_err)?;
+    let mut keep_mtu = tap.reattached();
+    if tap.reattached() {
+        info!(interface = %name, "re-attached to the existing interface: addresses, routes, MAC and MTU kept");
+    }
     let offloads = tap
         .enable_offloads(cfg.interface.offload)
         .map_err(|source| StartError::Tap {
@@ -334,6 +341,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             Some(snap.clone()),
         )?;
         conn.others = queues.counters.clone();
+        conn.keep_mtu = std::mem::take(&mut keep_mtu);
         let mut stop = Stop {
             term: &mut term,
             int: &mut int,
@@ -346,7 +354,13 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         snap.borrow_mut().disconnected();
         match end {
             End::Shutdown => {
-                info!("stopped");
+                if cfg.interface.persist {
+                    info!(
+                        "stopped; {name} stays (carrier off) until a host-driver serves it again"
+                    );
+                } else {
+                    info!("stopped; {name} goes with it (interface.persist = false)");
+                }
                 return Ok(());
             }
             End::Lost(why) => {
@@ -513,6 +527,9 @@ struct Conn<'a> {
     next_stats: Instant,
     /// Multicast groups of the TAP last reported to the IOC.
     multicast: Vec<[u8; 6]>,
+    /// The TAP was re-attached and this is its first connection: its MTU is kept (asked
+    /// of the IOC) rather than replaced by the IOC's.
+    keep_mtu: bool,
 }
 
 impl<'a> Conn<'a> {
@@ -584,6 +601,7 @@ impl<'a> Conn<'a> {
             others: Vec::new(),
             next_stats: Instant::now(),
             multicast: Vec::new(),
+            keep_mtu: false,
         })
     }
 
@@ -798,7 +816,7 @@ impl<'a> Conn<'a> {
                             self.link_up = c.up;
                             self.mtu_max = c.mtu;
                             if !self.mtu_known || self.mtu > c.mtu {
-                                self.apply_mtu(c.mtu);
+                                self.take_ioc_mtu(c.mtu);
                             }
                             ErrorCode::Ok
                         }
@@ -864,7 +882,12 @@ impl<'a> Conn<'a> {
                 } else {
                     wire::parse_mac(data).ok()
                 };
-                if let Some(mac) = mac {
+                // The MAC a re-attached interface already has is left alone: setting it
+                // anew would make the kernel flush its neighbour entries.
+                if let Some(mac) = mac.filter(|m| netdev::mac(&self.name).ok() == Some(*m)) {
+                    debug!(mac = %wire::fmt_mac(&mac), "MAC address already set");
+                    self.mac_known = true;
+                } else if let Some(mac) = mac {
                     match netdev::set_mac(&self.name, mac) {
                         Ok(()) => {
                             info!(mac = %wire::fmt_mac(&mac), "MAC address set");
@@ -877,7 +900,10 @@ impl<'a> Conn<'a> {
             CfgCode::GetMtu => {
                 if let Ok(m) = wire::Mtu::parse(data) {
                     self.mtu_max = m.max;
-                    self.apply_mtu(m.current);
+                    // An MTU being asked of the IOC (a kept one) is not overridden.
+                    if self.mtu_pending.is_none() {
+                        self.take_ioc_mtu(m.current);
+                    }
                 }
             }
             CfgCode::SetMtu => {
@@ -911,6 +937,24 @@ impl<'a> Conn<'a> {
         }
     }
 
+    /// Takes the IOC's current MTU onto sd0, unless sd0 was re-attached with an MTU of its
+    /// own that the IOC allows: that one is kept, and [`Conn::watch_interface`] asks the IOC
+    /// for it (SetMtu) as for an `ip link set sd0 mtu` change.
+    fn take_ioc_mtu(&mut self, current: u32) {
+        if self.keep_mtu {
+            match netdev::mtu(&self.name) {
+                Ok(cur) if cur != current && (68..=self.mtu_max).contains(&cur) => {
+                    info!(mtu = cur, "keeping the MTU of {}", self.name);
+                    self.mtu = current;
+                    self.mtu_known = true;
+                    return;
+                }
+                _ => self.keep_mtu = false,
+            }
+        }
+        self.apply_mtu(current);
+    }
+
     fn apply_mtu(&mut self, mtu: u32) {
         match netdev::set_mtu(&self.name, mtu) {
             Ok(()) => {
@@ -932,6 +976,8 @@ impl<'a> Conn<'a> {
         self.next_watch = now + Duration::from_millis(250);
         if self.mtu_pending.is_none() {
             if let Ok(cur) = netdev::mtu(&self.name) {
+                // Asked of the IOC below, or already agreed: nothing more to keep.
+                self.keep_mtu = false;
                 if cur != self.mtu {
                     if cur > self.mtu_max || cur < 68 {
                         warn!(

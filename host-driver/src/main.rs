@@ -67,9 +67,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let control = cfg
-        .control
-        .socket_path(cli.control_socket, splitnet_control::HOST_SOCKET);
+    let control = cfg.control.socket_path(
+        cli.control_socket,
+        splitnet_control::host_socket(&cfg.interface.name),
+    );
     let local = tokio::task::LocalSet::new();
     match local.block_on(&rt, driver::run(cfg, control)) {
         Ok(()) => ExitCode::SUCCESS,

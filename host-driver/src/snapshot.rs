@@ -3,7 +3,8 @@
 //! metrics endpoint and the control socket without touching the data path.
 
 use splitnet_control::report::{
-    Counters, Direction, Fabric, Interface, PeerPools, Pools, Reply, Request, Role, Stats, Status,
+    Counters, Direction, Fabric, Interface, NicStats, PeerPools, Pools, Reply, Request, Role,
+    Stats, Status,
 };
 use splitnet_messaging::endpoint::{LinkStats, Session};
 use splitnet_messaging::service::{metrics, Introspect};
@@ -150,7 +151,7 @@ impl Snapshot {
                 tx_backpressure: self.before.tx_backpressure + self.link.tx_backpressure,
                 credits: self.credits_free,
                 credits_in_use: self.credits_in_use,
-                nic: None,
+                nic: NicStats::read(&self.interface.name),
                 ioc: self.ioc_counters,
                 drops: Default::default(),
                 send_buffers: None,

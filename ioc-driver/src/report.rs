@@ -5,8 +5,8 @@ use crate::host::{Drops, Host};
 use crate::ioc::Ioc;
 use splitnet_config::Promiscuous;
 use splitnet_control::report::{
-    offload_names, Counters, Direction, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools,
-    Pools, Reply, Request, Role, Stats, Status,
+    offload_names, Counters, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools, Pools,
+    Reply, Request, Role, Stats, Status,
 };
 use splitnet_messaging::service::Introspect;
 use splitnet_messaging::sys::netdev;
@@ -21,31 +21,6 @@ const ALL_OFFLOADS: u64 = features::VNET_HDR
     | features::TSO6
     | features::ECN
     | features::USO;
-
-/// The kernel's counters of a NIC, from sysfs (of this network namespace).
-fn nic_stats(name: &str) -> Option<NicStats> {
-    let read = |c: &str| -> Option<u64> {
-        std::fs::read_to_string(format!("/sys/class/net/{name}/statistics/{c}"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
-    Some(NicStats {
-        rx: Direction {
-            frames: read("rx_packets")?,
-            bytes: read("rx_bytes")?,
-            dropped: read("rx_dropped")?,
-        },
-        tx: Direction {
-            frames: read("tx_packets")?,
-            bytes: read("tx_bytes")?,
-            dropped: read("tx_dropped")?,
-        },
-        rx_errors: read("rx_errors")?,
-        tx_errors: read("tx_errors")?,
-    })
-}
 
 /// The causes with a count, by name.
 fn named_drops(d: &Drops) -> BTreeMap<String, u64> {
@@ -166,7 +141,7 @@ impl Ioc {
                     tx_backpressure: waited,
                     credits,
                     credits_in_use: in_use,
-                    nic: nic_stats(lan),
+                    nic: NicStats::read(lan),
                     ioc: None,
                     drops: named_drops(&drops),
                     send_buffers: Some((self.cache.in_use() as u64, self.cache.capacity() as u64)),

@@ -188,6 +188,39 @@ pub fn l3_len(frame: &[u8]) -> usize {
     eth.len().saturating_sub(at + 2)
 }
 
+/// Bytes of an 802.1Q (or 802.1ad) tag: TPID then TCI.
+pub const VLAN_TAG_LEN: usize = 4;
+/// Where the tag goes in a frame: after the virtio-net header and both MAC addresses.
+const VLAN_TAG_AT: usize = VNET_HDR_LEN + 12;
+
+/// Puts back the VLAN tag that the kernel took out of a frame it received (an `AF_PACKET`
+/// socket sees the outermost tag only in `PACKET_AUXDATA`): `buf[..len]` holds a virtio-net
+/// header and the untagged frame; afterwards `buf[..len + 4]` holds the frame with the tag
+/// (`tpid`, `tci`) after the MAC addresses, as it was on the wire, and the header's checksum
+/// start and header length count the tag. Returns the new length, or `None` (nothing
+/// changed) when `buf` has no room for the tag, `len` is beyond `buf`, the frame is shorter
+/// than its MAC addresses, or the moved offsets would not fit their 16 bits.
+pub fn insert_vlan(buf: &mut [u8], len: usize, tpid: u16, tci: u16) -> Option<usize> {
+    let grown = len.checked_add(VLAN_TAG_LEN)?;
+    if len < VLAN_TAG_AT || grown > buf.len() {
+        return None;
+    }
+    let hdr: &[u8; VNET_HDR_LEN] = buf.first_chunk()?;
+    let mut h = VnetHdr::parse(hdr);
+    let tag = VLAN_TAG_LEN as u16;
+    if h.flags & F_NEEDS_CSUM != 0 {
+        h.csum_start = h.csum_start.checked_add(tag)?;
+    }
+    if h.hdr_len != 0 {
+        h.hdr_len = h.hdr_len.checked_add(tag)?;
+    }
+    buf[..VNET_HDR_LEN].copy_from_slice(&h.emit());
+    buf.copy_within(VLAN_TAG_AT..len, VLAN_TAG_AT + VLAN_TAG_LEN);
+    buf[VLAN_TAG_AT..VLAN_TAG_AT + 2].copy_from_slice(&tpid.to_be_bytes());
+    buf[VLAN_TAG_AT + 2..VLAN_TAG_AT + 4].copy_from_slice(&tci.to_be_bytes());
+    Some(grown)
+}
+
 /// Destination MAC of a frame that passed [`check_frame`].
 pub fn dst_mac(frame: &[u8]) -> [u8; 6] {
     let mut m = [0u8; 6];
@@ -496,7 +529,89 @@ mod tests {
         assert!(per_queue.iter().all(|&n| n > 40), "{per_queue:?}");
     }
 
+    #[test]
+    fn vlan_tag_goes_back_after_the_macs_and_moves_the_offsets() {
+        let h = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: GSO_TCPV4,
+            hdr_len: 66,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+        };
+        let mut buf = frame(h, 2000);
+        buf[VNET_HDR_LEN..VLAN_TAG_AT].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        buf[VLAN_TAG_AT..VLAN_TAG_AT + 2].copy_from_slice(&[0x08, 0x00]);
+        let len = buf.len();
+        buf.resize(len + 4, 0);
+        assert_eq!(insert_vlan(&mut buf, len, 0x88a8, 0x2064), Some(len + 4));
+        let moved = VnetHdr::parse(buf.first_chunk().unwrap());
+        assert_eq!(moved.csum_start, 38);
+        assert_eq!(moved.hdr_len, 70);
+        assert_eq!((moved.gso_size, moved.csum_offset), (1448, 16));
+        assert_eq!(
+            &buf[VNET_HDR_LEN..VLAN_TAG_AT],
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+        );
+        assert_eq!(
+            &buf[VLAN_TAG_AT..VLAN_TAG_AT + 6],
+            &[0x88, 0xa8, 0x20, 0x64, 0x08, 0x00]
+        );
+        assert!(check_frame(&buf).is_ok());
+        // No room, or no MAC addresses: nothing changes.
+        let mut full = frame(VnetHdr::default(), 60);
+        let before = full.clone();
+        assert_eq!(insert_vlan(&mut full, before.len(), 0x8100, 1), None);
+        assert_eq!(insert_vlan(&mut full, 11, 0x8100, 1), None);
+        assert_eq!(insert_vlan(&mut full, usize::MAX, 0x8100, 1), None);
+        assert_eq!(full, before);
+        // An offset that would overflow its 16 bits.
+        let far = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            csum_start: u16::MAX - 1,
+            ..VnetHdr::default()
+        };
+        let mut f = frame(far, 60);
+        let n = f.len();
+        f.resize(n + 4, 0);
+        assert_eq!(insert_vlan(&mut f, n, 0x8100, 1), None);
+    }
+
     proptest! {
+        /// The re-inserted tag sits after the MAC addresses, everything else keeps its bytes
+        /// and order, and only the offsets that count from the frame start move.
+        #[test]
+        fn vlan_insertion_keeps_the_frame(
+            body in proptest::collection::vec(any::<u8>(), 0..300),
+            room in 0usize..8,
+            tpid in any::<u16>(),
+            tci in any::<u16>(),
+        ) {
+            let len = body.len();
+            let mut buf = body.clone();
+            buf.resize(len + room, 0x5a);
+            match insert_vlan(&mut buf, len, tpid, tci) {
+                None => prop_assert_eq!(&buf[..len], &body[..]),
+                Some(n) => {
+                    prop_assert!(room >= 4 && len >= VLAN_TAG_AT);
+                    prop_assert_eq!(n, len + 4);
+                    let (old, new) = (
+                        VnetHdr::parse(body.first_chunk().unwrap()),
+                        VnetHdr::parse(buf.first_chunk().unwrap()),
+                    );
+                    let moved = |a: u16, b: u16, on: bool| if on { b == a + 4 } else { b == a };
+                    prop_assert!(moved(old.csum_start, new.csum_start, old.flags & F_NEEDS_CSUM != 0));
+                    prop_assert!(moved(old.hdr_len, new.hdr_len, old.hdr_len != 0));
+                    prop_assert_eq!((old.flags, old.gso_type, old.gso_size, old.csum_offset),
+                        (new.flags, new.gso_type, new.gso_size, new.csum_offset));
+                    prop_assert_eq!(&buf[VNET_HDR_LEN..VLAN_TAG_AT], &body[VNET_HDR_LEN..VLAN_TAG_AT]);
+                    prop_assert_eq!(&buf[VLAN_TAG_AT..VLAN_TAG_AT + 2], &tpid.to_be_bytes()[..]);
+                    prop_assert_eq!(&buf[VLAN_TAG_AT + 2..VLAN_TAG_AT + 4], &tci.to_be_bytes()[..]);
+                    prop_assert_eq!(&buf[VLAN_TAG_AT + 4..n], &body[VLAN_TAG_AT..]);
+                }
+            }
+        }
+
         #[test]
         fn arbitrary_frames_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
             let keys = std::collections::hash_map::RandomState::new();

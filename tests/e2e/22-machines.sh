@@ -438,6 +438,9 @@ assert_eq "$(prop host host-driver ActiveState)/$(prop host host-driver Result)/
 journal host host-driver "@$t_stop" >/dev/null
 assert_grep "$T/journal.host.host-driver" 'pools flushed' "host-driver flushed its pools on stop"
 assert_no_grep "$T/journal.host.host-driver" ' (ERROR|WARN) |Failed|failed' "host-driver's journal on stop"
+# sd0 outlives the daemon (interface.persist): still there, carrier off, address kept.
+ip -n sd-host link show sd0 >/dev/null 2>&1 || fail "sd0 went away with host-driver's stop"
+assert_eq "$(carrier sd-host)" down "sd0's carrier while host-driver is stopped"
 sleep 0.3
 journal ioc ioc-driver "@$t_stop" >/dev/null
 assert_grep "$T/journal.ioc.ioc-driver" 'host removed: host disconnected \(ShuttingDown\)' "the IOC saw a clean disconnect"
@@ -486,6 +489,10 @@ on ioc sh -c 'for f in /usr/bin/ioc-driver /etc/splitnet /etc/systemd/system/mul
 journal ioc ioc-driver "@$t_purge" >/dev/null
 assert_grep "$T/journal.ioc.ioc-driver" ' INFO stopped' "ioc-driver stopped by the package's removal"
 assert_no_grep "$T/journal.ioc.ioc-driver" ' (ERROR|WARN) |Failed|failed' "ioc-driver's journal on removal"
+# The host's purge removes the persistent sd0 too.
+ip -n sd-host link show sd0 >/dev/null 2>&1 || fail "sd0 gone before the host's purge"
+on host apt-get purge -y splitnet
+ip -n sd-host link show sd0 >/dev/null 2>&1 && fail "sd0 left behind by the host's apt purge"
 
 phase "power off + clean up"
 machines_down || fail "the machines did not power off cleanly"

@@ -17,6 +17,7 @@ fn defaults() {
     assert_eq!(h.interface.mac, None);
     assert!(h.interface.offload);
     assert_eq!(h.interface.queues, 1);
+    assert!(h.interface.persist);
     assert_eq!(h.pools, crate::Pools::default());
     assert_eq!(h.log.level, "info");
 }
@@ -27,7 +28,7 @@ fn every_key_is_read() {
         "keepalive_interval_ms = 10\nkeepalive_timeout_ms = 21\nreconnect_min_ms = 10\n\
          reconnect_max_ms = 10\nnode_id = 42\n\
          [interface]\nname = \"a-b_c.9\"\nmac = \"02:AB:cd:00:00:01\"\noffload = false\nqueues = 1\n\
-         [log]\nlevel = \"trace\"",
+         persist = false\n[log]\nlevel = \"trace\"",
     )
     .unwrap();
     assert_eq!(h.fabric.keepalive_interval_ms, 10);
@@ -39,6 +40,7 @@ fn every_key_is_read() {
     assert_eq!(h.interface.mac, Some(MacAddr([0x02, 0xab, 0xcd, 0, 0, 1])));
     assert!(!h.interface.offload);
     assert_eq!(h.interface.queues, 1);
+    assert!(!h.interface.persist);
     assert_eq!(h.log.level, "trace");
 }
 

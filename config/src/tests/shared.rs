@@ -182,7 +182,7 @@ fn parse_errors_are_one_line_with_position() {
     assert_eq!(
         e,
         "/etc/splitnet/test.toml: line 4, column 1 (`nmae = \"sd0\"`): unknown field `nmae`, \
-         expected one of `name`, `mac`, `offload`, `queues`"
+         expected one of `name`, `mac`, `offload`, `queues`, `persist`"
     );
 }
 

@@ -25,14 +25,20 @@ pub struct ControlSocket {
 
 impl ControlSocket {
     /// Binds `path` (mode 0600). A stale socket left by a killed daemon is replaced; any
-    /// other file there is an error, as is a socket another daemon still answers on.
+    /// other file there is an error, as is a socket another daemon still answers on. A
+    /// missing parent directory (`/run/host-driver` of a daemon run by hand, not under
+    /// systemd's `RuntimeDirectory=`) is made, mode 0755.
     pub async fn bind(path: &Path) -> io::Result<ControlSocket> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            make_dir(dir)?;
+        }
         match std::fs::symlink_metadata(path) {
             Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path).await {
                 Ok(_) => {
                     return Err(io::Error::new(
                         io::ErrorKind::AddrInUse,
-                        "another daemon answers on this socket",
+                        "another daemon answers on this socket; give this one another \
+                         ([control] socket in its configuration, or --control-socket)",
                     ))
                 }
                 // Nobody listens: the socket of a daemon that was killed.
@@ -118,6 +124,19 @@ impl Drop for ControlSocket {
     }
 }
 
+/// Makes `dir` (and its missing parents), mode 0755 whatever the umask, unless it exists.
+fn make_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+}
+
 /// Reads one request line of at most [`MAX_REQUEST`] bytes.
 async fn read_line(sock: &mut UnixStream) -> Result<String, &'static str> {
     let mut buf = [0u8; MAX_REQUEST];
@@ -198,5 +217,23 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(std::fs::read(&path).unwrap(), b"keep");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn makes_its_missing_runtime_directory() {
+        let base = std::env::temp_dir().join(format!("splitnet-rundir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let dir = base.join("host-driver");
+        let path = dir.join("control.sock");
+        let sock = ControlSocket::bind(&path).await.unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(mode(&path), 0o600);
+        drop(sock);
+        // An existing directory is left as it is.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        drop(ControlSocket::bind(&path).await.unwrap());
+        assert_eq!(mode(&dir), 0o700);
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

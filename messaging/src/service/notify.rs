@@ -5,23 +5,20 @@ use std::time::{Duration, Instant};
 
 /// READY=1 with a status line.
 pub fn ready(status: &str) {
-    let _ = sd_notify::notify(
-        false,
-        &[
-            sd_notify::NotifyState::Ready,
-            sd_notify::NotifyState::Status(status),
-        ],
-    );
+    let _ = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(status),
+    ]);
 }
 
 /// STATUS= line.
 pub fn status(status: &str) {
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(status)]);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(status)]);
 }
 
 /// STOPPING=1.
 pub fn stopping() {
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
 }
 
 /// The service watchdog (`WatchdogSec=`). The data path calls [`Watchdog::kick`] on every
@@ -35,9 +32,8 @@ pub struct Watchdog {
 impl Watchdog {
     /// Reads `WATCHDOG_USEC`; disabled when systemd did not ask for a watchdog.
     pub fn from_env() -> Watchdog {
-        let mut usec = 0;
-        let every = sd_notify::watchdog_enabled(false, &mut usec)
-            .then(|| Duration::from_micros(usec / 2))
+        let every = sd_notify::watchdog_enabled()
+            .map(|d| d / 2)
             .filter(|d| !d.is_zero());
         Watchdog {
             every,
@@ -58,7 +54,7 @@ impl Watchdog {
         if let Some(every) = self.every {
             if now.duration_since(self.last) >= every {
                 self.last = now;
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             }
         }
     }

@@ -1,6 +1,12 @@
 //! An `AF_PACKET` socket owning a NIC, with a virtio-net header on every frame.
+//!
+//! The kernel takes the outermost VLAN tag (802.1Q, or 802.1ad in QinQ) out of a frame it
+//! receives and reports it beside the frame (`PACKET_AUXDATA`); [`PacketSocket::recv`] puts
+//! it back where it was, so the frame a host gets is the frame that was on the wire. Frames
+//! sent carry their tags inline and leave as they are.
 
-use super::{cvt, netdev, read, write};
+use super::{cvt, cvt_size, netdev, write};
+use crate::vnet::{insert_vlan, VLAN_TAG_LEN};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -10,7 +16,30 @@ const PACKET_MR_MULTICAST: libc::c_ushort = 0;
 const PACKET_MR_PROMISC: libc::c_ushort = 1;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+const PACKET_AUXDATA: libc::c_int = 8;
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 const ETH_P_ALL: u16 = 0x0003;
+const ETH_P_8021Q: u16 = 0x8100;
+
+/// `struct tpacket_auxdata` of `<linux/if_packet.h>`: what the kernel says about a received
+/// frame beside it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct AuxData {
+    tp_status: u32,
+    tp_len: u32,
+    tp_snaplen: u32,
+    tp_mac: u16,
+    tp_net: u16,
+    tp_vlan_tci: u16,
+    tp_vlan_tpid: u16,
+}
+
+/// Room for one `PACKET_AUXDATA` control message (`CMSG_SPACE(20)` is 40 on 64-bit Linux),
+/// aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct CmsgSpace([u8; 64]);
 
 /// A raw packet socket bound to one interface (non-blocking).
 #[derive(Debug)]
@@ -53,6 +82,8 @@ impl PacketSocket {
         setsockopt(&fd, libc::SOL_PACKET, PACKET_VNET_HDR, &one)?;
         // Our own transmissions must not come back as receptions (Linux >= 4.20).
         setsockopt(&fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &one)?;
+        // The VLAN tag the kernel strips, reported beside each frame (recv puts it back).
+        setsockopt(&fd, libc::SOL_PACKET, PACKET_AUXDATA, &one)?;
         let buf: libc::c_int = 4 << 20;
         let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &buf);
         let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &buf);
@@ -103,15 +134,69 @@ impl PacketSocket {
         setsockopt(&self.fd, libc::SOL_PACKET, op, &mreq)
     }
 
-    /// Receives one frame (virtio-net header first).
+    /// Receives one frame (virtio-net header first) as it was on the wire: a VLAN tag the
+    /// kernel took out is put back after the MAC addresses, with the TPID it had (0x8100
+    /// where the kernel does not say), and the header's offsets moved past it. The last
+    /// [`VLAN_TAG_LEN`] bytes of `buf` are kept free for the tag.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        read(&self.fd, buf)
+        let room = buf.len().saturating_sub(VLAN_TAG_LEN);
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: room,
+        };
+        let mut space = CmsgSpace([0; 64]);
+        // SAFETY: msghdr is plain old data; all-zero is valid before the fields are set.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = space.0.as_mut_ptr().cast();
+        msg.msg_controllen = space.0.len() as _;
+        // SAFETY: `msg` points at `iov` (the first `room` bytes of `buf`) and at `space`, all
+        // valid and writable for the whole call.
+        let n = cvt_size(unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, 0) })?;
+        let Some(aux) = auxdata(&msg) else {
+            return Ok(n);
+        };
+        if aux.tp_status & TP_STATUS_VLAN_VALID == 0 {
+            return Ok(n);
+        }
+        let tpid = if aux.tp_status & TP_STATUS_VLAN_TPID_VALID != 0 {
+            aux.tp_vlan_tpid
+        } else {
+            ETH_P_8021Q
+        };
+        // A frame too short for its MAC addresses or offsets the tag would overflow: as
+        // received (the checks downstream refuse what is not a frame).
+        Ok(insert_vlan(buf, n, tpid, aux.tp_vlan_tci).unwrap_or(n))
     }
 
     /// Sends one frame (virtio-net header first).
     pub fn send(&self, frame: &[u8]) -> io::Result<usize> {
         write(&self.fd, frame)
     }
+}
+
+/// The `PACKET_AUXDATA` control message of a received `msg`, if the kernel sent one.
+fn auxdata(msg: &libc::msghdr) -> Option<AuxData> {
+    // SAFETY: the CMSG_* macros walk the control buffer `msg` describes, which recvmsg
+    // filled and which lives as long as `msg`; each header is checked for the level, type
+    // and a length covering the payload before its data is read (unaligned, by copy).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            let want = libc::CMSG_LEN(std::mem::size_of::<AuxData>() as u32) as usize;
+            if (*c).cmsg_level == libc::SOL_PACKET
+                && (*c).cmsg_type == PACKET_AUXDATA
+                && (*c).cmsg_len as usize >= want
+            {
+                return Some(std::ptr::read_unaligned(
+                    libc::CMSG_DATA(c).cast::<AuxData>(),
+                ));
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
 }
 
 impl AsFd for PacketSocket {

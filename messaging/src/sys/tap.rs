@@ -1,11 +1,16 @@
 //! A TAP device with a virtio-net header in front of every frame.
+//!
+//! The interface can be made persistent ([`Tap::set_persist`]): it then outlives the process
+//! (the kernel turns its carrier off when the last descriptor closes), keeps its addresses,
+//! routes, MAC and MTU, and the next [`Tap::open_queues`] re-attaches to it.
 
-use super::netdev::ifreq;
+use super::netdev::{self, ifreq};
 use super::{cvt, read, write};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
 const TUNSETCARRIER: libc::c_ulong = 0x4004_54e2;
@@ -34,11 +39,13 @@ pub struct Offloads {
     pub uso: bool,
 }
 
-/// An open TAP interface (non-blocking). Closing it removes the interface.
+/// An open TAP interface (non-blocking). Closing the last descriptor removes the
+/// interface unless it is persistent ([`Tap::set_persist`]).
 #[derive(Debug)]
 pub struct Tap {
     fd: OwnedFd,
     name: String,
+    reattached: bool,
 }
 
 impl Tap {
@@ -50,12 +57,34 @@ impl Tap {
     /// Creates multi-queue TAP `name` with `queues` queues (at least 1), each its own
     /// descriptor: the kernel spreads the frames it sends over the queues by flow, and
     /// frames written to any queue enter its stack. One queue opens a plain TAP.
+    ///
+    /// An existing interface `name` (a persistent TAP that no process serves) is
+    /// re-attached, as it is: a multi-queue one also with one queue. A single-queue one
+    /// cannot take more queues, a TAP in use is busy, and any other kind of interface is
+    /// refused; each error says which.
     pub fn open_queues(name: &str, queues: usize) -> io::Result<Vec<Tap>> {
+        let existed = netdev::index(name).is_ok();
+        let plain = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR;
+        let mq = plain | IFF_MULTI_QUEUE;
+        let first = match Tap::open_with(name, if queues <= 1 { plain } else { mq }) {
+            Err(e) if existed && e.raw_os_error() == Some(libc::EINVAL) => {
+                return match (queues <= 1).then(|| Tap::open_with(name, mq)) {
+                    Some(Ok(t)) => Ok(vec![t]),
+                    _ => Err(existing_refused(name, queues)),
+                }
+            }
+            Err(e) if existed && e.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("{name} exists and another process serves it (another host-driver?)"),
+                ))
+            }
+            r => r?,
+        };
         if queues <= 1 {
-            return Ok(vec![Tap::open(name)?]);
+            return Ok(vec![first]);
         }
-        let flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | IFF_MULTI_QUEUE;
-        let first = Tap::open_with(name, flags)?;
+        let flags = mq;
         let mut taps = Vec::with_capacity(queues);
         // The first queue may have been given a kernel-chosen name; the others attach to it.
         let name = first.name.clone();
@@ -67,6 +96,7 @@ impl Tap {
     }
 
     fn open_with(name: &str, flags: libc::c_short) -> io::Result<Tap> {
+        let existed = netdev::index(name).is_ok();
         let path = c"/dev/net/tun";
         // SAFETY: `path` is NUL-terminated; the result is checked before it is owned.
         let raw = cvt(unsafe {
@@ -90,18 +120,44 @@ impl Tap {
                 &hdr as *const libc::c_int,
             )
         })?;
-        let name = req
+        let name: String = req
             .ifr_name
             .iter()
             .take_while(|&&c| c != 0)
             .map(|&c| c as u8 as char)
             .collect();
-        Ok(Tap { fd, name })
+        let reattached = existed;
+        Ok(Tap {
+            fd,
+            name,
+            reattached,
+        })
     }
 
     /// The interface name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// True when the interface existed before this descriptor attached to it (a persistent
+    /// TAP left by an earlier process), false when opening it made it.
+    pub fn reattached(&self) -> bool {
+        self.reattached
+    }
+
+    /// Makes the interface persistent (`on`): it then outlives every descriptor, carrier
+    /// off while none is open, with its addresses, routes, MAC and MTU. Off: it goes away
+    /// when the last descriptor closes.
+    pub fn set_persist(&self, on: bool) -> io::Result<()> {
+        // SAFETY: TUNSETPERSIST takes its argument by value.
+        cvt(unsafe {
+            libc::ioctl(
+                self.fd.as_raw_fd(),
+                TUNSETPERSIST as _,
+                libc::c_ulong::from(on),
+            )
+        })?;
+        Ok(())
     }
 
     fn set_offload(&self, flags: libc::c_uint) -> io::Result<()> {
@@ -161,6 +217,30 @@ impl Tap {
     pub fn send(&self, frame: &[u8]) -> io::Result<usize> {
         write(&self.fd, frame)
     }
+}
+
+/// Why an existing interface `name` cannot serve `queues` queues.
+fn existing_refused(name: &str, queues: usize) -> io::Error {
+    let flags = std::fs::read_to_string(format!("/sys/class/net/{name}/tun_flags")).ok();
+    let tap_flags = flags
+        .as_deref()
+        .and_then(|f| i64::from_str_radix(f.trim().trim_start_matches("0x"), 16).ok());
+    let why = match tap_flags {
+        Some(f) if f & i64::from(IFF_TAP) == 0 => "is a TUN, not a TAP, interface".to_string(),
+        Some(f) if f & i64::from(IFF_MULTI_QUEUE) == 0 => format!(
+            "is a single-queue TAP and cannot take {queues} queues: remove it (ip link del \
+             {name}; its addresses and routes go with it) to have it made anew"
+        ),
+        Some(_) => "is a TAP that refused to be attached".to_string(),
+        None if flags.is_none() && queues > 1 => format!(
+            "is not a TAP interface, or a single-queue TAP that cannot take {queues} queues"
+        ),
+        None => "is not a TAP interface".to_string(),
+    };
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("{name} exists and {why}"),
+    )
 }
 
 impl AsFd for Tap {

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Both daemons run by hand (not under systemd), with the example configurations and no
+# --control-socket: each makes its runtime directory (/run/host-driver, /run/ioc-driver:
+# root, 0755) and socket (0600). Two host-drivers on one machine (sd0 and sd1) get sockets of
+# their own (control.sock, control-sd1.sock) instead of fighting over one; splitnetctl finds
+# each (options anywhere on the line), and with no daemon running says so with exit 1.
+. "$(dirname "$0")/../lib.sh"
+need_root; need_tool ip ping ss python3; need_daemons
+CTL=$BIN/splitnetctl
+for d in /run/host-driver /run/ioc-driver; do
+    if [ -e "$d" ]; then
+        ls "$d"/*.sock >/dev/null 2>&1 && fail "$d has sockets: a daemon runs outside the test namespaces"
+        rmdir "$d" || fail "cannot remove the empty $d"
+    fi
+done
+# The daemons first, then their runtime directories (empty before the test), then the rest.
+cleanup_by_hand() {
+    local rc=$?
+    stop_processes
+    rm -rf /run/host-driver /run/ioc-driver
+    (exit "$rc")
+    cleanup
+}
+trap cleanup_by_hand EXIT
+
+topo_up 1
+ip netns exec sd-ioc "$BIN/ioc-driver" --config "$IOC_CONF" >>"$T/ioc.log" 2>&1 &
+IOC_PID=$!; PIDS+=("$IOC_PID")
+ip netns exec sd-host "$BIN/host-driver" --config "$HOST_CONF" >>"$T/host1.log" 2>&1 &
+HOST_PID[1]=$!; PIDS+=("${HOST_PID[1]}")
+sed 's/^name = "sd0"/name = "sd1"/' "$HOST_CONF" >"$T/host-sd1.toml"
+ip netns exec sd-host "$BIN/host-driver" --config "$T/host-sd1.toml" >>"$T/host-sd1.log" 2>&1 &
+sd1_pid=$!; PIDS+=("$sd1_pid")
+for s in /run/ioc-driver/control.sock /run/host-driver/control.sock /run/host-driver/control-sd1.sock; do
+    for _ in $(seq 50); do [ -S "$s" ] && break; sleep 0.1; done
+    [ -S "$s" ] || fail "no socket $s"
+done
+assert_alive "$IOC_PID" "ioc-driver run by hand"
+assert_alive "${HOST_PID[1]}" "host-driver of sd0 run by hand"
+assert_alive "$sd1_pid" "host-driver of sd1 run by hand"
+for d in /run/host-driver /run/ioc-driver; do
+    assert_eq "$(stat -c '%U %a' "$d")" "root 755" "owner and mode of $d"
+done
+for s in /run/ioc-driver/control.sock /run/host-driver/control.sock /run/host-driver/control-sd1.sock; do
+    assert_eq "$(stat -c '%a' "$s")" 600 "mode of $s"
+done
+configure_sd0 1; run ip -n sd-host link set sd0 up
+wait_carrier sd-host up 10
+ping_ok sd-host 10.50.0.2
+
+# splitnetctl: the options anywhere on the line; each daemon by name.
+name() { python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["interface"]["name"])'; }
+assert_eq "$("$CTL" status --json --interface sd1 | name)" sd1 "splitnetctl status --json --interface sd1"
+assert_eq "$("$CTL" --json -d ioc status | name)" lan0 "splitnetctl --json -d ioc status"
+assert_eq "$("$CTL" status -s /run/host-driver/control.sock --json | name)" sd0 "splitnetctl status -s ... --json"
+out=$("$CTL" status --json 2>&1); rc=$?
+assert_eq "$rc" 2 "exit status of splitnetctl status with three daemons and none chosen"
+assert_match "$out" "choose with --daemon" "splitnetctl's hint"
+kill -TERM "$sd1_pid" "$IOC_PID"; wait "$sd1_pid" "$IOC_PID"
+assert_eq "$("$CTL" status --json | name)" sd0 "splitnetctl status --json, one daemon left"
+kill -TERM "${HOST_PID[1]}"; wait "${HOST_PID[1]}"
+out=$("$CTL" status --json 2>&1); rc=$?
+assert_eq "$rc" 1 "exit status of splitnetctl status --json with no daemon running"
+assert_match "$out" "no daemon socket found" "splitnetctl with no daemon"
+
+# The same socket twice is refused, naming the option.
+ip netns exec sd-host "$BIN/host-driver" --config "$HOST_CONF" >>"$T/host1.log" 2>&1 &
+HOST_PID[1]=$!; PIDS+=("${HOST_PID[1]}")
+for _ in $(seq 50); do [ -S /run/host-driver/control.sock ] && break; sleep 0.1; done
+sed 's/^name = "sd0"/name = "sd2"/; s|^# socket = .*|socket = "/run/host-driver/control.sock"|' "$HOST_CONF" >"$T/host-clash.toml"
+timeout 10 ip netns exec sd-host "$BIN/host-driver" --config "$T/host-clash.toml" >"$T/clash.log" 2>&1
+assert_ne "$?" 0 "exit status of a second host-driver on the same socket"
+assert_grep "$T/clash.log" "control.sock.*another daemon answers.*\[control\] socket.*--control-socket" "error naming the option"
+assert_alive "${HOST_PID[1]}" "the first host-driver"
+pass "daemons run by hand make their runtime directories; one socket per interface; splitnetctl options anywhere"
