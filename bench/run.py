@@ -2,7 +2,8 @@
 """splitnet against its peers, in one invocation, on the reference topology.
 
 Measures direct veth (the limit), kernel VXLAN + bridge, OpenVPN tap (cipher none) + bridge,
-and splitnet: iperf3 TCP each way (best of N runs), ping RTT (average and p99), CPU seconds
+and splitnet: iperf3 TCP each way (best of N runs), ping RTT (every 5 ms: average and p99;
+every 0.2 s; every 10 ms during an iperf3 upload and during a download), CPU seconds
 per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), and one
 host with 1 and 2 TAP queues under 4 TCP flows. Prints a table of absolute figures and
 ratios, writes bench/out/results.json and bench/out/chart.svg.
@@ -199,12 +200,34 @@ def iperf(ns_list, secs, reverse=False, parallel=1):
     return gbps, nbytes, c1 - c0
 
 
-def ping(ns="sd-host", count=300):
-    out = sh(f"ip netns exec {ns} ping -c {count} -i 0.005 10.50.0.2", check=False)
+def ping(ns="sd-host", count=300, interval=0.005):
+    out = sh(f"ip netns exec {ns} ping -c {count} -i {interval} 10.50.0.2", check=False)
     rtts = sorted(float(l.split("time=")[1].split()[0]) * 1000 for l in out.splitlines() if "time=" in l)
     if not rtts:
         return None, None
     return sum(rtts) / len(rtts), rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))]
+
+
+def ping_under_load(secs, reverse):
+    """Ping every 10 ms while one iperf3 flow runs (upload, or download with `reverse`):
+    how long interactive traffic waits behind bulk. Returns (avg us, p99 us, bulk Gb/s)."""
+    srv = bg("ip netns exec sd-lan iperf3 -s -1 -p 5399", "/tmp/sd-bench-load-srv.log")
+    time.sleep(0.4)
+    bulk = subprocess.Popen(
+        f"ip netns exec sd-host iperf3 -c 10.50.0.2 -p 5399 -t {secs + 2} -J {'-R' if reverse else ''}",
+        shell=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    time.sleep(1)
+    avg, p99 = ping(count=secs * 100, interval=0.01)
+    out = bulk.communicate(timeout=secs + 30)[0]
+    try:
+        os.killpg(srv.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        gbps = json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e9
+    except (ValueError, KeyError):
+        gbps = None
+    return avg, p99, gbps
 
 
 def measure(name, setup, secs, runs):
@@ -221,11 +244,20 @@ def measure(name, setup, secs, runs):
     avg, p99 = ping()
     r["ping_avg_us"] = round(avg) if avg else None
     r["ping_p99_us"] = round(p99) if p99 else None
+    avg, _ = ping(count=25, interval=0.2)
+    r["ping_idle_us"] = round(avg) if avg else None
+    for d, rev in (("up", False), ("down", True)):
+        avg, p99, gbps = ping_under_load(secs, rev)
+        r[f"ping_{d}load_us"] = round(avg) if avg else None
+        r[f"ping_{d}load_p99_us"] = round(p99) if p99 else None
+        r[f"{d}load_gbps"] = round(gbps, 2) if gbps else None
     if name == "splitnet":
         r["rss_kib"] = {p: rss(p) for p in ("ioc-driver", "host-driver")}
     cleanup()
     print(f"  {name:<10} tx {r['tx_gbps']:>6} Gb/s  rx {r['rx_gbps']:>6} Gb/s  "
-          f"ping {r['ping_avg_us']} us (p99 {r['ping_p99_us']})", flush=True)
+          f"ping {r['ping_avg_us']} us (p99 {r['ping_p99_us']}), every 0.2 s {r['ping_idle_us']} us, "
+          f"under upload {r['ping_upload_us']} us, under download {r['ping_download_us']} us",
+          flush=True)
     return r
 
 
@@ -323,10 +355,12 @@ def main():
         cleanup()
     by = {r["mode"]: r for r in results}
     print()
-    print(f"{'mode':<10} {'tx Gb/s':>8} {'rx Gb/s':>8} {'ping us':>8} {'p99 us':>7} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}")
+    print(f"{'mode':<10} {'tx Gb/s':>8} {'rx Gb/s':>8} {'ping us':>8} {'p99 us':>7} {'idle us':>8} "
+          f"{'upload us':>10} {'download us':>12} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}")
     for r in results:
         print(f"{r['mode']:<10} {r['tx_gbps']:>8} {r['rx_gbps']:>8} {str(r['ping_avg_us']):>8} "
-              f"{str(r['ping_p99_us']):>7} {str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}")
+              f"{str(r['ping_p99_us']):>7} {str(r['ping_idle_us']):>8} {str(r['ping_upload_us']):>10} "
+              f"{str(r['ping_download_us']):>12} {str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}")
     ratios = {}
     s = by.get("splitnet")
     if s:
@@ -335,8 +369,9 @@ def main():
             if p and p["tx_gbps"] and p["rx_gbps"]:
                 ratios[f"tx_vs_{peer}"] = round(s["tx_gbps"] / p["tx_gbps"], 2)
                 ratios[f"rx_vs_{peer}"] = round(s["rx_gbps"] / p["rx_gbps"], 2)
-                if p["ping_avg_us"] and s["ping_avg_us"]:
-                    ratios[f"ping_vs_{peer}"] = round(s["ping_avg_us"] / p["ping_avg_us"], 2)
+                for k in ("ping_avg_us", "ping_idle_us", "ping_upload_us", "ping_download_us"):
+                    if p.get(k) and s.get(k):
+                        ratios[f"{k[:-3]}_vs_{peer}"] = round(s[k] / p[k], 2)
         if scaling and scaling[0]["tx_gbps"]:
             last = scaling[-1]
             ratios[f"agg_{last['hosts']}h_vs_1h_tx"] = round(last["tx_gbps"] / scaling[0]["tx_gbps"], 2)
