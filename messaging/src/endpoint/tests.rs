@@ -500,8 +500,10 @@ mod pools {
         let err = p.drive().unwrap_err();
         assert!(matches!(
             err.1,
-            LinkError::Protocol(ProtocolError::BadPool { .. })
+            LinkError::Protocol(ProtocolError::PoolLimit { .. })
         ));
+        assert_eq!(err.1.row(), Some("E13"));
+        assert_eq!(err.1.code(), Some(crate::wire::ErrorCode::ResourceLimit));
     }
 
     #[test]
