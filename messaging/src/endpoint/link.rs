@@ -180,6 +180,11 @@ impl<C: Channel> Link<C> {
         }
     }
 
+    /// The control channel, mutably (tests inject raw operations through it).
+    pub fn control_channel_mut(&mut self) -> &mut C {
+        &mut self.ctrl
+    }
+
     /// The data channel, mutably (tests inject raw operations through it).
     pub fn data_channel_mut(&mut self) -> &mut C {
         &mut self.data
