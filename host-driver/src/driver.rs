@@ -753,7 +753,16 @@ impl<'a> Conn<'a> {
                 }
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => {
+                // The error table (docs/protocol.md, section 7): Goodbye with the row's code
+                // on the control channel, then the session (every queue) ends.
+                match link.fail(&e) {
+                    Some(code) => Err(format!(
+                        "IOC broke the protocol: {e}; sent Goodbye({code:?})"
+                    )),
+                    None => Err(e.to_string()),
+                }
+            }
         }
     }
 

@@ -651,31 +651,21 @@ impl Ioc {
         let Some(mut host) = self.hosts.remove(&session) else {
             return;
         };
-        if let Some(e) = err {
-            let code = match e {
-                LinkError::Protocol(p) => {
-                    self.stats.protocol_errors += 1;
-                    p.code()
-                }
-                LinkError::Channel(splitnet_messaging::adapter::ChannelError::Rx(
-                    splitnet_messaging::adapter::RxError::Protection(_),
-                )) => {
-                    self.stats.protection_errors += 1;
-                    ErrorCode::Protection
-                }
-                LinkError::Channel(splitnet_messaging::adapter::ChannelError::Rx(_)) => {
-                    self.stats.protocol_errors += 1;
-                    ErrorCode::Malformed
-                }
-                LinkError::Channel(_) => ErrorCode::Ok,
-            };
-            if code != ErrorCode::Ok {
-                warn!(session, "host broke the protocol: {e}; disconnecting it");
-                if let Some(link) = host.link.as_mut() {
-                    link.session_mut()
-                        .send(Lane::Control, &Message::Goodbye(Goodbye { code }));
-                    let _ = link.flush();
-                }
+        if let Some(e) = err.filter(|e| e.code().is_some()) {
+            // The error table (docs/protocol.md, section 7): Goodbye with the row's code on
+            // the control channel, then the session ends.
+            if e.is_protection() {
+                self.stats.protection_errors += 1;
+            } else {
+                self.stats.protocol_errors += 1;
+            }
+            warn!(
+                session,
+                row = e.row(),
+                "host broke the protocol: {e}; disconnecting it"
+            );
+            if let Some(link) = host.link.as_mut() {
+                link.fail(e);
             }
         }
         if let Some(mut link) = host.link.take() {

@@ -6,6 +6,8 @@
 //! the LAN or, host to host, straight across inside the IOC.
 #![deny(unsafe_code)]
 
+#[cfg(test)]
+mod conformance;
 mod forward;
 mod host;
 mod hosts;

@@ -59,7 +59,7 @@ pub enum StartError {
 
 /// A control channel waiting for its data channel.
 #[derive(Debug)]
-struct Waiting {
+pub(crate) struct Waiting {
     ch: fabric::TcpChannel,
     session: u64,
     node_id: u64,
@@ -69,10 +69,10 @@ struct Waiting {
 }
 
 /// Control channels waiting for their data channel, by the token the data channel must name.
-type Pending = Rc<RefCell<HashMap<u64, Waiting>>>;
+pub(crate) type Pending = Rc<RefCell<HashMap<u64, Waiting>>>;
 
 /// Counts a connection in its handshake while it lives.
-struct InHandshake(Rc<Cell<u32>>);
+pub(crate) struct InHandshake(pub(crate) Rc<Cell<u32>>);
 
 impl Drop for InHandshake {
     fn drop(&mut self) {
@@ -152,7 +152,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
 }
 
 /// Completes the handshake of one new connection (a control or a data channel).
-async fn handshake(
+pub(crate) async fn handshake(
     ioc: Rc<RefCell<Ioc>>,
     pending: Pending,
     sock: TcpStream,

@@ -78,10 +78,13 @@ fn prepare(sock: &TcpStream) -> io::Result<()> {
     sock.set_nonblocking(true)
 }
 
-/// A channel for a new connection; its domain is set once the session is known.
+/// A channel for a new connection; its domain is set, and RDMA writes are accepted, once
+/// the handshake has named the session ([`TcpLink::new`]).
 fn channel(sock: TcpStream, max_send: usize) -> io::Result<TcpChannel> {
     prepare(&sock)?;
-    Ok(StreamChannel::new(sock, DomainId(0), max_send))
+    let mut ch = StreamChannel::new(sock, DomainId(0), max_send);
+    ch.set_writes_allowed(false);
+    Ok(ch)
 }
 
 /// Largest SEND an accepted connection takes before its Hello is read: a Hello with room to
@@ -145,26 +148,64 @@ pub async fn connect(
         ch.post(Op::Send, &[], Payload::Bytes(hello));
         flush(&mut ch, timeout).await?;
         let reply = recv_message(&mut ch, timeout).await?;
-        Ok::<_, FabricError>((ch, handshake::accept_reply(&reply)?))
+        match handshake::accept_reply(&reply) {
+            Ok(r) => Ok::<_, FabricError>((ch, r)),
+            Err(e) => {
+                // A reply this side cannot use (a version it does not speak): say why.
+                if let Some(code) = e.code() {
+                    goodbye(ch, code, timeout).await;
+                }
+                Err(e.into())
+            }
+        }
     };
     let (ctrl, r) = open(wire::CONTROL_CHANNEL, first).await?;
     let (data, r2) = open(1, r.session).await?;
-    if r2.session != r.session {
-        return Err(HandshakeError::Refused(ErrorCode::UnknownSession).into());
+    if r2.session != r.session || r2.version != r.version {
+        goodbye(data, ErrorCode::Malformed, timeout).await;
+        goodbye(ctrl, ErrorCode::Malformed, timeout).await;
+        return Err(HandshakeError::Unexpected("the data channel's HelloReply to match").into());
     }
     Ok((ctrl, data, r))
 }
 
+/// Sends Goodbye with `code` on a channel whose handshake failed, and closes it.
+async fn goodbye(mut ch: TcpChannel, code: ErrorCode, timeout: Duration) {
+    let mut msg = Vec::new();
+    wire::Message::Goodbye(wire::Goodbye { code }).emit(0, &mut msg);
+    ch.post(Op::Send, &[], Payload::Bytes(msg));
+    let _ = flush(&mut ch, timeout).await;
+}
+
 /// The listening side: reads the Hello of a new connection within `timeout`.
+///
+/// A connection whose first operation is not a usable Hello (an operation header, a SEND
+/// longer than [`HELLO_MAX`] or an RDMA write: Malformed; an undecodable Hello, or another
+/// message: its code; no common version: UnsupportedVersion; a `max_message` below
+/// [`wire::MAX_MESSAGE_LEN`]: Malformed) is answered with a HelloReply carrying that status
+/// and this side's highest version, and closed. A timeout or a transport failure closes it
+/// without an answer.
 pub async fn accept_hello(
     sock: TcpStream,
     timeout: Duration,
 ) -> Result<(TcpChannel, Hello, u16), FabricError> {
     let mut ch = channel(sock, HELLO_MAX)?;
-    let bytes = recv_message(&mut ch, timeout).await?;
-    let (hello, version) = handshake::accept_hello(&bytes)?;
-    ch.set_max_send(wire::MAX_MESSAGE_LEN);
-    Ok((ch, hello, version))
+    let status = match recv_message(&mut ch, timeout).await {
+        Ok(bytes) => match handshake::accept_hello(&bytes) {
+            Ok((hello, version)) => {
+                ch.set_max_send(wire::MAX_MESSAGE_LEN);
+                return Ok((ch, hello, version));
+            }
+            Err(e) => (e.code().unwrap_or(ErrorCode::Malformed), e.into()),
+        },
+        Err(e @ (FabricError::EarlyWrite | FabricError::Channel(ChannelError::Rx(_)))) => {
+            (ErrorCode::Malformed, e)
+        }
+        Err(e) => return Err(e),
+    };
+    let (code, err) = status;
+    refuse(ch, wire::VERSION, code, timeout).await;
+    Err(err)
 }
 
 /// The listening side: queues a HelloReply on `ch` (sent by the next flush, ahead of
@@ -209,7 +250,8 @@ pub struct TcpLink {
 }
 
 impl TcpLink {
-    /// Wraps two handshaken channels; they now carry writes by `session`'s domain.
+    /// Wraps two handshaken channels: the data channel now carries writes by `session`'s
+    /// domain; the control channel carries none.
     pub fn new(
         session: Session,
         mut ctrl: TcpChannel,
@@ -218,6 +260,7 @@ impl TcpLink {
         let d = session.domain();
         ctrl.set_domain(d);
         data.set_domain(d);
+        data.set_writes_allowed(true);
         let ready = LinkReady {
             ctrl: Ready::new(ctrl.stream())?,
             data: Ready::new(data.stream())?,

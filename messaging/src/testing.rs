@@ -98,14 +98,76 @@ pub struct Pair<C = PipeChannel> {
     pub b: Peer<C>,
 }
 
+/// Buffer sizes of a [`Pair`]: the defaults suit any frame; fuzzing wants them small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Bytes each pipe buffers per direction.
+    pub pipe: usize,
+    /// Largest SEND a channel accepts (its receive buffer).
+    pub max_send: usize,
+    /// Bytes of each send buffer (the largest frame a peer can post).
+    pub send_buf: usize,
+}
+
+impl Sizes {
+    /// Room for every frame and message of the protocol.
+    pub const FULL: Sizes = Sizes {
+        pipe: 1 << 18,
+        max_send: wire::MAX_MESSAGE_LEN,
+        send_buf: 70_000,
+    };
+}
+
+/// A small session configuration for fuzzing: two small pools (256 x 8, 2048 x 4) and
+/// tight limits, so that building and tearing down a pair costs little.
+pub fn small_config(send_data_max: usize) -> SessionConfig {
+    SessionConfig {
+        advertise: vec![
+            PoolSpec {
+                element_size: 256,
+                element_count: 8,
+            },
+            PoolSpec {
+                element_size: 2048,
+                element_count: 4,
+            },
+        ],
+        target: TargetConfig {
+            credit_batch: 2,
+            max_granted_bytes: 64 << 10,
+            max_pools: 4,
+            max_element_size: 4096,
+        },
+        initiator: InitiatorConfig {
+            send_data_max,
+            max_pools: 4,
+            max_elements: 64,
+            pool_get: Some(PoolSpec {
+                element_size: 256,
+                element_count: 8,
+            }),
+        },
+    }
+}
+
 fn peer<S: std::io::Read + std::io::Write>(
     domain: u32,
     config: SessionConfig,
     ctrl: S,
     data: S,
 ) -> Peer<StreamChannel<S>> {
+    peer_sized(domain, config, ctrl, data, Sizes::FULL)
+}
+
+fn peer_sized<S: std::io::Read + std::io::Write>(
+    domain: u32,
+    config: SessionConfig,
+    ctrl: S,
+    data: S,
+    sizes: Sizes,
+) -> Peer<StreamChannel<S>> {
     let d = DomainId(domain);
-    let max = wire::MAX_MESSAGE_LEN;
+    let max = sizes.max_send;
     let mut reg = Registry::new(1 << 30);
     let mut session = Session::new(d, config);
     session
@@ -118,7 +180,7 @@ fn peer<S: std::io::Read + std::io::Write>(
             StreamChannel::new(ctrl, d, max),
             StreamChannel::new(data, d, max),
         ),
-        cache: SendBufCache::new(70_000, 256),
+        cache: SendBufCache::new(sizes.send_buf, 256),
         received: Vec::new(),
         delivered: 0,
         keep_frames: true,
@@ -129,11 +191,23 @@ fn peer<S: std::io::Read + std::io::Write>(
 impl Pair {
     /// Two peers whose pipes buffer `capacity` bytes per direction.
     pub fn new(a: SessionConfig, b: SessionConfig, capacity: usize) -> Pair {
-        let (c0, c1) = pipe(capacity);
-        let (d0, d1) = pipe(capacity);
+        Pair::sized(
+            a,
+            b,
+            Sizes {
+                pipe: capacity,
+                ..Sizes::FULL
+            },
+        )
+    }
+
+    /// Two peers with the buffer sizes of `sizes`.
+    pub fn sized(a: SessionConfig, b: SessionConfig, sizes: Sizes) -> Pair {
+        let (c0, c1) = pipe(sizes.pipe);
+        let (d0, d1) = pipe(sizes.pipe);
         Pair {
-            a: peer(1, a, c0, d0),
-            b: peer(2, b, c1, d1),
+            a: peer_sized(1, a, c0, d0, sizes),
+            b: peer_sized(2, b, c1, d1, sizes),
         }
     }
 }
@@ -240,4 +314,21 @@ impl<S: std::io::Read + std::io::Write> Pair<StreamChannel<S>> {
             }
         }
     }
+}
+
+/// The rows of the error tables of docs/protocol.md (section 7): row id, and the code its
+/// code column starts with (`None` for "none").
+pub fn doc_error_codes(doc: &str) -> Vec<(String, Option<u16>)> {
+    doc.lines()
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split('|').map(str::trim).collect();
+            let id = *c.get(1)?;
+            let numbered = id.len() >= 2 && id[1..].chars().all(|ch| ch.is_ascii_digit());
+            if !(numbered && (id.starts_with('E') || id.starts_with('H'))) {
+                return None;
+            }
+            let digits: String = c.get(3)?.chars().take_while(char::is_ascii_digit).collect();
+            Some((id.to_string(), digits.parse().ok()))
+        })
+        .collect()
 }

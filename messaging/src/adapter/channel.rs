@@ -47,6 +47,9 @@ pub trait Channel {
     fn pending(&self) -> usize;
     /// Send buffers the channel holds (posted, or written and not yet reclaimed).
     fn held_buffers(&self) -> usize;
+    /// Whether incoming RDMA writes are accepted (refused before placement when not: the
+    /// control channel carries none).
+    fn set_writes_allowed(&mut self, allowed: bool);
     /// Tears the queue pair down: aborts a write in progress and drops what is queued; the
     /// send buffers of dropped operations come back through [`Channel::reclaim`].
     fn close(&mut self, reg: &mut Registry);
@@ -154,6 +157,10 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
 
     fn held_buffers(&self) -> usize {
         self.tx.held_buffers()
+    }
+
+    fn set_writes_allowed(&mut self, allowed: bool) {
+        self.rx.set_writes_allowed(allowed);
     }
 
     fn close(&mut self, reg: &mut Registry) {

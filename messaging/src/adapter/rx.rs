@@ -42,6 +42,9 @@ pub enum RxError {
     /// A write refused by the memory protection checks.
     #[error("protection error: {0}")]
     Protection(#[from] ProtectionError),
+    /// An RDMA write on a channel that carries none (the control channel).
+    #[error("RDMA write on the control channel")]
+    WriteNotAllowed,
     /// A SEND longer than the receive buffer.
     #[error("SEND of {len} bytes exceeds the receive buffer of {max}")]
     SendTooLong {
@@ -85,6 +88,7 @@ pub struct RxStream {
     stage_pos: usize,
     stage_end: usize,
     reading_stage: bool,
+    writes: bool,
 }
 
 impl RxStream {
@@ -100,7 +104,14 @@ impl RxStream {
             stage_pos: 0,
             stage_end: 0,
             reading_stage: false,
+            writes: true,
         }
+    }
+
+    /// Whether RDMA writes are accepted; when not, a write header is refused before a
+    /// byte is placed (the control channel carries no writes).
+    pub fn set_writes_allowed(&mut self, allowed: bool) {
+        self.writes = allowed;
     }
 
     /// Changes the largest SEND accepted. Takes effect at once unless a SEND is being
@@ -242,6 +253,7 @@ impl RxStream {
                 self.state = State::Send { len, filled: 0 };
                 return Ok(None);
             }
+            _ if !self.writes => return Err(RxError::WriteNotAllowed),
             Op::Write { handle, addr } => (handle, addr, None),
             Op::WriteImm { handle, addr, imm } => (handle, addr, Some(imm)),
         };

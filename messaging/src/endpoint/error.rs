@@ -20,7 +20,7 @@ pub enum ProtocolError {
     /// A pool reference that names no live pool.
     #[error("unknown pool {0}")]
     UnknownPool(u32),
-    /// An advertised pool with impossible or unbounded geometry.
+    /// An advertised pool with impossible geometry (empty, overflowing, reference in use).
     #[error("pool {pool_ref} refused: {why}")]
     BadPool {
         /// Pool reference advertised.
@@ -58,24 +58,54 @@ pub enum ProtocolError {
         /// Element named.
         element: u32,
     },
-    /// A SendData frame larger than the agreed limit.
-    #[error("SendData of {len} bytes exceeds {max}")]
-    FrameTooLarge {
-        /// Frame length.
-        len: usize,
-        /// Limit.
-        max: usize,
+    /// A BufferRecvPoolUpdate naming a pool the initiator never held (nor just flushed).
+    #[error("credit returned for pool {0}, which was never advertised")]
+    UnknownCreditPool(u32),
+    /// An advertised pool beyond this side's limits (pool count, elements per pool).
+    #[error("pool {pool_ref} refused: {why}")]
+    PoolLimit {
+        /// Pool reference advertised.
+        pool_ref: u32,
+        /// Which limit.
+        why: &'static str,
     },
 }
 
 impl ProtocolError {
-    /// The code sent to the peer in a Goodbye before the connection is closed.
+    /// The code sent to the peer in a Goodbye before the connection is closed (the code of
+    /// [`ProtocolError::row`] in the error table of docs/protocol.md, section 7).
     pub fn code(&self) -> ErrorCode {
         match self {
             ProtocolError::Wire(e) => e.code(),
-            ProtocolError::CreditViolation { .. } => ErrorCode::Credit,
-            ProtocolError::BadPool { .. } => ErrorCode::ResourceLimit,
-            _ => ErrorCode::Malformed,
+            ProtocolError::CreditViolation { .. } | ProtocolError::UnknownCreditPool(_) => {
+                ErrorCode::Credit
+            }
+            ProtocolError::PoolLimit { .. } => ErrorCode::ResourceLimit,
+            ProtocolError::Unexpected { .. }
+            | ProtocolError::UnknownPool(_)
+            | ProtocolError::BadPool { .. }
+            | ProtocolError::IdataMismatch { .. }
+            | ProtocolError::NoSuchWrite { .. } => ErrorCode::Malformed,
+        }
+    }
+
+    /// The row of the error table (docs/protocol.md, section 7) this error is.
+    pub fn row(&self) -> &'static str {
+        match self {
+            ProtocolError::Wire(WireError::UnknownFunction(_)) => "E5",
+            ProtocolError::Wire(WireError::UnsupportedVersion(_)) => "E6",
+            ProtocolError::Wire(_) => "E7",
+            ProtocolError::Unexpected {
+                function: Function::Hello | Function::HelloReply,
+                ..
+            } => "E8",
+            ProtocolError::Unexpected { .. } => "E15",
+            ProtocolError::IdataMismatch { .. } => "E9",
+            ProtocolError::NoSuchWrite { .. } => "E10",
+            ProtocolError::CreditViolation { .. } | ProtocolError::UnknownCreditPool(_) => "E11",
+            ProtocolError::BadPool { .. } => "E12",
+            ProtocolError::PoolLimit { .. } => "E13",
+            ProtocolError::UnknownPool(_) => "E14",
         }
     }
 }

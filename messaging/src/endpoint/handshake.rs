@@ -2,7 +2,9 @@
 //!
 //! The connecting side (the host) opens the control channel and sends Hello with session 0
 //! and the range of versions it speaks; the listening side (the IOC) answers HelloReply with
-//! the highest common version and a new session id, or with an error status and closes.
+//! the highest common version and a new session token, or with an error status (no common
+//! version: UnsupportedVersion) and closes. A connecting side that cannot use the reply (a
+//! version it does not speak) answers Goodbye with the code and closes.
 //! Each data channel then connects and sends Hello naming that session id and its channel
 //! number; the reply confirms it. A Hello is accepted whatever version its header carries,
 //! so that negotiation itself never depends on the version.
@@ -63,22 +65,54 @@ pub enum HandshakeError {
     #[error("expected {0}, got another message")]
     Unexpected(&'static str),
     /// The peer refused with this status.
-    #[error("peer refused the connection: {0:?}")]
-    Refused(ErrorCode),
+    #[error("peer refused the connection: {status:?} (it speaks versions up to {version})")]
+    Refused {
+        /// The HelloReply's status.
+        status: ErrorCode,
+        /// The HelloReply's version: on a refusal, the highest the listener speaks.
+        version: u16,
+    },
     /// No common protocol version.
-    #[error("no common protocol version (peer speaks {min}..={max})")]
+    #[error(
+        "no common protocol version (peer speaks {min}..={max}, we speak {}..={})",
+        wire::MIN_VERSION,
+        wire::VERSION
+    )]
     NoCommonVersion {
         /// Peer's lowest version.
         min: u16,
         /// Peer's highest version.
         max: u16,
     },
+    /// The peer's `max_message` is below [`wire::MAX_MESSAGE_LEN`], the largest SEND
+    /// version 1 requires both sides to accept.
+    #[error("peer accepts SENDs of at most {0} bytes, below the {max} version 1 requires", max = wire::MAX_MESSAGE_LEN)]
+    SmallMaxMessage(u32),
+}
+
+impl HandshakeError {
+    /// The status this side answers with (in a HelloReply from the listening side, in a
+    /// Goodbye from the connecting side) before it closes the connection; `None` when the
+    /// peer refused first.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            HandshakeError::Wire(e) => Some(e.code()),
+            HandshakeError::Unexpected(_) | HandshakeError::SmallMaxMessage(_) => {
+                Some(ErrorCode::Malformed)
+            }
+            HandshakeError::NoCommonVersion { .. } => Some(ErrorCode::UnsupportedVersion),
+            HandshakeError::Refused { .. } => None,
+        }
+    }
 }
 
 /// Parses the Hello a listener receives; returns it and the version to use.
 pub fn accept_hello(bytes: &[u8]) -> Result<(Hello, u16), HandshakeError> {
     match Message::parse(bytes)?.1 {
         Message::Hello(h) => match negotiate(h.min_version, h.max_version) {
+            Some(_) if (h.max_message as usize) < wire::MAX_MESSAGE_LEN => {
+                Err(HandshakeError::SmallMaxMessage(h.max_message))
+            }
             Some(v) => Ok((h, v)),
             None => Err(HandshakeError::NoCommonVersion {
                 min: h.min_version,
@@ -94,6 +128,9 @@ pub fn accept_reply(bytes: &[u8]) -> Result<HelloReply, HandshakeError> {
     match Message::parse(bytes)?.1 {
         Message::HelloReply(r) if r.status == ErrorCode::Ok => {
             match negotiate(r.version, r.version) {
+                Some(_) if (r.max_message as usize) < wire::MAX_MESSAGE_LEN => {
+                    Err(HandshakeError::SmallMaxMessage(r.max_message))
+                }
                 Some(_) => Ok(r),
                 None => Err(HandshakeError::NoCommonVersion {
                     min: r.version,
@@ -101,7 +138,10 @@ pub fn accept_reply(bytes: &[u8]) -> Result<HelloReply, HandshakeError> {
                 }),
             }
         }
-        Message::HelloReply(r) => Err(HandshakeError::Refused(r.status)),
+        Message::HelloReply(r) => Err(HandshakeError::Refused {
+            status: r.status,
+            version: r.version,
+        }),
         _ => Err(HandshakeError::Unexpected("HelloReply")),
     }
 }
@@ -130,7 +170,10 @@ mod tests {
         let r = reply(v, ErrorCode::Busy, 0, 0);
         assert_eq!(
             accept_reply(&r),
-            Err(HandshakeError::Refused(ErrorCode::Busy))
+            Err(HandshakeError::Refused {
+                status: ErrorCode::Busy,
+                version: v
+            })
         );
         assert!(matches!(
             accept_hello(&r),

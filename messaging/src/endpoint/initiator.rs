@@ -101,17 +101,21 @@ impl Initiator {
                 pool_ref: e.pool_ref,
                 why,
             };
+            let limit = |why| ProtocolError::PoolLimit {
+                pool_ref: e.pool_ref,
+                why,
+            };
             if self.pools.iter().any(|p| p.entry.pool_ref == e.pool_ref) {
                 return Err(bad("pool reference already live"));
-            }
-            if self.pools.len() >= self.config.max_pools {
-                return Err(bad("too many pools"));
             }
             if e.element_size == 0 || e.element_count == 0 {
                 return Err(bad("empty pool"));
             }
+            if self.pools.len() >= self.config.max_pools {
+                return Err(limit("too many pools"));
+            }
             if e.element_count > self.config.max_elements {
-                return Err(bad("too many elements"));
+                return Err(limit("too many elements"));
             }
             let size = u64::from(e.element_size) * u64::from(e.element_count);
             if e.address.checked_add(size).is_none() {
@@ -141,7 +145,7 @@ impl Initiator {
                 if self.retired.contains(&run.pool_ref) {
                     continue; // raced our own flush of that pool: harmless
                 }
-                return Err(ProtocolError::UnknownPool(run.pool_ref));
+                return Err(ProtocolError::UnknownCreditPool(run.pool_ref));
             };
             let violation = |element| ProtocolError::CreditViolation {
                 pool_ref: run.pool_ref,

@@ -10,9 +10,9 @@ use super::initiator::Posted;
 use super::outbox::Lane;
 use super::session::{Incoming, Session};
 use super::target::PoolGetOutcome;
-use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
+use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, RxError};
 use crate::memory::{Registry, SendBuf, SendBufCache};
-use crate::wire::{CfgCode, ErrorCode};
+use crate::wire::{CfgCode, ErrorCode, Goodbye, Message};
 use thiserror::Error;
 
 /// Why a link failed. Either way the peer's connection is closed; nothing else is affected.
@@ -24,6 +24,41 @@ pub enum LinkError {
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(#[from] ProtocolError),
+}
+
+impl LinkError {
+    /// The code this side sends in a Goodbye (on the control channel) before it closes the
+    /// session: the code of the error table row ([`LinkError::row`]). `None` for a
+    /// transport failure or a close by the peer: there is nobody left to tell.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            LinkError::Protocol(p) => Some(p.code()),
+            LinkError::Channel(ChannelError::Rx(RxError::Protection(_)))
+            | LinkError::Channel(ChannelError::Rx(RxError::WriteNotAllowed)) => {
+                Some(ErrorCode::Protection)
+            }
+            LinkError::Channel(ChannelError::Rx(_)) => Some(ErrorCode::Malformed),
+            LinkError::Channel(_) => None,
+        }
+    }
+
+    /// The row of the error table (docs/protocol.md, section 7), `None` for a transport
+    /// failure.
+    pub fn row(&self) -> Option<&'static str> {
+        Some(match self {
+            LinkError::Protocol(p) => p.row(),
+            LinkError::Channel(ChannelError::Rx(RxError::Op(_))) => "E1",
+            LinkError::Channel(ChannelError::Rx(RxError::SendTooLong { .. })) => "E2",
+            LinkError::Channel(ChannelError::Rx(RxError::Protection(_))) => "E3",
+            LinkError::Channel(ChannelError::Rx(RxError::WriteNotAllowed)) => "E4",
+            LinkError::Channel(_) => return None,
+        })
+    }
+
+    /// True for a protection error (rows E3 and E4), counted apart from protocol errors.
+    pub fn is_protection(&self) -> bool {
+        self.code() == Some(ErrorCode::Protection)
+    }
 }
 
 /// Something the shell must act on.
@@ -110,8 +145,10 @@ pub struct Link<C> {
 }
 
 impl<C: Channel> Link<C> {
-    /// A link over two connected channels (handshake done).
-    pub fn new(session: Session, ctrl: C, data: C) -> Link<C> {
+    /// A link over two connected channels (handshake done). The control channel refuses
+    /// RDMA writes from now on.
+    pub fn new(session: Session, mut ctrl: C, data: C) -> Link<C> {
+        ctrl.set_writes_allowed(false);
         Link {
             session,
             ctrl,
@@ -141,6 +178,11 @@ impl<C: Channel> Link<C> {
             Lane::Control => &self.ctrl,
             Lane::Data => &self.data,
         }
+    }
+
+    /// The control channel, mutably (tests inject raw operations through it).
+    pub fn control_channel_mut(&mut self) -> &mut C {
+        &mut self.ctrl
     }
 
     /// The data channel, mutably (tests inject raw operations through it).
@@ -275,6 +317,17 @@ impl<C: Channel> Link<C> {
         let c = self.ctrl.flush()?;
         let d = self.data.flush()?;
         Ok(c && d)
+    }
+
+    /// Ends the session after `err`: queues a Goodbye with its code on the control channel
+    /// (behind what is already queued there) and writes what the socket takes now. Returns
+    /// the code sent, `None` when the error leaves nobody to tell. Close the link after.
+    pub fn fail(&mut self, err: &LinkError) -> Option<ErrorCode> {
+        let code = err.code()?;
+        self.session
+            .send(Lane::Control, &Message::Goodbye(Goodbye { code }));
+        let _ = self.flush();
+        Some(code)
     }
 
     /// Bytes queued by the session or posted, and not yet written, on either channel.

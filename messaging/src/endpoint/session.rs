@@ -148,7 +148,7 @@ impl Session {
                 Incoming::Credits
             }
             Message::BufferRecvPoolGet(get) => {
-                Incoming::PoolGet(self.target.on_pool_get(reg, &get, &mut self.outbox))
+                Incoming::PoolGet(self.target.on_pool_get(reg, txn, &get, &mut self.outbox))
             }
             Message::BufferRecvPoolUpdate(runs) => {
                 self.initiator.on_update(&runs)?;

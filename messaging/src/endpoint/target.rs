@@ -163,8 +163,19 @@ impl Target {
         spec: PoolSpec,
         out: &mut Outbox,
     ) -> Result<u32, RegistryError> {
-        let entry = self.register(reg, spec)?;
         let txn = out.txn();
+        self.advertise_as(reg, spec, txn, out)
+    }
+
+    /// As [`Target::advertise`], with the BufferRecvPool carrying transaction context `txn`.
+    fn advertise_as(
+        &mut self,
+        reg: &mut Registry,
+        spec: PoolSpec,
+        txn: u64,
+        out: &mut Outbox,
+    ) -> Result<u32, RegistryError> {
+        let entry = self.register(reg, spec)?;
         out.push(Lane::Control, txn, &Message::BufferRecvPool(vec![entry]));
         Ok(entry.pool_ref)
     }
@@ -221,17 +232,24 @@ impl Target {
         len: u32,
         imm: Option<u32>,
     ) -> Result<Option<Delivery>, ProtocolError> {
+        // The adapter placed the write, so the handle and element are ours unless the
+        // registry and the pools disagree; refuse rather than trust either.
+        let unaccounted = |pool_ref| ProtocolError::NoSuchWrite {
+            pool_ref,
+            element,
+            len,
+        };
         let pool_ref = self
             .pools
             .iter()
             .position(|p| p.as_ref().is_some_and(|p| p.handle == handle))
-            .ok_or(ProtocolError::UnknownPool(u32::MAX))? as u32;
+            .ok_or(unaccounted(u32::MAX))? as u32;
         let pool = self.pool_mut(pool_ref)?;
         pool.used = true;
         let slot = pool
             .elems
             .get_mut(element as usize)
-            .ok_or(ProtocolError::UnknownPool(pool_ref))?;
+            .ok_or(unaccounted(pool_ref))?;
         // The adapter only lets a write through into a granted element, so this holds unless
         // the registry and the pool disagree; refuse rather than trust either.
         if *slot != Elem::Granted {
@@ -277,7 +295,9 @@ impl Target {
             element: ind.element,
             len: ind.length,
         };
-        let pool = self.pool_mut(ind.pool_ref)?;
+        let Ok(pool) = self.pool_mut(ind.pool_ref) else {
+            return Err(no_such);
+        };
         let handle = pool.handle;
         match pool.elems.get_mut(ind.element as usize) {
             Some(slot) if *slot == Elem::Written(ind.length) => {
@@ -360,10 +380,12 @@ impl Target {
         self.returns.len()
     }
 
-    /// A BufferRecvPoolGet: grants a new pool within the configured bounds, or declines.
+    /// A BufferRecvPoolGet with transaction context `txn`: grants a new pool within the
+    /// configured bounds (its BufferRecvPool echoes `txn`), or declines (no answer).
     pub fn on_pool_get(
         &mut self,
         reg: &mut Registry,
+        txn: u64,
         get: &PoolGet,
         out: &mut Outbox,
     ) -> PoolGetOutcome {
@@ -389,7 +411,7 @@ impl Target {
         if self.cost().saturating_add(cost(spec)) > self.config.max_granted_bytes {
             return PoolGetOutcome::Declined("granted memory limit reached");
         }
-        match self.advertise(reg, spec, out) {
+        match self.advertise_as(reg, spec, txn, out) {
             Ok(pool_ref) => PoolGetOutcome::Granted(pool_ref),
             Err(_) => PoolGetOutcome::Declined("registration failed"),
         }

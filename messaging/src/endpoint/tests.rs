@@ -500,8 +500,10 @@ mod pools {
         let err = p.drive().unwrap_err();
         assert!(matches!(
             err.1,
-            LinkError::Protocol(ProtocolError::BadPool { .. })
+            LinkError::Protocol(ProtocolError::PoolLimit { .. })
         ));
+        assert_eq!(err.1.row(), Some("E13"));
+        assert_eq!(err.1.code(), Some(crate::wire::ErrorCode::ResourceLimit));
     }
 
     #[test]
@@ -511,5 +513,85 @@ mod pools {
             element_count: 16,
         };
         assert_eq!(s.bytes(), 32768);
+    }
+}
+
+/// Every error's code is the code of its row in docs/protocol.md, section 7 (the document
+/// is read at test time: the two cannot drift apart).
+#[test]
+fn error_codes_follow_the_document() {
+    use crate::adapter::{ChannelError, OpError, RxError};
+    use crate::memory::ProtectionError;
+    use crate::wire::{Function, WireError};
+    let doc = crate::testing::doc_error_codes(include_str!("../../../docs/protocol.md"));
+    let code_of = |row: &str| {
+        doc.iter()
+            .find(|(id, _)| id == row)
+            .unwrap_or_else(|| panic!("no row {row} in the document"))
+            .1
+    };
+    let protocol = [
+        ProtocolError::Wire(WireError::UnknownFunction(9)),
+        ProtocolError::Wire(WireError::UnsupportedVersion(2)),
+        ProtocolError::Wire(WireError::Reserved),
+        ProtocolError::Unexpected {
+            function: Function::Hello,
+            why: "",
+        },
+        ProtocolError::Unexpected {
+            function: Function::BufferPoolFlushReply,
+            why: "",
+        },
+        ProtocolError::UnknownPool(1),
+        ProtocolError::BadPool {
+            pool_ref: 1,
+            why: "",
+        },
+        ProtocolError::PoolLimit {
+            pool_ref: 1,
+            why: "",
+        },
+        ProtocolError::IdataMismatch {
+            imm: 0,
+            pool_ref: 0,
+            element: 0,
+            len: 1,
+        },
+        ProtocolError::NoSuchWrite {
+            pool_ref: 0,
+            element: 0,
+            len: 0,
+        },
+        ProtocolError::CreditViolation {
+            pool_ref: 0,
+            element: 0,
+        },
+        ProtocolError::UnknownCreditPool(3),
+    ];
+    let mut rows: Vec<&str> = Vec::new();
+    for e in protocol {
+        let le = LinkError::Protocol(e.clone());
+        assert_eq!(Some(le.code().unwrap().to_u16()), code_of(e.row()), "{e}");
+        rows.push(e.row());
+    }
+    let channel = [
+        RxError::Op(OpError::UnknownOpcode(9)),
+        RxError::SendTooLong { len: 1, max: 0 },
+        RxError::Protection(ProtectionError::UnknownHandle(Handle::from_u64(7))),
+        RxError::WriteNotAllowed,
+    ];
+    for e in channel {
+        let le = LinkError::Channel(ChannelError::Rx(e));
+        let row = le.row().unwrap();
+        assert_eq!(Some(le.code().unwrap().to_u16()), code_of(row), "{le}");
+        rows.push(row);
+    }
+    assert_eq!(LinkError::Channel(ChannelError::Closed).code(), None);
+    // Every row E1..E15 that a session's own checks detect is covered.
+    for r in 1..=15 {
+        assert!(
+            rows.contains(&format!("E{r}").as_str()),
+            "row E{r} has no error"
+        );
     }
 }

@@ -130,6 +130,18 @@ pub enum WireError {
         /// Value found.
         value: u64,
     },
+    /// A Hello's queue index not below its queue count, or a count above the maximum.
+    #[error(
+        "queue {index} of {count} (the index must be below the count, the count at most {max})"
+    )]
+    BadQueue {
+        /// Queue index.
+        index: u8,
+        /// Queue count.
+        count: u8,
+        /// Most queues.
+        max: u8,
+    },
     /// A field larger than allowed.
     #[error("{field} = {value} exceeds {max}")]
     TooLarge {

@@ -262,9 +262,10 @@ impl<'a> Message<'a> {
                 let index = r.u8()?;
                 let count = r.u8()?.max(1);
                 if count > MAX_QUEUES || index >= count {
-                    return Err(WireError::BadField {
-                        field: "queue",
-                        value: (u64::from(index) << 8) | u64::from(count),
+                    return Err(WireError::BadQueue {
+                        index,
+                        count,
+                        max: MAX_QUEUES,
                     });
                 }
                 Message::Hello(Hello {

@@ -195,13 +195,20 @@ fn bounds_are_enforced() {
     for (index, count) in [(1, 1), (4, 4), (0, MAX_QUEUES + 1), (1, 0)] {
         b[18] = index;
         b[19] = count;
-        assert!(
-            matches!(
-                Message::parse(&b),
-                Err(WireError::BadField { field: "queue", .. })
-            ),
+        let err = Message::parse(&b).unwrap_err();
+        // The log names the two bytes apart (issue 15: "bad value 257 for queue").
+        assert_eq!(
+            err,
+            WireError::BadQueue {
+                index,
+                count: count.max(1),
+                max: MAX_QUEUES
+            },
             "{index}/{count}"
         );
+        assert!(err
+            .to_string()
+            .starts_with(&format!("queue {index} of {}", count.max(1))));
     }
 }
 
