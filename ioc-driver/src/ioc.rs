@@ -413,6 +413,27 @@ impl Ioc {
                 e.sample(name, &labels, get(&h.stats));
             }
         }
+        let name = "splitnet_ioc_host_dropped_by_cause_total";
+        e.family(
+            name,
+            "counter",
+            "Frames for or from the host dropped, by cause.",
+        );
+        for h in self.hosts.values() {
+            for (cause, n) in h.drops.named() {
+                let labels = format!(
+                    "session=\"{}\",queue=\"{}\",cause=\"{cause}\"",
+                    h.session, h.queue.index
+                );
+                e.sample(name, &labels, n);
+            }
+        }
+        let name = "splitnet_ioc_host_send_buffers";
+        e.family(name, "gauge", "The IOC's send buffers the host holds now.");
+        for h in self.hosts.values() {
+            let labels = format!("session=\"{}\",queue=\"{}\"", h.session, h.queue.index);
+            e.sample(name, &labels, h.held() as u64);
+        }
         e.finish()
     }
 

@@ -250,6 +250,12 @@ fn a_host_that_stops_reading_costs_only_itself() {
         "the slow host's frames are dropped and counted"
     );
     assert_eq!(s.stats.rx_dropped, s.drops.quota + s.drops.ring_full);
+    let quota_drops = s.drops.quota;
+    let m = ioc.metrics_text();
+    let line = format!(
+        "splitnet_ioc_host_dropped_by_cause_total{{session=\"{slow}\",queue=\"0\",cause=\"rx_quota\"}} {quota_drops}"
+    );
+    assert!(m.contains(&line), "{line} not in the metrics");
 }
 
 /// Polls a notification once: true if a wake-up was stored for the task.

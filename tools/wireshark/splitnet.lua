@@ -44,6 +44,8 @@ local DEFAULT_PORT = 7400
 -- Names
 
 local OPCODES = { [1] = "SEND", [2] = "RDMA WRITE", [3] = "RDMA WRITE WITH IMMEDIATE" }
+-- The smallest max_message a Hello or HelloReply may carry (docs/protocol.md, section 8).
+local MIN_MAX_MESSAGE = 66560
 
 local FUNCTIONS = {
     [0x0001] = "Hello",
@@ -124,12 +126,12 @@ local pf = {
     hello_channel = ProtoField.uint8("splitnet.hello.channel", "Channel", base.DEC, CHANNELS),
     hello_queue = ProtoField.uint8("splitnet.hello.queue", "Queue", base.DEC),
     hello_queues = ProtoField.uint8("splitnet.hello.queues", "Queues (0: 1)", base.DEC),
-    hello_session = ProtoField.uint64("splitnet.hello.session", "Session", base.HEX),
+    hello_session = ProtoField.uint64("splitnet.hello.session", "Session token", base.HEX),
     hello_node = ProtoField.uint64("splitnet.hello.node_id", "Node id", base.HEX),
     hello_maxmsg = ProtoField.uint32("splitnet.hello.max_message", "Largest SEND accepted", base.DEC),
-    reply_version = ProtoField.uint16("splitnet.hello_reply.version", "Version chosen", base.DEC),
+    reply_version = ProtoField.uint16("splitnet.hello_reply.version", "Version (chosen; on a refusal the listener's highest)", base.DEC),
     reply_status = ProtoField.uint16("splitnet.hello_reply.status", "Status", base.DEC, ERROR_CODES),
-    reply_session = ProtoField.uint64("splitnet.hello_reply.session", "Session", base.HEX),
+    reply_session = ProtoField.uint64("splitnet.hello_reply.session", "Session token", base.HEX),
     reply_maxmsg = ProtoField.uint32("splitnet.hello_reply.max_message", "Largest SEND accepted", base.DEC),
     goodbye_code = ProtoField.uint16("splitnet.goodbye.code", "Code", base.DEC, ERROR_CODES),
     -- lists
@@ -220,6 +222,7 @@ local ef = {
     value = new_expert("bad_value", "Value out of range", G.PROTOCOL, SEV.WARN),
     cfg_data = new_expert("cfg_data", "CfgUtil data does not match the code", G.PROTOCOL, SEV.WARN),
     idata = new_expert("idata", "Immediate data disagrees with the write", G.PROTOCOL, SEV.WARN),
+    ctrl_write = new_expert("control_write", "RDMA write on channel 0 (protection error, row E4)", G.PROTOCOL, SEV.ERROR),
     -- notes and chats
     status = new_expert("status", "Error status", G.RESPONSE_CODE, SEV.NOTE),
     unknown_code = new_expert("unknown_code", "Unknown code", G.PROTOCOL, SEV.NOTE),
@@ -532,7 +535,11 @@ body[0x0001] = function(c, t, ctx) -- Hello
     local queues = c:uint(t, pf.hello_queues, 1)
     local session = c:uint64(t, pf.hello_session)
     c:uint64(t, pf.hello_node)
-    c:uint(t, pf.hello_maxmsg, 4)
+    local maxmsg = c:uint(t, pf.hello_maxmsg, 4)
+    if maxmsg and maxmsg < MIN_MAX_MESSAGE then
+        t:add_proto_expert_info(ef.value, string.format(
+            "max_message %d is below the protocol's %d (refused: row H3)", maxmsg, MIN_MAX_MESSAGE))
+    end
     if role and not ROLES[role] then t:add_proto_expert_info(ef.value, "Role must be 1 (host) or 2 (IOC)") end
     if ch and ch > 16 then t:add_proto_expert_info(ef.value, "Channel must be 0..16") end
     if queue and queues and (queues > 16 or queue >= math.max(queues, 1)) then
@@ -552,7 +559,11 @@ body[0x0002] = function(c, t, ctx) -- HelloReply
     local status = c:uint(t, pf.reply_status, 2)
     c:reserved(t, nil, 4)
     local session = c:uint64(t, pf.reply_session)
-    c:uint(t, pf.reply_maxmsg, 4)
+    local maxmsg = c:uint(t, pf.reply_maxmsg, 4)
+    if status == 0 and maxmsg and maxmsg < MIN_MAX_MESSAGE then
+        t:add_proto_expert_info(ef.value, string.format(
+            "max_message %d is below the protocol's %d (refused: row H9)", maxmsg, MIN_MAX_MESSAGE))
+    end
     if status and status ~= 0 then
         t:add_proto_expert_info(ef.status, "Hello refused: " .. name_of(ERROR_CODES, status, "code"))
     end
@@ -722,6 +733,10 @@ end
 
 local function dissect_write(tvb, pinfo, tree, ctx, opcode)
     local len = tvb:len() - OP_HEADER_LEN
+    local st = ctx.stream and streams[ctx.stream]
+    if st and st.channel == 0 then
+        tree:add_proto_expert_info(ef.ctrl_write, "RDMA write on channel 0: refused before placing a byte")
+    end
     local handle = tvb(8, 8):uint64()
     local addr = tvb(16, 8):uint64()
     local summary
