@@ -8,7 +8,8 @@ use crate::host::{Drops, Host};
 use crate::nic::Nic;
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::{
-    InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolSpec, SessionConfig,
+    InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolGetOutcome, PoolSpec,
+    SessionConfig,
     TargetConfig,
 };
 use splitnet_messaging::fabric::TcpChannel;
@@ -22,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Instant;
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Send buffers for the LAN receive path and host-to-host forwarding, shared out among the
 /// sessions the IOC may serve (each buffer holds the largest frame, about 64 KiB).
@@ -612,7 +613,10 @@ impl Ioc {
                 LinkEvent::Goodbye(code) => {
                     return Err(format!("host disconnected ({code:?})"));
                 }
-                LinkEvent::PoolGet(o) => info!(session, ?o, "BufferRecvPoolGet"),
+                LinkEvent::PoolGet(o) => match o {
+                    PoolGetOutcome::Granted(_) => info!(session, ?o, "BufferRecvPoolGet"),
+                    PoolGetOutcome::Declined(_) => debug!(session, ?o, "BufferRecvPoolGet"),
+                },
                 LinkEvent::Credits => {
                     if let Some(h) = self.hosts.get_mut(&session) {
                         h.drain_backlog(&mut self.cache);
