@@ -394,6 +394,12 @@ eventually() {
     "$@"
 }
 
+# ctl_json SOCKET COMMAND PYTHON-EXPRESSION: a daemon's splitnetctl answer (--json) to
+# COMMAND, evaluated as `d` by the expression (e.g. "d['stats']['drops']").
+ctl_json() {
+    "$BIN/splitnetctl" -s "$1" --json "$2" | python3 -c "import json, sys; d = json.load(sys.stdin); print($3)"
+}
+
 # fds PID / rss_kib PID: open descriptors and resident memory of a process.
 fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 rss_kib() { awk '/VmRSS/{print $2}' "/proc/$1/status" 2>/dev/null; }

@@ -9,8 +9,7 @@ use crate::nic::Nic;
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolGetOutcome, PoolSpec,
-    SessionConfig,
-    TargetConfig,
+    SessionConfig, TargetConfig,
 };
 use splitnet_messaging::fabric::TcpChannel;
 use splitnet_messaging::memory::{Registry, SendBufCache};

@@ -201,6 +201,17 @@ fn write(ch: &mut Ch, handle: u64, addr: u64, len: usize) {
     let _ = ch.flush();
 }
 
+/// Prints how an attack ended (`how`, or "NOT how") and notes it in `missed` unless the IOC
+/// refused it.
+fn verdict(missed: &mut Vec<&'static str>, name: &'static str, refused: bool, how: &str) {
+    if refused {
+        println!("{name}: {how}");
+    } else {
+        println!("{name}: NOT {how}");
+        missed.push(name);
+    }
+}
+
 /// Attacks an ioc-driver; returns the attacks that were not refused.
 fn attack_ioc(addr: &str) -> Vec<&'static str> {
     type Attack = fn(&mut Conn);
@@ -379,17 +390,12 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
         let accepted = recv(&mut c, &mut reg).is_some_and(|r| handshake::accept_reply(&r).is_ok());
         joined += usize::from(accepted);
     }
-    println!(
-        "queue joining another host's session: {}",
-        if joined == 0 {
-            "refused"
-        } else {
-            "NOT refused"
-        }
+    verdict(
+        &mut missed,
+        "queue joining another host's session",
+        joined == 0,
+        "refused",
     );
-    if joined > 0 {
-        missed.push("queue joining another host's session");
-    }
     // A data channel naming another session: the next tokens, small ids, or the right
     // token from another node.
     if let Ok(c) = connect_host(addr) {
@@ -413,17 +419,12 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
                 recv(&mut d, &mut reg).is_some_and(|r| handshake::accept_reply(&r).is_ok()),
             );
         }
-        println!(
-            "data channel joining another session: {}",
-            if joined == 0 {
-                "refused"
-            } else {
-                "NOT refused"
-            }
+        verdict(
+            &mut missed,
+            "data channel joining another session",
+            joined == 0,
+            "refused",
         );
-        if joined > 0 {
-            missed.push("data channel joining another session");
-        }
     }
     // Pool requests of absurd geometry: declined, nothing granted.
     if let Ok(mut c) = connect_host(addr) {
@@ -442,17 +443,12 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
                 granted += p.len();
             }
         }
-        println!(
-            "BufferRecvPoolGet of absurd geometry: {}",
-            if granted == 0 {
-                "declined"
-            } else {
-                "NOT declined"
-            }
+        verdict(
+            &mut missed,
+            "BufferRecvPoolGet of absurd geometry",
+            granted == 0,
+            "declined",
         );
-        if granted > 0 {
-            missed.push("BufferRecvPoolGet of absurd geometry");
-        }
     }
     // Requests whose answers are never read: the IOC ends the session once its backlog of
     // unread answers passes its bound, instead of growing.
@@ -474,17 +470,12 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
         }
         // Only now read: what the IOC sent ends with the close.
         let gone = gone || closed(&mut ctrl, &mut reg, WAIT);
-        println!(
-            "GetStats without reading the answers: {}",
-            if gone {
-                "disconnected"
-            } else {
-                "NOT disconnected"
-            }
+        verdict(
+            &mut missed,
+            "GetStats without reading the answers",
+            gone,
+            "disconnected",
         );
-        if !gone {
-            missed.push("GetStats without reading the answers");
-        }
     }
     // Frames from a source MAC that is not the host's: dropped and counted by the IOC (the
     // end-to-end test reads the counter); the session stays.

@@ -21,8 +21,7 @@ log "good host: $(cat "$T/good.rate") Gb/s during the attacks"
 kill -0 "$IOC_PID" || fail "ioc-driver died"
 n=$(grep -c "host broke the protocol" "$T/ioc.log")
 [ "$n" -ge 10 ] || fail "only $n protocol/protection errors logged"
-spoofed=$("$BIN/splitnetctl" -s "$T/ioc.sock" --json stats |
-    python3 -c "import json, sys; print(json.load(sys.stdin)['stats'].get('drops', {}).get('tx_spoofed_source', 0))")
+spoofed=$(ctl_json "$T/ioc.sock" stats "d['stats'].get('drops', {}).get('tx_spoofed_source', 0)")
 assert_ge "$spoofed" 10 "frames from a spoofed source MAC dropped and counted"
 rss1=$(rss_kib "$IOC_PID")
 log "IOC resident memory ${rss0} KiB before, ${rss1} KiB after; $n errors logged"

@@ -8,9 +8,8 @@
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip iperf3 python3 ping; need_daemons
 ROGUE=$BIN/examples/rogue
-CTL=$BIN/splitnetctl
 [ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
-json() { "$CTL" -s "$T/ioc.sock" --json "$1" | python3 -c "import json, sys; d = json.load(sys.stdin); print($2)"; }
+json() { ctl_json "$T/ioc.sock" "$@"; }
 topo_up 2; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
