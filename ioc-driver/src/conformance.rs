@@ -602,6 +602,20 @@ fn h8_data_channel_of_an_unknown_token_or_another_node() {
     assert_eq!(data.reply().1, code("H8"));
 }
 
+#[test]
+fn h6_ioc_full() {
+    let cells = row("H6");
+    assert_eq!(cells[4], "HelloReply", "{cells:?}");
+    let addr = start_ioc("max_hosts = 1");
+    let mut a = Session::open(addr, 0xA, 0, 1, 0);
+    let mut c = Conn::open(addr);
+    c.put(&Hello::host(0, 0, 0xB).bytes());
+    let (version, status, session) = c.reply();
+    assert_eq!((version, status, session), (1, code("H6"), 0));
+    assert_eq!(c.drain(), Vec::<u16>::new(), "then closed");
+    a.alive();
+}
+
 /// Issue 15, item 3: the timer of a control channel waiting for its data channel belongs
 /// to that channel: when it fires after its session is long gone, it cannot drop a later
 /// host's control channel that is waiting at that moment.
