@@ -891,9 +891,15 @@ impl<'a> Conn<'a> {
                 } else {
                     wire::parse_mac(data).ok()
                 };
-                // The MAC a re-attached interface already has is left alone: setting it
-                // anew would make the kernel flush its neighbour entries.
-                if let Some(mac) = mac.filter(|m| netdev::mac(&self.name).ok() == Some(*m)) {
+                // The MAC a re-attached interface already has is left alone on its first
+                // connection: setting it anew would make the kernel flush the neighbour
+                // entries that outlived the daemon. On a reconnect it is set again: the
+                // carrier going down already flushed the entries that were good, and the
+                // flush clears those that failed while the IOC was away, which the kernel
+                // would otherwise keep answering with errors for a second or more.
+                let keep = self.keep_mtu;
+                if let Some(mac) = mac.filter(|m| keep && netdev::mac(&self.name).ok() == Some(*m))
+                {
                     debug!(mac = %wire::fmt_mac(&mac), "MAC address already set");
                     self.mac_known = true;
                 } else if let Some(mac) = mac {
