@@ -6,7 +6,8 @@
 
 use crate::ioc::Ioc;
 use crate::nic::fake::FakeNic;
-use crate::server::{self, InHandshake, Pending};
+use crate::server::{self, Pending};
+use splitnet_messaging::service::loglimit::LogLimit;
 use std::cell::{Cell, RefCell};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -291,9 +292,14 @@ fn ioc_config(extra: &str) -> splitnet_config::IocConfig {
     splitnet_config::parse_ioc(&text, Path::new("test.toml")).unwrap()
 }
 
-/// Starts an IOC (its real handshake and host tasks) on a thread of its own; returns its
-/// fabric address. The thread lives as long as the test process.
+/// Starts an IOC (its real accept step, handshake and host tasks) on a thread of its own;
+/// returns its fabric address. The thread lives as long as the test process.
 fn start_ioc(extra: &str) -> SocketAddr {
+    start_ioc_with(extra, |_| {})
+}
+
+/// [`start_ioc`], with `prepare` applied to the IOC's state before it accepts.
+fn start_ioc_with(extra: &str, prepare: fn(&mut Ioc)) -> SocketAddr {
     let cfg = ioc_config(extra);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -304,26 +310,20 @@ fn start_ioc(extra: &str) -> SocketAddr {
         let local = tokio::task::LocalSet::new();
         local.block_on(&rt, async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
             let ioc = Rc::new(RefCell::new(Ioc::new(
                 cfg,
                 Box::new(FakeNic::default()),
                 1500,
                 true,
             )));
+            prepare(&mut ioc.borrow_mut());
+            tx.send(listener.local_addr().unwrap()).unwrap();
             let pending: Pending = Rc::default();
-            let count = Rc::new(Cell::new(0u32));
+            let handshakes = Rc::new(Cell::new(0u32));
+            let mut refusals = LogLimit::new(Duration::from_secs(5));
             loop {
                 let (sock, peer) = listener.accept().await.unwrap();
-                count.set(count.get() + 1);
-                let guard = InHandshake(count.clone());
-                tokio::task::spawn_local(server::handshake(
-                    ioc.clone(),
-                    pending.clone(),
-                    sock.into_std().unwrap(),
-                    peer,
-                    guard,
-                ));
+                server::accept(&ioc, &pending, &handshakes, &mut refusals, sock, peer);
             }
         });
     });
@@ -614,6 +614,55 @@ fn h6_ioc_full() {
     assert_eq!((version, status, session), (1, code("H6"), 0));
     assert_eq!(c.drain(), Vec::<u16>::new(), "then closed");
     a.alive();
+}
+
+#[test]
+fn h7_ioc_stopping() {
+    let cells = row("H7");
+    assert_eq!(cells[4], "HelloReply", "{cells:?}");
+    let addr = start_ioc_with("", |ioc| ioc.stopping = true);
+    let mut c = Conn::open(addr);
+    c.put(&Hello::host(0, 0, 0xB).bytes());
+    assert_eq!(c.reply(), (1, code("H7"), 0));
+    assert_eq!(c.drain(), Vec::<u16>::new(), "then closed");
+}
+
+#[test]
+fn h10_no_memory_for_the_new_sessions_pools() {
+    let cells = row("H10");
+    assert_eq!(cells[4], "HelloReply", "{cells:?}");
+    // Every byte the registry may hold is taken before the host comes.
+    let addr = start_ioc_with("", |ioc| {
+        let spec = splitnet_messaging::memory::RegionSpec {
+            domain: splitnet_messaging::memory::DomainId(9999),
+            access: splitnet_messaging::memory::Access::REMOTE_WRITE,
+            element_size: 1 << 20,
+            element_count: 1,
+            single_use: false,
+        };
+        while ioc.reg.register(spec).is_ok() {}
+    });
+    let mut ctrl = Conn::open(addr);
+    ctrl.put(&Hello::host(0, 0, 0xB).bytes());
+    let (_, status, token) = ctrl.reply();
+    assert_eq!(status, 0, "the control channel is answered first");
+    let mut data = Conn::open(addr);
+    data.put(&Hello::host(1, token, 0xB).bytes());
+    assert_eq!(data.reply(), (1, code("H10"), 0));
+    assert_eq!(data.drain(), Vec::<u16>::new(), "then closed");
+}
+
+#[test]
+fn h11_too_many_handshakes_at_once() {
+    let cells = row("H11");
+    assert!(cells[3].starts_with("none"), "{cells:?}");
+    let addr = start_ioc("max_handshakes = 2");
+    // Two connections that never speak hold both handshake places.
+    let _silent = [Conn::open(addr), Conn::open(addr)];
+    std::thread::sleep(Duration::from_millis(100));
+    let mut c = Conn::open(addr);
+    c.put(&Hello::host(0, 0, 0xB).bytes());
+    assert!(c.next().is_none(), "closed at once, without a HelloReply");
 }
 
 /// Issue 15, item 3: the timer of a control channel waiting for its data channel belongs

@@ -72,7 +72,7 @@ pub(crate) struct Waiting {
 pub(crate) type Pending = Rc<RefCell<HashMap<u64, Waiting>>>;
 
 /// Counts a connection in its handshake while it lives.
-pub(crate) struct InHandshake(pub(crate) Rc<Cell<u32>>);
+struct InHandshake(Rc<Cell<u32>>);
 
 impl Drop for InHandshake {
     fn drop(&mut self) {
@@ -108,7 +108,6 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
             source,
         })?;
     info!(lan = %name, mac = %fmt_mac(&netdev::mac(&name).unwrap_or_default()), mtu, link_up, %listen, "IOC ready");
-    let max_handshakes = cfg.fabric.max_handshakes;
     let ioc = Rc::new(RefCell::new(Ioc::new(cfg, Box::new(nic), mtu, link_up)));
     notify::ready(&format!("listening on {listen}, LAN {name}"));
     let pending: Pending = Rc::default();
@@ -121,24 +120,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     loop {
         tokio::select! {
             a = listener.accept() => match a {
-                Ok((sock, peer)) => {
-                    if handshakes.get() >= max_handshakes {
-                        // Closed at once: half-open connections cannot pile up.
-                        ioc.borrow_mut().stats.handshake_failures += 1;
-                        if let Some(held) = refusals.allow(Instant::now()) {
-                            warn!(%peer, "connection closed: {max_handshakes} handshakes already in progress (fabric.max_handshakes; {held} more closed since the last report)");
-                        }
-                        continue;
-                    }
-                    handshakes.set(handshakes.get() + 1);
-                    let guard = InHandshake(handshakes.clone());
-                    let accepted = sock.into_std().map(|s| {
-                        tokio::task::spawn_local(handshake(ioc.clone(), pending.clone(), s, peer, guard));
-                    });
-                    if let Err(e) = accepted {
-                        warn!(%peer, "cannot take the connection: {e}");
-                    }
-                }
+                Ok((sock, peer)) => accept(&ioc, &pending, &handshakes, &mut refusals, sock, peer),
                 Err(e) => warn!("accept failed: {e}"),
             },
             _ = term.recv() => break,
@@ -151,8 +133,37 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     Ok(())
 }
 
+/// Takes a new fabric connection: its handshake runs in a task of its own, unless
+/// `fabric.max_handshakes` handshakes are already in progress (then it is closed at once, so
+/// half-open connections cannot pile up).
+pub(crate) fn accept(
+    ioc: &Rc<RefCell<Ioc>>,
+    pending: &Pending,
+    handshakes: &Rc<Cell<u32>>,
+    refusals: &mut LogLimit,
+    sock: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+) {
+    let max = ioc.borrow().cfg.fabric.max_handshakes;
+    if handshakes.get() >= max {
+        ioc.borrow_mut().stats.handshake_failures += 1;
+        if let Some(held) = refusals.allow(Instant::now()) {
+            warn!(%peer, "connection closed: {max} handshakes already in progress (fabric.max_handshakes; {held} more closed since the last report)");
+        }
+        return;
+    }
+    handshakes.set(handshakes.get() + 1);
+    let guard = InHandshake(handshakes.clone());
+    match sock.into_std() {
+        Ok(s) => {
+            tokio::task::spawn_local(handshake(ioc.clone(), pending.clone(), s, peer, guard));
+        }
+        Err(e) => warn!(%peer, "cannot take the connection: {e}"),
+    }
+}
+
 /// Completes the handshake of one new connection (a control or a data channel).
-pub(crate) async fn handshake(
+async fn handshake(
     ioc: Rc<RefCell<Ioc>>,
     pending: Pending,
     sock: TcpStream,
