@@ -12,7 +12,7 @@ use crate::host::{Host, RxDrop, TxDrop};
 use crate::ioc::{Ioc, IocStats};
 use crate::nic::Nic;
 use splitnet_messaging::endpoint::Lane;
-use splitnet_messaging::memory::SendBufCache;
+use splitnet_messaging::memory::{SendBuf, SendBufCache};
 use splitnet_messaging::vnet;
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
@@ -21,8 +21,8 @@ use tracing::{debug, warn};
 
 /// Completions handled per channel per wake-up.
 pub const RX_BUDGET: usize = 256;
-/// Frames read from the NIC per wake-up.
-const LAN_BATCH: usize = 64;
+/// Frames read from the NIC per wake-up, with one `recvmmsg(2)`.
+const LAN_BATCH: usize = splitnet_messaging::sys::packet::RECV_BATCH;
 
 /// Copies `frame` into a send buffer and posts it to `host`, within its quota.
 fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
@@ -163,23 +163,30 @@ impl Ioc {
             flow_keys,
             ..
         } = self;
-        let mut progress = LanProgress::Budget;
-        for _ in 0..LAN_BATCH {
-            let Some(mut buf) = cache.get() else {
-                progress = LanProgress::NoBuffers;
-                break;
-            };
-            match nic.recv(buf.space()) {
-                Ok(n) => buf.set_len(n),
+        let mut batch: Vec<SendBuf> = std::iter::from_fn(|| cache.get()).take(LAN_BATCH).collect();
+        if batch.is_empty() {
+            return LanProgress::NoBuffers;
+        }
+        let mut lens = [0usize; LAN_BATCH];
+        let got = {
+            let mut spaces: Vec<&mut [u8]> = batch.iter_mut().map(|b| b.space()).collect();
+            match nic.recv_batch(&mut spaces, &mut lens) {
+                Ok(n) => n,
                 Err(e) => {
-                    cache.put(buf);
                     if e.kind() != io::ErrorKind::WouldBlock {
                         warn!("NIC receive failed: {e}");
                     }
-                    progress = LanProgress::Drained;
-                    break;
+                    0
                 }
             }
+        };
+        let drained = got < batch.len();
+        for (i, mut buf) in batch.into_iter().enumerate() {
+            if i >= got {
+                cache.put(buf);
+                continue;
+            }
+            buf.set_len(lens[i]);
             stats.lan_rx += 1;
             if vnet::check_frame(buf.as_slice()).is_err() {
                 cache.put(buf);
@@ -207,7 +214,14 @@ impl Ioc {
             cache.put(buf);
         }
         self.kick_hosts();
-        progress
+        if drained {
+            LanProgress::Drained
+        } else if !self.cache.has_free() {
+            // Every buffer is queued towards a host: wait until one is written.
+            LanProgress::NoBuffers
+        } else {
+            LanProgress::Budget
+        }
     }
 
     /// Drives one lane of a host's link: its frames are forwarded, its messages handled.

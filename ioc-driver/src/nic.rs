@@ -10,6 +10,20 @@ use std::io;
 pub trait Nic: std::fmt::Debug {
     /// Receives one frame into `buf`; `WouldBlock` when none is waiting.
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Receives up to `bufs.len()` frames, their lengths into `lens`; returns how many
+    /// arrived (fewer when the NIC ran out; `WouldBlock` when none was waiting).
+    fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
+        let mut got = 0;
+        for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
+            match self.recv(buf) {
+                Ok(n) => *len = n,
+                Err(e) if got == 0 => return Err(e),
+                Err(_) => break,
+            }
+            got += 1;
+        }
+        Ok(got)
+    }
     /// Sends one frame.
     fn send(&self, frame: &[u8]) -> io::Result<usize>;
     /// Joins (`join`) or leaves a link-layer multicast group.
@@ -19,6 +33,11 @@ pub trait Nic: std::fmt::Debug {
 impl Nic for PacketSocket {
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         PacketSocket::recv(self, buf)
+    }
+
+    /// One `recvmmsg(2)` for the whole batch.
+    fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
+        PacketSocket::recv_batch(self, bufs, lens)
     }
 
     fn send(&self, frame: &[u8]) -> io::Result<usize> {

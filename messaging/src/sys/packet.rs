@@ -5,7 +5,7 @@
 //! it back where it was, so the frame a host gets is the frame that was on the wire. Frames
 //! sent carry their tags inline and leave as they are.
 
-use super::{cvt, cvt_size, netdev, write};
+use super::{cvt, netdev, write};
 use crate::vnet::{insert_vlan, VLAN_TAG_LEN};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -40,6 +40,9 @@ struct AuxData {
 /// aligned for `cmsghdr`.
 #[repr(C, align(8))]
 struct CmsgSpace([u8; 64]);
+
+/// Most frames one [`PacketSocket::recv_batch`] takes.
+pub const RECV_BATCH: usize = 64;
 
 /// A raw packet socket bound to one interface (non-blocking).
 #[derive(Debug)]
@@ -139,41 +142,73 @@ impl PacketSocket {
     /// where the kernel does not say), and the header's offsets moved past it. The last
     /// [`VLAN_TAG_LEN`] bytes of `buf` are kept free for the tag.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let room = buf.len().saturating_sub(VLAN_TAG_LEN);
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: room,
-        };
-        let mut space = CmsgSpace([0; 64]);
-        // SAFETY: msghdr is plain old data; all-zero is valid before the fields are set.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = space.0.as_mut_ptr().cast();
-        msg.msg_controllen = space.0.len() as _;
-        // SAFETY: `msg` points at `iov` (the first `room` bytes of `buf`) and at `space`, all
-        // valid and writable for the whole call.
-        let n = cvt_size(unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, 0) })?;
-        let Some(aux) = auxdata(&msg) else {
-            return Ok(n);
-        };
-        if aux.tp_status & TP_STATUS_VLAN_VALID == 0 {
-            return Ok(n);
+        let mut lens = [0usize];
+        self.recv_batch(&mut [buf], &mut lens)?;
+        Ok(lens[0])
+    }
+
+    /// Receives up to `bufs.len()` frames (at most [`RECV_BATCH`]) with one `recvmmsg(2)`,
+    /// each as [`PacketSocket::recv`] does; their lengths go to `lens`. Returns how many
+    /// arrived: fewer than asked when the socket ran out, `WouldBlock` when none was there.
+    pub fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
+        let n = bufs.len().min(lens.len()).min(RECV_BATCH);
+        // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid before the fields
+        // are set.
+        let mut iovs: [libc::iovec; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        let mut spaces: [CmsgSpace; RECV_BATCH] = std::array::from_fn(|_| CmsgSpace([0; 64]));
+        for i in 0..n {
+            iovs[i] = libc::iovec {
+                iov_base: bufs[i].as_mut_ptr().cast(),
+                iov_len: bufs[i].len().saturating_sub(VLAN_TAG_LEN),
+            };
+            let h = &mut msgs[i].msg_hdr;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = spaces[i].0.as_mut_ptr().cast();
+            h.msg_controllen = spaces[i].0.len() as _;
         }
-        let tpid = if aux.tp_status & TP_STATUS_VLAN_TPID_VALID != 0 {
-            aux.tp_vlan_tpid
-        } else {
-            ETH_P_8021Q
-        };
-        // A frame too short for its MAC addresses or offsets the tag would overflow: as
-        // received (the checks downstream refuse what is not a frame).
-        Ok(insert_vlan(buf, n, tpid, aux.tp_vlan_tci).unwrap_or(n))
+        // SAFETY: the first `n` entries of `msgs` point at `iovs` (each the first bytes of
+        // a buffer of `bufs`, less the tag's room) and at `spaces`, all valid and writable
+        // and unmoved for the whole call; the kernel fills at most `n` of them.
+        let got = cvt(unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                0,
+                std::ptr::null_mut(),
+            )
+        })? as usize;
+        for i in 0..got.min(n) {
+            lens[i] = restore_tag(bufs[i], msgs[i].msg_len as usize, &msgs[i].msg_hdr);
+        }
+        Ok(got.min(n))
     }
 
     /// Sends one frame (virtio-net header first).
     pub fn send(&self, frame: &[u8]) -> io::Result<usize> {
         write(&self.fd, frame)
     }
+}
+
+/// Puts back the VLAN tag the kernel reported beside the `n`-byte frame in `buf` (see
+/// [`PacketSocket::recv`]); returns the frame's length.
+fn restore_tag(buf: &mut [u8], n: usize, msg: &libc::msghdr) -> usize {
+    let Some(aux) = auxdata(msg) else {
+        return n;
+    };
+    if aux.tp_status & TP_STATUS_VLAN_VALID == 0 {
+        return n;
+    }
+    let tpid = if aux.tp_status & TP_STATUS_VLAN_TPID_VALID != 0 {
+        aux.tp_vlan_tpid
+    } else {
+        ETH_P_8021Q
+    };
+    // A frame too short for its MAC addresses or offsets the tag would overflow: as
+    // received (the checks downstream refuse what is not a frame).
+    insert_vlan(buf, n, tpid, aux.tp_vlan_tci).unwrap_or(n)
 }
 
 /// The `PACKET_AUXDATA` control message of a received `msg`, if the kernel sent one.
