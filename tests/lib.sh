@@ -99,6 +99,12 @@ need_daemons() {
 # need_tools TOOL...: the tools and both daemons (what most tests need).
 need_tools() { need_tool "$@"; need_daemons; }
 
+# need_rogue: the hostile peer of the rogue tests (an example, built with --examples) in ROGUE.
+need_rogue() {
+    ROGUE=$BIN/examples/rogue
+    [ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
+}
+
 # ---------------------------------------------------------------------------------------------
 # Cleanup: processes first, then the namespaces (a persistent sd0 goes with its namespace).
 

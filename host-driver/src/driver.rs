@@ -18,7 +18,7 @@ use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::sys::tap::{Offloads, Tap};
 use splitnet_messaging::vnet;
-use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Goodbye, Message, Queue};
+use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Message, Queue};
 use std::cell::RefCell;
 use std::io;
 use std::path::PathBuf;
@@ -1158,13 +1158,7 @@ impl<'a> Conn<'a> {
             events.clear();
         }
         let flushed = self.tl.link.session().is_flushed();
-        self.tl.link.session_mut().send(
-            Lane::Control,
-            &Message::Goodbye(Goodbye {
-                code: ErrorCode::ShuttingDown,
-            }),
-        );
-        let _ = self.tl.link.flush();
+        self.tl.link.goodbye(ErrorCode::ShuttingDown);
         if flushed {
             info!("pools flushed");
         } else {

@@ -8,15 +8,13 @@ use crate::host::{Drops, Host};
 use crate::nic::Nic;
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::{
-    InitiatorConfig, Keepalive, Lane, Link, LinkError, LinkEvent, PoolGetOutcome, PoolSpec,
+    InitiatorConfig, Keepalive, Link, LinkError, LinkEvent, PoolGetOutcome, PoolSpec,
     SessionConfig, TargetConfig,
 };
 use splitnet_messaging::fabric::TcpChannel;
 use splitnet_messaging::memory::{Registry, SendBufCache};
 use splitnet_messaging::service::notify;
-use splitnet_messaging::wire::{
-    self, features, fmt_mac, CfgCode, ErrorCode, Goodbye, Message, Queue, Stats,
-};
+use splitnet_messaging::wire::{self, features, fmt_mac, CfgCode, ErrorCode, Queue, Stats};
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
@@ -660,13 +658,7 @@ impl Ioc {
         if let Some(link) = self.hosts.get_mut(&session).and_then(|h| h.link.as_mut()) {
             self.stats.protocol_errors += 1;
             warn!(session, "host over its limits: {why}; disconnecting it");
-            link.session_mut().send(
-                Lane::Control,
-                &Message::Goodbye(Goodbye {
-                    code: ErrorCode::ResourceLimit,
-                }),
-            );
-            let _ = link.flush();
+            link.goodbye(ErrorCode::ResourceLimit);
         }
         self.remove_host(session, why, None);
     }

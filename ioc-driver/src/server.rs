@@ -5,14 +5,14 @@ use crate::forward::LanProgress;
 use crate::hosts;
 use crate::ioc::Ioc;
 use splitnet_config::{IocConfig, Promiscuous};
-use splitnet_messaging::endpoint::{Lane, Session};
+use splitnet_messaging::endpoint::Session;
 use splitnet_messaging::fabric::{self, Ready, TcpLink};
 use splitnet_messaging::memory::DomainId;
 use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
 use splitnet_messaging::wire::fmt_mac;
-use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Goodbye, Message, Queue, Role};
+use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Queue, Role};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io;
@@ -377,13 +377,7 @@ async fn shutdown(ioc: &Rc<RefCell<Ioc>>) {
     let sessions: Vec<u64> = st.hosts.keys().copied().collect();
     for s in sessions {
         if let Some(link) = st.hosts.get_mut(&s).and_then(|h| h.link.as_mut()) {
-            link.session_mut().send(
-                Lane::Control,
-                &Message::Goodbye(Goodbye {
-                    code: ErrorCode::ShuttingDown,
-                }),
-            );
-            let _ = link.flush();
+            link.goodbye(ErrorCode::ShuttingDown);
         }
         st.remove_host(s, "IOC shutting down", None);
     }

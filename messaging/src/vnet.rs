@@ -324,28 +324,29 @@ mod tests {
         assert!(is_group(&dst_mac(&f)));
     }
 
-    #[test]
-    fn tso_frame_passes() {
-        let h = VnetHdr {
+    /// The header of a TCPv4 super-frame with an MSS of 1448.
+    fn tso() -> VnetHdr {
+        VnetHdr {
             flags: F_NEEDS_CSUM,
             gso_type: GSO_TCPV4,
             hdr_len: 66,
             gso_size: 1448,
             csum_start: 34,
             csum_offset: 16,
-        };
+        }
+    }
+
+    #[test]
+    fn tso_frame_passes() {
+        let h = tso();
         assert_eq!(check_frame(&frame(h, 60_000)), Ok(h));
     }
 
     #[test]
     fn gso_size_beyond_the_frame_is_refused() {
         let h = VnetHdr {
-            flags: F_NEEDS_CSUM,
-            gso_type: GSO_TCPV4,
-            hdr_len: 66,
             gso_size: 1449,
-            csum_start: 34,
-            csum_offset: 16,
+            ..tso()
         };
         assert!(matches!(
             check_frame(&frame(h, 1448)),
@@ -531,14 +532,7 @@ mod tests {
 
     #[test]
     fn vlan_tag_goes_back_after_the_macs_and_moves_the_offsets() {
-        let h = VnetHdr {
-            flags: F_NEEDS_CSUM,
-            gso_type: GSO_TCPV4,
-            hdr_len: 66,
-            gso_size: 1448,
-            csum_start: 34,
-            csum_offset: 16,
-        };
+        let h = tso();
         let mut buf = frame(h, 2000);
         buf[VNET_HDR_LEN..VLAN_TAG_AT].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         buf[VLAN_TAG_AT..VLAN_TAG_AT + 2].copy_from_slice(&[0x08, 0x00]);

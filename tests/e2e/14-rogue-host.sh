@@ -5,8 +5,7 @@
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip iperf3 python3; need_daemons
 # Every attack, and frames from a source MAC that is not the host's (counted, not passed on).
-ROGUE=$BIN/examples/rogue
-[ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
+need_rogue
 topo_up 2; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2

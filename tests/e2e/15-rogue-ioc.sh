@@ -3,8 +3,7 @@
 # connection, logs why), reconnects, and never crashes.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip; need_daemons
-ROGUE=$BIN/examples/rogue
-[ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
+need_rogue
 topo_up 1
 ip netns exec sd-ioc "$ROGUE" ioc 10.200.0.2:7400 >"$T/rogue.out" 2>&1 & rogue=$!
 PIDS+=("$rogue")

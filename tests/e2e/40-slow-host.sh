@@ -7,8 +7,7 @@
 # not asserted (timings never decide a test).
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip iperf3 python3 ping; need_daemons
-ROGUE=$BIN/examples/rogue
-[ -x "$ROGUE" ] || fail "missing $ROGUE (cargo build --release --examples)"
+need_rogue
 json() { ctl_json "$T/ioc.sock" "$@"; }
 topo_up 2; start_ioc; start_host 1
 wait_carrier sd-host up 10

@@ -324,10 +324,16 @@ impl<C: Channel> Link<C> {
     /// the code sent, `None` when the error leaves nobody to tell. Close the link after.
     pub fn fail(&mut self, err: &LinkError) -> Option<ErrorCode> {
         let code = err.code()?;
+        self.goodbye(code);
+        Some(code)
+    }
+
+    /// Queues a Goodbye with `code` on the control channel (behind what is already queued
+    /// there) and writes what the socket takes now; close the link after.
+    pub fn goodbye(&mut self, code: ErrorCode) {
         self.session
             .send(Lane::Control, &Message::Goodbye(Goodbye { code }));
         let _ = self.flush();
-        Some(code)
     }
 
     /// Bytes queued by the session or posted, and not yet written, on either channel.
