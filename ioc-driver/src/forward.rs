@@ -8,8 +8,9 @@
 //! [`crate::ioc::BACKLOG`] frames); beyond that it loses the frame, as a NIC ring overflow
 //! would, and the loss is counted in its statistics.
 
-use crate::host::{Host, RxDrop, TxDrop};
+use crate::host::{Host, RxDrop};
 use crate::ioc::{Ioc, IocStats};
+use crate::lan_tx::LanTx;
 use crate::nic::Nic;
 use splitnet_messaging::endpoint::Lane;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
@@ -17,7 +18,7 @@ use splitnet_messaging::vnet;
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
 use std::io;
-use tracing::{debug, warn};
+use tracing::warn;
 
 /// Completions handled per channel per wake-up.
 pub const RX_BUDGET: usize = 256;
@@ -42,20 +43,6 @@ fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
     } else {
         cache.put(b);
         host.drop_rx(RxDrop::TooLarge);
-    }
-}
-
-fn to_lan(nic: &dyn Nic, frame: &[u8], stats: &mut IocStats) -> bool {
-    match nic.send(frame) {
-        Ok(_) => {
-            stats.lan_tx += 1;
-            true
-        }
-        Err(e) => {
-            stats.lan_tx_errors += 1;
-            debug!("NIC refused a frame: {e}");
-            false
-        }
     }
 }
 
@@ -99,12 +86,15 @@ pub struct TxPolicy<'a> {
 
 /// Forwards one frame a host's session (`from`) wrote into the IOC's pool, if it passes
 /// [`Host::check_tx`]; a frame that does not is dropped and counted against the host.
+/// Frames for the LAN go through `lan` (sent in batches: see [`LanTx`]), which counts them
+/// for the host when the NIC has taken them.
 #[allow(clippy::too_many_arguments)]
 pub fn from_host(
     from: u64,
     frame: &[u8],
     hosts: &mut BTreeMap<u64, Host>,
     nic: &dyn Nic,
+    lan: &mut LanTx,
     cache: &mut SendBufCache,
     stats: &mut IocStats,
     keys: &RandomState,
@@ -125,30 +115,25 @@ pub fn from_host(
     }
     let dst = vnet::dst_mac(frame);
     let sender = hosts.get(&from).map_or(from, |h| h.first);
-    let sent = if vnet::is_group(&dst) {
+    if vnet::is_group(&dst) {
         let to = targets(hosts, frame, keys, |h| h.session != sender);
         deliver_all(&to, hosts, frame, cache);
-        to_lan(nic, frame, stats)
-    } else {
-        let owner = hosts
-            .values()
-            .find(|h| h.queue.is_first() && h.mac == dst && h.session != sender)
-            .map(|h| h.steer(frame, keys));
-        match owner.and_then(|s| hosts.get_mut(&s)) {
-            Some(h) => {
-                deliver_copy(h, frame, cache);
-                true
+        lan.send(from, frame, nic, hosts, stats);
+        return;
+    }
+    let owner = hosts
+        .values()
+        .find(|h| h.queue.is_first() && h.mac == dst && h.session != sender)
+        .map(|h| h.steer(frame, keys));
+    match owner.and_then(|s| hosts.get_mut(&s)) {
+        Some(to) => {
+            deliver_copy(to, frame, cache);
+            if let Some(h) = hosts.get_mut(&from) {
+                h.stats.tx_frames += 1;
+                h.stats.tx_bytes += frame.len() as u64;
             }
-            None => to_lan(nic, frame, stats),
         }
-    };
-    if let Some(h) = hosts.get_mut(&from) {
-        if sent {
-            h.stats.tx_frames += 1;
-            h.stats.tx_bytes += frame.len() as u64;
-        } else {
-            h.drop_tx(TxDrop::Nic);
-        }
+        None => lan.send(from, frame, nic, hosts, stats),
     }
 }
 
@@ -231,6 +216,7 @@ impl Ioc {
         let Ioc {
             reg,
             nic,
+            lan_tx,
             cache,
             hosts,
             stats,
@@ -252,11 +238,12 @@ impl Ioc {
             RX_BUDGET,
             &mut |frame| {
                 from_host(
-                    session, frame, hosts, &**nic, cache, stats, flow_keys, &policy,
+                    session, frame, hosts, &**nic, lan_tx, cache, stats, flow_keys, &policy,
                 )
             },
             &mut events,
         );
+        lan_tx.flush(&**nic, hosts, stats);
         link.session_mut().flush_credits(reg);
         if let Some(h) = hosts.get_mut(&session) {
             h.link = Some(link);

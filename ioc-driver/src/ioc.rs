@@ -5,6 +5,7 @@
 //! another host without crossing threads.
 
 use crate::host::{Drops, Host};
+use crate::lan_tx::LanTx;
 use crate::nic::Nic;
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::{
@@ -75,6 +76,8 @@ pub struct Ioc {
     pub reg: Registry,
     /// The NIC.
     pub nic: Box<dyn Nic>,
+    /// Frames for the NIC, sent in batches.
+    pub lan_tx: LanTx,
     /// The NIC's MTU as offered to hosts.
     pub mtu: u32,
     /// NIC link state.
@@ -121,6 +124,7 @@ impl Ioc {
         Ioc {
             reg: Registry::new(limit),
             nic,
+            lan_tx: LanTx::default(),
             mtu,
             link_up,
             cache: SendBufCache::new(wire::MAX_SEND_DATA, buffers),

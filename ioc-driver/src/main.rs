@@ -12,6 +12,7 @@ mod forward;
 mod host;
 mod hosts;
 mod ioc;
+mod lan_tx;
 mod nic;
 mod report;
 mod server;

@@ -26,6 +26,16 @@ pub trait Nic: std::fmt::Debug {
     }
     /// Sends one frame.
     fn send(&self, frame: &[u8]) -> io::Result<usize>;
+    /// Sends frames in order until one fails; returns how many were sent (an error when
+    /// the first failed).
+    fn send_batch(&self, frames: &[&[u8]]) -> io::Result<usize> {
+        for (i, f) in frames.iter().enumerate() {
+            if let Err(e) = self.send(f) {
+                return if i == 0 { Err(e) } else { Ok(i) };
+            }
+        }
+        Ok(frames.len())
+    }
     /// Joins (`join`) or leaves a link-layer multicast group.
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()>;
 }
@@ -44,6 +54,11 @@ impl Nic for PacketSocket {
         PacketSocket::send(self, frame)
     }
 
+    /// One `sendmmsg(2)` for the whole batch.
+    fn send_batch(&self, frames: &[&[u8]]) -> io::Result<usize> {
+        PacketSocket::send_batch(self, frames)
+    }
+
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {
         PacketSocket::set_multicast(self, group, join)
     }
@@ -54,7 +69,7 @@ pub mod fake {
     //! A NIC made of two queues, for tests.
 
     use super::Nic;
-    use std::cell::RefCell;
+    use std::cell::{Cell, RefCell};
     use std::collections::VecDeque;
     use std::io;
     use std::rc::Rc;
@@ -66,6 +81,20 @@ pub mod fake {
         pub rx: Rc<RefCell<VecDeque<Vec<u8>>>>,
         /// Frames the IOC sent, in order.
         pub tx: Rc<RefCell<Vec<Vec<u8>>>>,
+        /// Frames of this length are refused, as by a full device queue.
+        pub refuse_len: Rc<Cell<Option<usize>>>,
+        /// Calls of `send` and `send_batch`.
+        pub sends: Rc<Cell<usize>>,
+    }
+
+    impl FakeNic {
+        fn put(&self, frame: &[u8]) -> io::Result<usize> {
+            if self.refuse_len.get() == Some(frame.len()) {
+                return Err(io::Error::other("device queue full"));
+            }
+            self.tx.borrow_mut().push(frame.to_vec());
+            Ok(frame.len())
+        }
     }
 
     impl Nic for FakeNic {
@@ -81,8 +110,18 @@ pub mod fake {
         }
 
         fn send(&self, frame: &[u8]) -> io::Result<usize> {
-            self.tx.borrow_mut().push(frame.to_vec());
-            Ok(frame.len())
+            self.sends.set(self.sends.get() + 1);
+            self.put(frame)
+        }
+
+        fn send_batch(&self, frames: &[&[u8]]) -> io::Result<usize> {
+            self.sends.set(self.sends.get() + 1);
+            for (i, f) in frames.iter().enumerate() {
+                if let Err(e) = self.put(f) {
+                    return if i == 0 { Err(e) } else { Ok(i) };
+                }
+            }
+            Ok(frames.len())
         }
 
         fn set_multicast(&self, _: [u8; 6], _: bool) -> io::Result<()> {

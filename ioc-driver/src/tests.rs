@@ -422,6 +422,43 @@ fn sendata_that_belongs_in_a_pool_is_refused_and_counted() {
 }
 
 #[test]
+fn lan_frames_leave_in_order_in_batches_and_a_refused_one_is_counted() {
+    let nic = FakeNic::default();
+    let mut ioc = Ioc::new(config(""), Box::new(nic.clone()), 9000, true);
+    let (s, mut peer) = connect(&mut ioc, 3, false, 128);
+    let own = mac(&ioc, s);
+    // Small frames go into the batch's slots, the 5000-byte one straight to the NIC: the
+    // LAN must still see them in the order the host sent them.
+    let lens = [100, 1400, 200, 5000, 300, 1500, 400];
+    nic.refuse_len.set(Some(frame(LAN_PEER, own, 200).len()));
+    let mut cache = SendBufCache::new(wire::MAX_SEND_DATA, 64);
+    for &len in &lens {
+        let mut b = cache.get().unwrap();
+        assert!(b.fill_from(&frame(LAN_PEER, own, len)));
+        peer.link.post_frame(b);
+    }
+    let sends = nic.sends.get();
+    pump(&mut ioc, &mut peer, s, true);
+    let sent: Vec<usize> = nic
+        .tx
+        .borrow()
+        .iter()
+        .map(|f| f.len() - VNET_HDR_LEN - 14)
+        .collect();
+    assert_eq!(sent, [100, 1400, 5000, 300, 1500, 400]);
+    assert!(
+        nic.sends.get() - sends < lens.len(),
+        "frames written together share system calls"
+    );
+    let h = host(&ioc, s);
+    assert_eq!(
+        (h.stats.tx_frames, h.drops.nic, h.stats.tx_dropped),
+        (6, 1, 1)
+    );
+    assert_eq!((ioc.stats.lan_tx, ioc.stats.lan_tx_errors), (6, 1));
+}
+
+#[test]
 fn set_mac_follows_the_policy() {
     let (mut ioc, _nic) = ioc_with("");
     let (a, mut pa) = connect(&mut ioc, 1, false, 128);
