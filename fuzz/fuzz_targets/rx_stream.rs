@@ -34,9 +34,12 @@ fuzz_target!(|input: (Vec<u8>, Vec<u8>)| {
             }
         }
         let want = usize::from(*cut.next().unwrap_or(&255)).max(1);
-        let buf = rx.buffer(&mut reg);
-        let n = want.min(buf.len()).min(bytes.len() - pos);
-        buf[..n].copy_from_slice(&bytes[pos..pos + n]);
+        // One vectored read: the current payload first, then the read-ahead.
+        let (payload, ahead) = rx.buffers(&mut reg);
+        let n = want.min(payload.len() + ahead.len()).min(bytes.len() - pos);
+        let a = n.min(payload.len());
+        payload[..a].copy_from_slice(&bytes[pos..pos + a]);
+        ahead[..n - a].copy_from_slice(&bytes[pos + a..pos + n]);
         pos += n;
         match rx.advance(n, &mut reg) {
             Ok(Some(RxCompletion::Write { handle, len, .. })) => {

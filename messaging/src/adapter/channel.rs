@@ -4,7 +4,7 @@ use super::op::Op;
 use super::rx::{RxCompletion, RxError, RxStream};
 use super::tx::{Payload, TxQueue};
 use crate::memory::{DomainId, Registry, SendBufCache};
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use thiserror::Error;
 
 /// Slices handed to one vectored write.
@@ -126,8 +126,10 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
             if let Some(c) = self.rx.poll_staged(reg)? {
                 return Ok(Some(c));
             }
-            let buf = self.rx.buffer(reg);
-            match self.stream.read(buf) {
+            let (payload, ahead) = self.rx.buffers(reg);
+            let mut iov = [IoSliceMut::new(payload), IoSliceMut::new(ahead)];
+            let k = if iov[1].is_empty() { 1 } else { 2 };
+            match self.stream.read_vectored(&mut iov[..k]) {
                 Ok(0) => return Err(ChannelError::Closed),
                 Ok(n) => {
                     if let Some(c) = self.rx.advance(n, reg)? {

@@ -68,6 +68,27 @@ impl Read for PipeEnd {
         }
         rx.bytes.read(buf)
     }
+
+    /// Fills the buffers in order, as `readv(2)` on a socket does.
+    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        let mut rx = self.rx.borrow_mut();
+        if rx.bytes.is_empty() && bufs.iter().any(|b| !b.is_empty()) {
+            return if rx.closed {
+                Ok(0)
+            } else {
+                Err(io::ErrorKind::WouldBlock.into())
+            };
+        }
+        let mut n = 0;
+        for b in bufs.iter_mut() {
+            let k = rx.bytes.read(b)?;
+            n += k;
+            if k < b.len() {
+                break;
+            }
+        }
+        Ok(n)
+    }
 }
 
 impl Write for PipeEnd {

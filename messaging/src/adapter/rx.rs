@@ -1,12 +1,16 @@
 //! Receive side of a byte-stream channel: a sans-IO decoder that places RDMA writes.
 //!
-//! The caller asks [`RxStream::buffer`] where the next bytes from the transport belong,
-//! reads into it, and reports the count with [`RxStream::advance`]. While a header is being
-//! read the buffer is the header; once a write's header has passed every check of the
-//! [`Registry`], the buffer *is* the target element, so the payload goes from the socket
-//! straight into registered memory with no intermediate copy (beyond the few bytes read
-//! ahead with the header, see `READ_AHEAD`). SEND payloads land in the receive buffer (the
-//! posted receive of a real adapter).
+//! The caller asks [`RxStream::buffers`] where the next bytes from the transport belong,
+//! reads into them with one vectored read, and reports the count with
+//! [`RxStream::advance`]. While a header is awaited the bytes go to a read-ahead buffer;
+//! once a write's header has passed every check of the [`Registry`], the first buffer *is*
+//! the rest of the target element, so the payload goes from the socket straight into
+//! registered memory, and the second is the read-ahead for what follows. After a large
+//! write's payload only the next operation's header is read ahead, so a stream of
+//! frames is placed with one read each and no copy; after small operations (credit
+//! updates, SendData) a larger read-ahead takes several of them per read, and those bytes
+//! are copied once. SEND payloads land in the receive buffer (the posted receive of a real
+//! adapter).
 
 use super::op::{Op, OpError, OpHeader, OP_HEADER_LEN};
 use crate::memory::{DomainId, Handle, Placement, ProtectionError, Registry};
@@ -71,10 +75,14 @@ enum State {
     },
 }
 
-/// Bytes read ahead while a header is awaited. Small operations (acknowledgements, SendData,
-/// credit updates) then arrive several per read; a large write's payload beyond this is read
-/// straight into its element, so at most this much of it is ever copied.
+/// Bytes read ahead while a header is awaited, or after a small operation's payload. Small
+/// operations (acknowledgements, SendData, credit updates) then arrive several per read; a
+/// large write's payload beyond this is read straight into its element, so at most this
+/// much of it is ever copied.
 const READ_AHEAD: usize = 2048;
+/// Writes at least this long are followed by a read-ahead of one operation header only: the
+/// next write's payload then goes straight into its element too.
+const LARGE_WRITE: u32 = 1024;
 
 /// Incremental decoder of one channel's incoming operations.
 #[derive(Debug)]
@@ -87,7 +95,9 @@ pub struct RxStream {
     stage: Box<[u8]>,
     stage_pos: usize,
     stage_end: usize,
-    reading_stage: bool,
+    /// Bytes of the last [`RxStream::buffers`] that went to the current payload (`None`:
+    /// all went to the read-ahead).
+    split: Option<usize>,
     writes: bool,
 }
 
@@ -103,7 +113,7 @@ impl RxStream {
             stage: vec![0u8; READ_AHEAD].into_boxed_slice(),
             stage_pos: 0,
             stage_end: 0,
-            reading_stage: false,
+            split: None,
             writes: true,
         }
     }
@@ -128,40 +138,53 @@ impl RxStream {
         self.domain = domain;
     }
 
-    /// Where the next bytes read from the transport go. Never empty. Call only once
-    /// [`RxStream::poll_staged`] returned `None` (nothing read ahead is left).
-    pub fn buffer<'a>(&'a mut self, reg: &'a mut Registry) -> &'a mut [u8] {
-        self.reading_stage = matches!(self.state, State::Header { .. });
-        match &self.state {
+    /// Where the next bytes read from the transport go, in order: the rest of the current
+    /// payload (never empty) and the read-ahead that follows it (empty while a header is
+    /// awaited: then the first is the read-ahead). Call only once [`RxStream::poll_staged`]
+    /// returned `None` (nothing read ahead is left).
+    pub fn buffers<'a>(&'a mut self, reg: &'a mut Registry) -> (&'a mut [u8], &'a mut [u8]) {
+        let (payload, ahead): (&mut [u8], usize) = match &self.state {
             State::Header { .. } => {
-                self.stage_pos = 0;
-                self.stage_end = 0;
-                &mut self.stage[..]
+                self.split = None;
+                return (&mut self.stage[..], &mut []);
             }
-            State::Send { len, filled } => &mut self.recv[*filled..*len],
+            State::Send { len, filled } => (&mut self.recv[*filled..*len], READ_AHEAD),
             State::Write {
                 placement, filled, ..
             } => {
                 let dst = reg.placement_mut(placement);
                 let filled = (*filled).min(dst.len());
-                &mut dst[filled..]
+                let ahead = if placement.len >= LARGE_WRITE {
+                    OP_HEADER_LEN
+                } else {
+                    READ_AHEAD
+                };
+                (&mut dst[filled..], ahead)
             }
-        }
+        };
+        self.split = Some(payload.len());
+        (payload, &mut self.stage[..ahead])
     }
 
-    /// Accounts for `n` bytes read into [`RxStream::buffer`]; returns the operation that
-    /// completed, if one did.
+    /// Accounts for `n` bytes read into [`RxStream::buffers`]; returns the operation that
+    /// completed, if one did (what was read ahead is decoded by [`RxStream::poll_staged`]).
     pub fn advance(
         &mut self,
         n: usize,
         reg: &mut Registry,
     ) -> Result<Option<RxCompletion>, RxError> {
-        if self.reading_stage {
-            self.stage_pos = 0;
-            self.stage_end = n.min(self.stage.len());
-            return self.poll_staged(reg);
+        self.stage_pos = 0;
+        match self.split {
+            None => {
+                self.stage_end = n.min(self.stage.len());
+                self.poll_staged(reg)
+            }
+            Some(first) => {
+                let into_payload = n.min(first);
+                self.stage_end = (n - into_payload).min(self.stage.len());
+                self.filled(into_payload, reg)
+            }
         }
-        self.filled(n, reg)
     }
 
     /// Decodes bytes read ahead; `None` once they are all consumed.
