@@ -3,7 +3,8 @@
 
 Measures direct veth (the limit), kernel VXLAN + bridge, OpenVPN tap (cipher none) + bridge,
 and splitnet: iperf3 TCP each way (best of N runs), ping RTT (every 5 ms: average and p99;
-every 0.2 s; every 10 ms during an iperf3 upload and during a download), CPU seconds
+every 0.2 s; every 10 ms during an iperf3 upload and during a download), TCP request/response
+latency (sockperf ping-pong, 64-byte messages: one-way average and p99), CPU seconds
 per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), and one
 host with 1 and 2 TAP queues under 4 TCP flows. Prints a table of absolute figures and
 ratios, writes bench/out/results.json and bench/out/chart.svg.
@@ -11,7 +12,7 @@ ratios, writes bench/out/results.json and bench/out/chart.svg.
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
                       [--only direct,vxlan,...]
 
-Needs root, iperf3, openvpn, iputils-ping, iproute2, and `cargo build --release` done.
+Needs root, iperf3, sockperf, openvpn, iputils-ping, iproute2, and `cargo build --release` done.
 """
 import argparse
 import json
@@ -208,6 +209,28 @@ def ping(ns="sd-host", count=300, interval=0.005):
     return sum(rtts) / len(rtts), rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))]
 
 
+def sockperf(secs):
+    """TCP ping-pong of 64-byte messages from the host to the LAN for `secs` seconds, one at a
+    time: the request/response latency an RPC or a shell sees. Returns sockperf's one-way
+    latency (half the round trip) in us: (average, p99)."""
+    srv = bg("ip netns exec sd-lan sockperf server --tcp -i 10.50.0.2 -p 11111",
+             "/tmp/sd-bench-sockperf-srv.log")
+    time.sleep(0.5)
+    out = sh(f"ip netns exec sd-host sockperf ping-pong --tcp -i 10.50.0.2 -p 11111 -m 64 -t {secs}",
+             check=False)
+    try:
+        os.killpg(srv.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    avg = p99 = None
+    for line in out.splitlines():
+        if "avg-latency=" in line:
+            avg = float(line.split("avg-latency=")[1].split()[0])
+        elif "percentile 99.000 =" in line:
+            p99 = float(line.split("=")[-1])
+    return avg, p99
+
+
 def ping_under_load(secs, reverse):
     """Ping every 10 ms while one iperf3 flow runs (upload, or download with `reverse`):
     how long interactive traffic waits behind bulk. Returns (avg us, p99 us, bulk Gb/s)."""
@@ -246,6 +269,9 @@ def measure(name, setup, secs, runs):
     r["ping_p99_us"] = round(p99) if p99 else None
     avg, _ = ping(count=25, interval=0.2)
     r["ping_idle_us"] = round(avg) if avg else None
+    avg, p99 = sockperf(secs)
+    r["rr_oneway_us"] = round(avg, 1) if avg else None
+    r["rr_oneway_p99_us"] = round(p99, 1) if p99 else None
     for d, rev in (("up", False), ("down", True)):
         avg, p99, gbps = ping_under_load(secs, rev)
         r[f"ping_{d}load_us"] = round(avg) if avg else None
@@ -256,7 +282,8 @@ def measure(name, setup, secs, runs):
     cleanup()
     print(f"  {name:<10} tx {r['tx_gbps']:>6} Gb/s  rx {r['rx_gbps']:>6} Gb/s  "
           f"ping {r['ping_avg_us']} us (p99 {r['ping_p99_us']}), every 0.2 s {r['ping_idle_us']} us, "
-          f"under upload {r['ping_upload_us']} us, under download {r['ping_download_us']} us",
+          f"under upload {r['ping_upload_us']} us, under download {r['ping_download_us']} us, "
+          f"TCP request/response one-way {r['rr_oneway_us']} us (p99 {r['rr_oneway_p99_us']})",
           flush=True)
     return r
 
@@ -300,14 +327,16 @@ def queues(queue_list, secs, flows=4):
 
 
 def svg(results, scaling, path):
-    """A bar chart of tx/rx per mode and the multi-host aggregate, as plain SVG."""
+    """Two bar charts as plain SVG: tx/rx per mode and the multi-host aggregate; then the
+    latencies of each mode on a log scale (they span from tens of us to milliseconds)."""
+    import math
     w, h, pad = 760, 340, 50
     vmax = max([r["tx_gbps"] for r in results] + [r["rx_gbps"] for r in results] +
                [s["tx_gbps"] for s in scaling] + [1])
     items = [(r["mode"], r["tx_gbps"], r["rx_gbps"]) for r in results]
     items += [(f"{s['hosts']}h agg", s["tx_gbps"], s["rx_gbps"]) for s in scaling]
     bw = (w - 2 * pad) / max(len(items), 1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{2 * h}" font-family="sans-serif" font-size="11">',
              f'<text x="{pad}" y="20" font-size="14">iperf3 TCP throughput (Gb/s): tx dark, rx light</text>']
     for i, (name, tx, rx) in enumerate(items):
         x = pad + i * bw
@@ -318,6 +347,29 @@ def svg(results, scaling, path):
             parts.append(f'<text x="{x + 4 + j * (bw - 8) / 2:.1f}" y="{h - pad - bh - 3:.1f}">{v:.1f}</text>')
         parts.append(f'<text x="{x + 4:.1f}" y="{h - pad + 15}">{name}</text>')
     parts.append(f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>')
+    # Latency panel: one group per mode, one bar per measure, log10 scale from 1 us.
+    keys = [("rr_oneway_us", "TCP req/resp 1-way", "#4d8a2b"), ("ping_avg_us", "ping 5 ms", "#2b5c8a"),
+            ("ping_idle_us", "ping 0.2 s", "#8ab6e0"), ("ping_upload_us", "ping under upload", "#c0504d"),
+            ("ping_download_us", "ping under download", "#e0a08a")]
+    top = h
+    lmax = max([r.get(k) or 1 for r in results for k, _, _ in keys] + [10])
+    decades = math.log10(lmax) or 1
+    parts.append(f'<text x="{pad}" y="{top + 20}" font-size="14">latency (us, log scale): '
+                 + ", ".join(f'<tspan fill="{c}">{label}</tspan>' for _, label, c in keys) + '</text>')
+    gw = (w - 2 * pad) / max(len(results), 1)
+    for i, r in enumerate(results):
+        x = pad + i * gw
+        bar = (gw - 8) / len(keys)
+        for j, (k, _, color) in enumerate(keys):
+            v = r.get(k)
+            if not v:
+                continue
+            bh = (h - 2 * pad) * max(math.log10(v), 0) / decades
+            parts.append(f'<rect x="{x + 4 + j * bar:.1f}" y="{top + h - pad - bh:.1f}" '
+                         f'width="{bar:.1f}" height="{bh:.1f}" fill="{color}"/>')
+            parts.append(f'<text x="{x + 4 + j * bar:.1f}" y="{top + h - pad - bh - 3:.1f}" font-size="9">{v:g}</text>')
+        parts.append(f'<text x="{x + 4:.1f}" y="{top + h - pad + 15}">{r["mode"]}</text>')
+    parts.append(f'<line x1="{pad}" y1="{top + h - pad}" x2="{w - pad}" y2="{top + h - pad}" stroke="black"/>')
     parts.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(parts))
@@ -333,7 +385,7 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
-    for tool in ("iperf3", "ip", "ping") + (("openvpn",) if "openvpn" in a.only else ()):
+    for tool in ("iperf3", "ip", "ping", "sockperf") + (("openvpn",) if "openvpn" in a.only else ()):
         if not shutil.which(tool):
             sys.exit(f"missing tool: {tool}")
     for b in ("host-driver", "ioc-driver"):
@@ -356,11 +408,12 @@ def main():
     by = {r["mode"]: r for r in results}
     print()
     print(f"{'mode':<10} {'tx Gb/s':>8} {'rx Gb/s':>8} {'ping us':>8} {'p99 us':>7} {'idle us':>8} "
-          f"{'upload us':>10} {'download us':>12} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}")
+          f"{'upload us':>10} {'download us':>12} {'rr 1-way us':>11} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}")
     for r in results:
         print(f"{r['mode']:<10} {r['tx_gbps']:>8} {r['rx_gbps']:>8} {str(r['ping_avg_us']):>8} "
               f"{str(r['ping_p99_us']):>7} {str(r['ping_idle_us']):>8} {str(r['ping_upload_us']):>10} "
-              f"{str(r['ping_download_us']):>12} {str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}")
+              f"{str(r['ping_download_us']):>12} {str(r['rr_oneway_us']):>11} "
+              f"{str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}")
     ratios = {}
     s = by.get("splitnet")
     if s:
@@ -369,9 +422,14 @@ def main():
             if p and p["tx_gbps"] and p["rx_gbps"]:
                 ratios[f"tx_vs_{peer}"] = round(s["tx_gbps"] / p["tx_gbps"], 2)
                 ratios[f"rx_vs_{peer}"] = round(s["rx_gbps"] / p["rx_gbps"], 2)
-                for k in ("ping_avg_us", "ping_idle_us", "ping_upload_us", "ping_download_us"):
+                for k in ("ping_avg_us", "ping_idle_us", "ping_upload_us", "ping_download_us",
+                          "rr_oneway_us"):
                     if p.get(k) and s.get(k):
                         ratios[f"{k[:-3]}_vs_{peer}"] = round(s[k] / p[k], 2)
+                for d in ("tx", "rx"):
+                    k = f"{d}_cpu_s_per_gb"
+                    if p.get(k) and s.get(k):
+                        ratios[f"cpu_per_gb_{d}_vs_{peer}"] = round(s[k] / p[k], 2)
         if scaling and scaling[0]["tx_gbps"]:
             last = scaling[-1]
             ratios[f"agg_{last['hosts']}h_vs_1h_tx"] = round(last["tx_gbps"] / scaling[0]["tx_gbps"], 2)
