@@ -10,8 +10,8 @@
 //!
 //! The region is `HEADER_LEN` (192) bytes of header followed by a data area of
 //! `data_size` bytes, a power of two between [`MIN_DATA_SIZE`] and [`MAX_DATA_SIZE`]. All
-//! integers are `u32`, little-endian, at 4-byte aligned offsets; the region starts at a
-//! 64-byte (cache line) aligned address in both processes.
+//! integers are `u32`, little-endian, at 4-byte aligned offsets. For `head` and `tail` to
+//! sit on separate cache lines the region should start 64-byte aligned (a mapping does).
 //!
 //! | offset | field        | written by | meaning |
 //! |--------|--------------|------------|---------|
@@ -22,7 +22,7 @@
 //! | 16-63  | reserved     | creator    | zero |
 //! | 64     | `head`       | producer   | bytes ever published (own cache line, 64-127) |
 //! | 128    | `tail`       | consumer   | bytes ever consumed (own cache line, 128-191) |
-//! | 132    | `wake`       | consumer   | doorbell request: `tail | 1` armed, even = not armed |
+//! | 132    | `wake`       | consumer   | doorbell request: `tail + 1` armed, even = not armed |
 //! | 192    | data area    | producer   | `data_size` bytes of records |
 //!
 //! The creator writes the header and zeroes `head`, `tail` and `wake` ([`RingConfig::init`]).

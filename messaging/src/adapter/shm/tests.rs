@@ -859,12 +859,20 @@ fn two_threads_spinning() {
 #[test]
 #[ignore = "measurement"]
 fn throughput_heap() {
-    for (len, count) in [(64usize, 10_000_000u64), (1500, 2_000_000)] {
-        let c = RingConfig::new(256 << 10, 1500, 1).unwrap();
-        let mem = HeapShared::new(c.region_len());
-        c.init(&mem).unwrap();
-        let len_of: fn(u64) -> usize = if len == 64 { |_| 64 } else { |_| 1500 };
-        transfer(mem.clone(), mem, c, count, len_of, false, false)
-            .report(&format!("HeapShared, {len} B records, spinning"));
+    for doorbell in [false, true] {
+        for (len, count) in [(64usize, 10_000_000u64), (1500, 2_000_000)] {
+            let c = RingConfig::new(256 << 10, 1500, 1).unwrap();
+            let mem = HeapShared::new(c.region_len());
+            c.init(&mem).unwrap();
+            let len_of: fn(u64) -> usize = if len == 64 { |_| 64 } else { |_| 1500 };
+            let how = if doorbell {
+                "consumer parks"
+            } else {
+                "spinning"
+            };
+            let t = transfer(mem.clone(), mem, c, count, len_of, false, doorbell);
+            t.report(&format!("HeapShared, {len} B records, {how}"));
+            assert_eq!(t.lost_wakeups, 0);
+        }
     }
 }
