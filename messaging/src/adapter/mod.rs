@@ -8,6 +8,7 @@ mod channel;
 mod op;
 mod pipe;
 mod rx;
+pub mod shm;
 #[cfg(test)]
 mod tests;
 mod tx;

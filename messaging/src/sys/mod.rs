@@ -10,6 +10,7 @@
 
 pub mod netdev;
 pub mod packet;
+pub mod shm;
 pub mod tap;
 
 use std::io;

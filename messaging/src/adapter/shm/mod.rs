@@ -1,0 +1,17 @@
+//! Building blocks of a shared-memory transport for co-located daemons
+//! (`docs/transports.md`, "Shared-memory rings").
+//!
+//! * [`mem`]: the [`SharedMem`] trait for memory a peer may rewrite at any moment, and
+//!   [`HeapShared`], an in-process implementation (the `sys` feature adds a `memfd` mapping).
+//! * [`ring`]: a single-producer single-consumer ring of variable-length records with
+//!   doorbell suppression, hardened against a hostile peer.
+//!
+//! Both are sans-IO: the doorbell itself (an `eventfd`) and the waiting belong to the caller.
+
+pub mod mem;
+pub mod ring;
+#[cfg(test)]
+pub(crate) mod tests;
+
+pub use mem::{HeapShared, MemError, SharedMem};
+pub use ring::{ConfigError, Consumer, Producer, PushError, Pushed, Record, RingConfig, RingError};
