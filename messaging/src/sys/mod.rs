@@ -8,6 +8,7 @@
 //! the only module of the workspace allowed `unsafe`, each call with a `// SAFETY:` note.
 #![allow(unsafe_code)]
 
+pub mod eventfd;
 pub mod netdev;
 pub mod packet;
 pub mod shm;
