@@ -37,10 +37,27 @@ enum Target {
 
 #[derive(Debug, Arbitrary)]
 enum Action {
-    Frame { from_b: bool, len: u16, seed: u8 },
-    RawMessage { from_b: bool, control: bool, bytes: Vec<u8> },
-    RawWrite { from_b: bool, control: bool, to: Target, element: u8, imm: Option<u32>, len: u8 },
-    Flush { from_b: bool },
+    Frame {
+        from_b: bool,
+        len: u16,
+        seed: u8,
+    },
+    RawMessage {
+        from_b: bool,
+        control: bool,
+        bytes: Vec<u8>,
+    },
+    RawWrite {
+        from_b: bool,
+        control: bool,
+        to: Target,
+        element: u8,
+        imm: Option<u32>,
+        len: u8,
+    },
+    Flush {
+        from_b: bool,
+    },
     Drive,
 }
 
@@ -51,15 +68,24 @@ fn doc() -> &'static [(String, Option<u16>)] {
 
 /// The error's code is its row's; the peer hears it in a Goodbye on the control channel.
 fn check_error(p: &mut Pair, side: Side, e: &LinkError) {
-    let row = e.row().expect("the in-process pipe never fails as a transport");
+    let row = e
+        .row()
+        .expect("the in-process pipe never fails as a transport");
     let documented = doc().iter().find(|(id, _)| id == row).map(|r| r.1);
     let code = e.code().map(|c| c.to_u16());
-    assert_eq!(documented, Some(code), "{e}: code {code:?}, the document's row {row} says {documented:?}");
+    assert_eq!(
+        documented,
+        Some(code),
+        "{e}: code {code:?}, the document's row {row} says {documented:?}"
+    );
     let (me, peer) = match side {
         Side::A => (&mut p.a, &mut p.b),
         Side::B => (&mut p.b, &mut p.a),
     };
-    let sent = me.link.fail(e).expect("a session error is told to the peer");
+    let sent = me
+        .link
+        .fail(e)
+        .expect("a session error is told to the peer");
     if me.link.pending() > 0 {
         return; // the pipe is full: the Goodbye waits behind what the peer has not read
     }
@@ -68,9 +94,18 @@ fn check_error(p: &mut Pair, side: Side, e: &LinkError) {
     let (reg, link) = (&mut peer.reg, &mut peer.link);
     // The peer reads its control channel: whatever came before, the Goodbye is there
     // unless the peer fails first on something hostile queued ahead of it.
-    let r = link.poll(reg, splitnet_messaging::endpoint::Lane::Control, 1 << 16, &mut |_| {}, &mut events);
+    let r = link.poll(
+        reg,
+        splitnet_messaging::endpoint::Lane::Control,
+        1 << 16,
+        &mut |_| {},
+        &mut events,
+    );
     if r.is_ok() {
-        assert!(events.contains(&LinkEvent::Goodbye(sent)), "{e}: no Goodbye({sent:?}) on channel 0: {events:?}");
+        assert!(
+            events.contains(&LinkEvent::Goodbye(sent)),
+            "{e}: no Goodbye({sent:?}) on channel 0: {events:?}"
+        );
     }
 }
 
@@ -91,8 +126,14 @@ fn check_bounds(p: &Pair) {
 
 fn foreign_intact(p: &Pair, foreign: [Handle; 2]) {
     for (peer, h) in [(&p.a, foreign[0]), (&p.b, foreign[1])] {
-        let bytes = peer.reg.element(h, 0, 256).expect("foreign region stays registered");
-        assert!(bytes.iter().all(|&b| b == SENTINEL), "a write reached another domain's region");
+        let bytes = peer
+            .reg
+            .element(h, 0, 256)
+            .expect("foreign region stays registered");
+        assert!(
+            bytes.iter().all(|&b| b == SENTINEL),
+            "a write reached another domain's region"
+        );
     }
 }
 
@@ -107,7 +148,10 @@ fuzz_target!(|actions: Vec<Action>| {
             element_count: 1,
             single_use: false,
         };
-        let h = peer.reg.register(spec).expect("room for the foreign region");
+        let h = peer
+            .reg
+            .register(spec)
+            .expect("room for the foreign region");
         peer.reg.grant(h, 0).expect("grant");
         peer.reg.element_mut(h, 0).expect("element").fill(SENTINEL);
         foreign[i] = h;
@@ -138,13 +182,28 @@ fuzz_target!(|actions: Vec<Action>| {
                     sent[usize::from(from_b)].push(frame);
                 }
             }
-            Action::RawMessage { from_b, control, bytes } => {
+            Action::RawMessage {
+                from_b,
+                control,
+                bytes,
+            } => {
                 hostile = true;
                 let peer = if from_b { &mut p.b } else { &mut p.a };
-                let ch = if control { peer.link.control_channel_mut() } else { peer.link.data_channel_mut() };
+                let ch = if control {
+                    peer.link.control_channel_mut()
+                } else {
+                    peer.link.data_channel_mut()
+                };
                 ch.post(Op::Send, &[], Payload::Bytes(bytes));
             }
-            Action::RawWrite { from_b, control, to, element, imm, len } => {
+            Action::RawWrite {
+                from_b,
+                control,
+                to,
+                element,
+                imm,
+                len,
+            } => {
                 hostile = true;
                 // Everything before it settles first, so its own outcome can be judged.
                 if let Err((side, e)) = p.drive() {
@@ -166,7 +225,10 @@ fuzz_target!(|actions: Vec<Action>| {
                     }
                     Target::Foreign => {
                         must_protect = Some(rx);
-                        (foreign[rx].to_u64(), splitnet_messaging::memory::Registry::base_address(foreign[rx]))
+                        (
+                            foreign[rx].to_u64(),
+                            splitnet_messaging::memory::Registry::base_address(foreign[rx]),
+                        )
                     }
                     Target::Seen(_) | Target::Raw(_) => {
                         let h = if let Target::Raw(h) = to { h } else { 0 };
@@ -178,7 +240,11 @@ fuzz_target!(|actions: Vec<Action>| {
                     None => Op::Write { handle, addr },
                 };
                 let peer = if from_b { &mut p.b } else { &mut p.a };
-                let ch = if control { peer.link.control_channel_mut() } else { peer.link.data_channel_mut() };
+                let ch = if control {
+                    peer.link.control_channel_mut()
+                } else {
+                    peer.link.data_channel_mut()
+                };
                 ch.post(op, &[], Payload::Bytes(vec![0xAA; usize::from(len)]));
                 if control {
                     must_protect = Some(rx); // no write on channel 0 (row E4)
@@ -197,7 +263,10 @@ fuzz_target!(|actions: Vec<Action>| {
             match &driven {
                 Err((side, e)) => {
                     assert_eq!(*side, rx_side, "the writer's peer refuses: {e}");
-                    assert!(e.is_protection(), "a stale, foreign or channel-0 write is a protection error: {e}");
+                    assert!(
+                        e.is_protection(),
+                        "a stale, foreign or channel-0 write is a protection error: {e}"
+                    );
                 }
                 Ok(()) => panic!("a stale, foreign or channel-0 write was accepted"),
             }

@@ -12,7 +12,11 @@ fuzz_target!(|v: (u32, u32, u32, u32)| {
             assert!(fits);
             let back = Idata::from_u32(i.to_u32());
             assert_eq!(
-                (u32::from(back.pool_ref), u32::from(back.element), u32::from(back.length)),
+                (
+                    u32::from(back.pool_ref),
+                    u32::from(back.element),
+                    u32::from(back.length)
+                ),
                 (pool, element, len)
             );
         }

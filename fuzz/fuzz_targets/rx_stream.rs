@@ -9,10 +9,22 @@ fuzz_target!(|input: (Vec<u8>, Vec<u8>)| {
     let (bytes, cuts) = input;
     let mut reg = Registry::new(1 << 20);
     let mine = reg
-        .register(RegionSpec { domain: DomainId(1), access: Access::REMOTE_WRITE, element_size: 256, element_count: 4, single_use: false })
+        .register(RegionSpec {
+            domain: DomainId(1),
+            access: Access::REMOTE_WRITE,
+            element_size: 256,
+            element_count: 4,
+            single_use: false,
+        })
         .unwrap();
     let other = reg
-        .register(RegionSpec { domain: DomainId(2), access: Access::REMOTE_WRITE, element_size: 256, element_count: 4, single_use: false })
+        .register(RegionSpec {
+            domain: DomainId(2),
+            access: Access::REMOTE_WRITE,
+            element_size: 256,
+            element_count: 4,
+            single_use: false,
+        })
         .unwrap();
     for e in 0..4 {
         reg.grant(mine, e).unwrap();
@@ -52,7 +64,10 @@ fuzz_target!(|input: (Vec<u8>, Vec<u8>)| {
     }
     rx.abort(&mut reg);
     for e in 0..4 {
-        assert!(reg.is_granted(other, e), "another domain's element was consumed");
+        assert!(
+            reg.is_granted(other, e),
+            "another domain's element was consumed"
+        );
     }
     assert_eq!(reg.in_flight(mine).unwrap(), 0);
 });

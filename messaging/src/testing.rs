@@ -3,7 +3,8 @@
 //! Both peers live in one thread; [`Pair::drive`] moves bytes both ways and feeds every
 //! completion to the sessions until nothing moves any more.
 
-use crate::adapter::{pipe, PipeEnd, StreamChannel};
+use crate::adapter::shm::{self, HeapShared, ShmChannel};
+use crate::adapter::{pipe, Channel, PipeEnd, StreamChannel};
 use crate::endpoint::{
     InitiatorConfig, Lane, Link, LinkError, LinkEvent, PoolSpec, Posted, Session, SessionConfig,
     TargetConfig,
@@ -13,6 +14,9 @@ use crate::wire;
 
 /// Channel type of the in-process harness.
 pub type PipeChannel = StreamChannel<PipeEnd>;
+
+/// Channel type of the shared-memory harness (rings in process memory).
+pub type ShmPipe = ShmChannel<HeapShared>;
 
 /// Channel type of the TCP loopback harness.
 pub type TcpChannel = StreamChannel<std::net::TcpStream>;
@@ -168,6 +172,21 @@ fn peer_sized<S: std::io::Read + std::io::Write>(
 ) -> Peer<StreamChannel<S>> {
     let d = DomainId(domain);
     let max = sizes.max_send;
+    let (ctrl, data) = (
+        StreamChannel::new(ctrl, d, max),
+        StreamChannel::new(data, d, max),
+    );
+    peer_with(d, config, ctrl, data, sizes)
+}
+
+/// A peer whose pools are in domain `d`, over the channels given.
+fn peer_with<C: Channel>(
+    d: DomainId,
+    config: SessionConfig,
+    ctrl: C,
+    data: C,
+    sizes: Sizes,
+) -> Peer<C> {
     let mut reg = Registry::new(1 << 30);
     let mut session = Session::new(d, config);
     session
@@ -175,11 +194,7 @@ fn peer_sized<S: std::io::Read + std::io::Write>(
         .expect("test pools fit the test registry");
     Peer {
         reg,
-        link: Link::new(
-            session,
-            StreamChannel::new(ctrl, d, max),
-            StreamChannel::new(data, d, max),
-        ),
+        link: Link::new(session, ctrl, data),
         cache: SendBufCache::new(sizes.send_buf, 256),
         received: Vec::new(),
         delivered: 0,
@@ -236,7 +251,26 @@ impl Pair<TcpChannel> {
     }
 }
 
-impl<S: std::io::Read + std::io::Write> Peer<StreamChannel<S>> {
+impl Pair<ShmPipe> {
+    /// Two peers over shared-memory rings (one pair per channel, 1 MiB each way).
+    pub fn shm(a: SessionConfig, b: SessionConfig) -> Pair<ShmPipe> {
+        let sizes = Sizes::FULL;
+        let cfg = shm::ring_config(1 << 20, sizes.send_buf.max(sizes.max_send) as u32)
+            .expect("a 1 MiB ring holds the largest operation twice");
+        let (da, db) = (DomainId(1), DomainId(2));
+        let rings = || {
+            shm::heap_pair(cfg, (da, db), sizes.max_send).expect("freshly initialised rings attach")
+        };
+        let (c0, c1) = rings();
+        let (d0, d1) = rings();
+        Pair {
+            a: peer_with(da, a, c0, d0, sizes),
+            b: peer_with(db, b, c1, d1, sizes),
+        }
+    }
+}
+
+impl<C: Channel> Peer<C> {
     /// Posts `frame`. A frame not posted goes back to the cache; with every send buffer in
     /// flight the answer is backpressure, as for a lack of credit.
     pub fn send(&mut self, frame: &[u8]) -> Outcome {
@@ -289,9 +323,9 @@ impl<S: std::io::Read + std::io::Write> Peer<StreamChannel<S>> {
     }
 }
 
-impl<S: std::io::Read + std::io::Write> Pair<StreamChannel<S>> {
+impl<C: Channel> Pair<C> {
     /// The peer on `side`.
-    pub fn peer(&mut self, side: Side) -> &mut Peer<StreamChannel<S>> {
+    pub fn peer(&mut self, side: Side) -> &mut Peer<C> {
         match side {
             Side::A => &mut self.a,
             Side::B => &mut self.b,

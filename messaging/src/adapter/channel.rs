@@ -22,6 +22,9 @@ pub enum ChannelError {
     /// The peer sent something the adapter refuses.
     #[error(transparent)]
     Rx(#[from] RxError),
+    /// The peer corrupted the shared memory of a shared-memory channel.
+    #[error(transparent)]
+    Shm(#[from] super::shm::ShmError),
 }
 
 /// A queue pair of the channel adapter: a send queue, a receive queue and their completions.

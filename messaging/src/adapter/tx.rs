@@ -112,6 +112,13 @@ impl TxQueue {
         self.queued - self.sent
     }
 
+    /// The parts (header, prefix, payload) of the first operation, if none of it has been
+    /// written yet: a transport that moves whole operations (a shared-memory ring) takes it
+    /// as one record, then calls [`TxQueue::advance`] with its length.
+    pub fn front(&self) -> Option<[&[u8]; 3]> {
+        self.ops.front().filter(|_| self.sent == 0).map(TxOp::parts)
+    }
+
     /// Fills `out` with the unwritten bytes, in order, and returns how many slices it used.
     pub fn gather<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
         let mut n = 0;

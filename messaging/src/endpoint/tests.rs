@@ -13,6 +13,38 @@ fn pair() -> Pair {
     p
 }
 
+/// The same peers over shared-memory rings.
+fn pair_shm() -> Pair<crate::testing::ShmPipe> {
+    let mut p = Pair::shm(config(64), config(64));
+    p.drive().unwrap();
+    p
+}
+
+/// A test run twice, over the in-process byte pipe (the TCP framing) and over
+/// shared-memory rings: `$name::pipe` and `$name::shm`.
+macro_rules! over_both {
+    ($name:ident, |$p:ident| $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            #[allow(unused_mut)]
+            fn pipe() {
+                let mut $p = super::pair();
+                $body
+            }
+
+            #[test]
+            #[allow(unused_mut)]
+            fn shm() {
+                let mut $p = super::pair_shm();
+                $body
+            }
+        }
+    };
+}
+
 fn frame(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31) ^ seed)
@@ -22,9 +54,7 @@ fn frame(len: usize, seed: u8) -> Vec<u8> {
 mod credits {
     use super::*;
 
-    #[test]
-    fn pools_are_advertised_at_start() {
-        let p = pair();
+    over_both!(pools_are_advertised_at_start, |p| {
         let ini = p.a.link.session().initiator();
         assert_eq!(ini.credits(), 16 + 8);
         assert_eq!(p.b.link.session().target().credits_outstanding(), 24);
@@ -40,11 +70,9 @@ mod credits {
         );
         let held: Vec<u32> = ini.pool_credits().map(|(_, c)| c).collect();
         assert_eq!(held.iter().sum::<u32>(), 24);
-    }
+    });
 
-    #[test]
-    fn usage_follows_elements_from_granted_to_busy_to_free() {
-        let mut p = pair();
+    over_both!(usage_follows_elements_from_granted_to_busy_to_free, |p| {
         for i in 0..3 {
             assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma);
         }
@@ -66,11 +94,9 @@ mod credits {
             .map(|u| u.state)
             .collect();
         assert_eq!(states, ["quiescing", "quiescing"]);
-    }
+    });
 
-    #[test]
-    fn small_frames_go_inline_and_large_by_rdma() {
-        let mut p = pair();
+    over_both!(small_frames_go_inline_and_large_by_rdma, |p| {
         assert_eq!(p.send(Side::A, &frame(60, 1)), Outcome::Inline);
         assert_eq!(p.send(Side::A, &frame(1500, 2)), Outcome::Rdma);
         assert_eq!(p.send(Side::A, &frame(9000, 3)), Outcome::Rdma);
@@ -79,33 +105,32 @@ mod credits {
             p.b.received,
             vec![frame(60, 1), frame(1500, 2), frame(9000, 3)]
         );
-    }
+    });
 
-    #[test]
-    fn exhaustion_backpressures_and_updates_restore_every_credit() {
-        let mut p = pair();
-        for i in 0..16 {
-            assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma);
+    over_both!(
+        exhaustion_backpressures_and_updates_restore_every_credit,
+        |p| {
+            for i in 0..16 {
+                assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma);
+            }
+            // Small pool exhausted, but a 1000-byte frame still fits the large pool.
+            for i in 0..8 {
+                assert_eq!(p.send(Side::A, &frame(1000, 100 + i)), Outcome::Rdma);
+            }
+            assert_eq!(p.send(Side::A, &frame(1000, 200)), Outcome::Backpressure);
+            assert_eq!(p.a.link.session().initiator().credits(), 0);
+            p.drive().unwrap();
+            assert_eq!(p.b.received.len(), 24);
+            // Every credit came back (batched updates plus the idle flush), plus the pool the
+            // starved initiator asked for with BufferRecvPoolGet.
+            assert_eq!(p.a.link.session().initiator().credits(), 24 + 16);
+            assert_eq!(p.a.link.session().initiator().in_use(), 0);
+            assert!(p.a.events.contains(&LinkEvent::Credits));
+            assert_eq!(p.send(Side::A, &frame(1000, 201)), Outcome::Rdma);
         }
-        // Small pool exhausted, but a 1000-byte frame still fits the large pool.
-        for i in 0..8 {
-            assert_eq!(p.send(Side::A, &frame(1000, 100 + i)), Outcome::Rdma);
-        }
-        assert_eq!(p.send(Side::A, &frame(1000, 200)), Outcome::Backpressure);
-        assert_eq!(p.a.link.session().initiator().credits(), 0);
-        p.drive().unwrap();
-        assert_eq!(p.b.received.len(), 24);
-        // Every credit came back (batched updates plus the idle flush), plus the pool the
-        // starved initiator asked for with BufferRecvPoolGet.
-        assert_eq!(p.a.link.session().initiator().credits(), 24 + 16);
-        assert_eq!(p.a.link.session().initiator().in_use(), 0);
-        assert!(p.a.events.contains(&LinkEvent::Credits));
-        assert_eq!(p.send(Side::A, &frame(1000, 201)), Outcome::Rdma);
-    }
+    );
 
-    #[test]
-    fn starvation_asks_for_a_pool_once() {
-        let mut p = pair();
+    over_both!(starvation_asks_for_a_pool_once, |p| {
         for i in 0..24 {
             p.send(Side::A, &frame(1000, i));
         }
@@ -123,11 +148,9 @@ mod credits {
             LinkEvent::PoolGet(PoolGetOutcome::Granted(2))
         ));
         assert_eq!(p.a.link.session().initiator().credits(), 24 + 16);
-    }
+    });
 
-    #[test]
-    fn pool_get_beyond_bounds_is_declined() {
-        let mut p = pair();
+    over_both!(pool_get_beyond_bounds_is_declined, |p| {
         let mut out = crate::endpoint::Outbox::new();
         let b = &mut p.b;
         let target = &mut b.link.session_mut();
@@ -167,11 +190,11 @@ mod credits {
             crate::endpoint::Incoming::PoolGet(PoolGetOutcome::Declined(_))
         ));
         assert_eq!(b.link.session().target().live_pools(), 2);
-    }
+    });
 
     /// Asks `b` for a pool of `element_size` x `element_count`.
-    fn pool_get(
-        b: &mut crate::testing::Peer,
+    fn pool_get<C: Channel>(
+        b: &mut crate::testing::Peer<C>,
         element_size: u32,
         element_count: u32,
     ) -> PoolGetOutcome {
@@ -192,9 +215,7 @@ mod credits {
         }
     }
 
-    #[test]
-    fn pool_get_geometry_is_bounded_with_its_bookkeeping() {
-        let mut p = pair();
+    over_both!(pool_get_geometry_is_bounded_with_its_bookkeeping, |p| {
         let b = &mut p.b;
         // Element size 1: the bookkeeping would outweigh the memory many times over.
         assert_eq!(
@@ -215,77 +236,75 @@ mod credits {
         let t = b.link.session().target();
         let meta = t.live_pools() as u64 * 4096 * crate::endpoint::ELEMENT_OVERHEAD;
         assert!(t.granted_bytes() + meta <= 8 << 20);
-    }
+    });
 }
 
 mod retired {
     use super::*;
 
-    #[test]
-    fn flush_requests_for_pools_never_held_are_not_remembered() {
-        let mut p = pair();
-        let mut out = crate::endpoint::Outbox::new();
-        let a = &mut p.a;
-        let before = a.link.session().initiator().retired();
-        let mut bytes = Vec::new();
-        for r in 0..1000u32 {
+    over_both!(
+        flush_requests_for_pools_never_held_are_not_remembered,
+        |p| {
+            let mut out = crate::endpoint::Outbox::new();
+            let a = &mut p.a;
+            let before = a.link.session().initiator().retired();
+            let mut bytes = Vec::new();
+            for r in 0..1000u32 {
+                bytes.clear();
+                Message::BufferPoolFlushRequest(vec![1000 + r, 2000 + r])
+                    .emit(u64::from(r), &mut bytes);
+                a.link
+                    .session_mut()
+                    .on_message(&mut a.reg, crate::endpoint::Lane::Control, &bytes)
+                    .unwrap();
+            }
+            let _ = &mut out;
+            assert_eq!(a.link.session().initiator().retired(), before);
+            // Pools it held are remembered, at most max_pools of them.
+            let refs: Vec<u32> = a
+                .link
+                .session()
+                .initiator()
+                .pools()
+                .map(|e| e.pool_ref)
+                .collect();
+            assert!(!refs.is_empty());
             bytes.clear();
-            Message::BufferPoolFlushRequest(vec![1000 + r, 2000 + r])
-                .emit(u64::from(r), &mut bytes);
+            Message::BufferPoolFlushRequest(refs.clone()).emit(5000, &mut bytes);
             a.link
                 .session_mut()
                 .on_message(&mut a.reg, crate::endpoint::Lane::Control, &bytes)
                 .unwrap();
+            assert_eq!(a.link.session().initiator().retired(), before + refs.len());
+            assert!(a.link.session().initiator().retired() <= 16);
         }
-        let _ = &mut out;
-        assert_eq!(a.link.session().initiator().retired(), before);
-        // Pools it held are remembered, at most max_pools of them.
-        let refs: Vec<u32> = a
-            .link
-            .session()
-            .initiator()
-            .pools()
-            .map(|e| e.pool_ref)
-            .collect();
-        assert!(!refs.is_empty());
-        bytes.clear();
-        Message::BufferPoolFlushRequest(refs.clone()).emit(5000, &mut bytes);
-        a.link
-            .session_mut()
-            .on_message(&mut a.reg, crate::endpoint::Lane::Control, &bytes)
-            .unwrap();
-        assert_eq!(a.link.session().initiator().retired(), before + refs.len());
-        assert!(a.link.session().initiator().retired() <= 16);
-    }
+    );
 }
 
 mod indication {
     use super::*;
 
-    #[test]
-    fn frames_over_64k_use_buffer_rdma_indicate() {
-        let mut p = pair();
+    over_both!(frames_over_64k_use_buffer_rdma_indicate, |p| {
         let big = frame(65_560, 7);
         assert!(Idata::new(1, 0, big.len() as u32).is_none());
         assert_eq!(p.send(Side::A, &big), Outcome::Rdma);
         assert_eq!(p.send(Side::A, &frame(65_535, 8)), Outcome::Rdma);
         p.drive().unwrap();
         assert_eq!(p.b.received, vec![big, frame(65_535, 8)]);
-    }
+    });
 
-    #[test]
-    fn frames_larger_than_every_pool_and_senddata_are_refused() {
-        let mut p = pair();
-        assert_eq!(
-            p.send(Side::A, &frame(crate::wire::MAX_SEND_DATA + 1, 1)),
-            Outcome::TooLarge
-        );
-        assert_eq!(p.a.link.stats().tx_too_large, 1);
-    }
+    over_both!(
+        frames_larger_than_every_pool_and_senddata_are_refused,
+        |p| {
+            assert_eq!(
+                p.send(Side::A, &frame(crate::wire::MAX_SEND_DATA + 1, 1)),
+                Outcome::TooLarge
+            );
+            assert_eq!(p.a.link.stats().tx_too_large, 1);
+        }
+    );
 
-    #[test]
-    fn lying_idata_is_a_protocol_error() {
-        let mut p = pair();
+    over_both!(lying_idata_is_a_protocol_error, |p| {
         let entry = *p.a.link.session().initiator().pools().next().unwrap();
         // A correct write into element 15 claiming element 3 in its immediate data.
         let addr = entry.address + 15 * u64::from(entry.element_size);
@@ -305,11 +324,9 @@ mod indication {
             err.1,
             LinkError::Protocol(ProtocolError::IdataMismatch { element: 15, .. })
         ));
-    }
+    });
 
-    #[test]
-    fn indication_without_write_is_a_protocol_error() {
-        let mut p = pair();
+    over_both!(indication_without_write_is_a_protocol_error, |p| {
         let mut msg = Vec::new();
         Message::BufferRdmaIndicate(crate::wire::Indicate {
             pool_ref: 0,
@@ -323,20 +340,18 @@ mod indication {
             err.1,
             LinkError::Protocol(ProtocolError::NoSuchWrite { .. })
         ));
-    }
+    });
 }
 
 /// The data channel of peer A, for injecting raw operations.
-fn raw_data(p: &mut Pair) -> &mut crate::testing::PipeChannel {
+fn raw_data<C: Channel>(p: &mut Pair<C>) -> &mut C {
     p.a.link.data_channel_mut()
 }
 
 mod rogue {
     use super::*;
 
-    #[test]
-    fn credit_returned_twice_is_a_violation() {
-        let mut p = pair();
+    over_both!(credit_returned_twice_is_a_violation, |p| {
         let mut msg = Vec::new();
         Message::BufferRecvPoolUpdate(vec![PoolRun {
             pool_ref: 0,
@@ -357,11 +372,9 @@ mod rogue {
                 element: 0
             })
         ));
-    }
+    });
 
-    #[test]
-    fn write_beyond_credits_is_a_protection_error() {
-        let mut p = pair();
+    over_both!(write_beyond_credits_is_a_protection_error, |p| {
         let entry = *p.a.link.session().initiator().pools().next().unwrap();
         for _ in 0..2 {
             raw_data(&mut p).post(
@@ -377,15 +390,13 @@ mod rogue {
         assert_eq!(err.0, Side::B);
         assert!(err.1.to_string().contains("not granted"), "{}", err.1);
         assert_eq!(p.b.reg.stats().protection_errors, 1);
-    }
+    });
 }
 
 mod flush {
     use super::*;
 
-    #[test]
-    fn graceful_flush_frees_every_pool_on_both_sides() {
-        let mut p = pair();
+    over_both!(graceful_flush_frees_every_pool_on_both_sides, |p| {
         for i in 0..10 {
             p.send(Side::A, &frame(1500, i));
             p.send(Side::B, &frame(1500, i));
@@ -401,49 +412,48 @@ mod flush {
         assert_eq!(p.b.reg.stats().regions, 0);
         assert_eq!(p.b.link.session().initiator().credits(), 0);
         assert!(p.a.events.contains(&LinkEvent::Flushed { complete: true }));
-    }
+    });
 
-    #[test]
-    fn writes_racing_a_flush_complete_and_late_writes_are_rejected() {
-        let mut p = pair();
-        let entry = *p.a.link.session().initiator().pools().next().unwrap();
-        // A posts two writes; before they arrive B starts flushing its pools.
-        p.send(Side::A, &frame(1000, 1));
-        p.send(Side::A, &frame(1000, 2));
-        let handle = Handle::from_u64(entry.handle);
-        p.b.link.session_mut().start_flush(&mut p.b.reg);
-        // While quiescing, no credit is granted again.
-        assert!(p.b.reg.grant(handle, 0).is_err());
-        p.drive().unwrap();
-        // The racing writes were delivered, not lost.
-        assert_eq!(p.b.received, vec![frame(1000, 1), frame(1000, 2)]);
-        // B's pools are gone and the generation moved on.
-        assert_eq!(p.b.reg.stats().regions, 0);
-        let err =
-            p.b.reg
-                .begin_write(crate::memory::DomainId(2), entry.handle, entry.address, 1)
-                .unwrap_err();
-        assert!(matches!(
-            err,
-            crate::memory::ProtectionError::StaleGeneration { .. }
-        ));
-        // A write through the stale handle from a rogue A is a protection error at B.
-        raw_data(&mut p).post(
-            Op::Write {
-                handle: entry.handle,
-                addr: entry.address,
-            },
-            &[],
-            Payload::Bytes(vec![0; 8]),
-        );
-        let err = p.drive().unwrap_err();
-        assert_eq!(err.0, Side::B);
-        assert!(err.1.to_string().contains("stale"), "{}", err.1);
-    }
+    over_both!(
+        writes_racing_a_flush_complete_and_late_writes_are_rejected,
+        |p| {
+            let entry = *p.a.link.session().initiator().pools().next().unwrap();
+            // A posts two writes; before they arrive B starts flushing its pools.
+            p.send(Side::A, &frame(1000, 1));
+            p.send(Side::A, &frame(1000, 2));
+            let handle = Handle::from_u64(entry.handle);
+            p.b.link.session_mut().start_flush(&mut p.b.reg);
+            // While quiescing, no credit is granted again.
+            assert!(p.b.reg.grant(handle, 0).is_err());
+            p.drive().unwrap();
+            // The racing writes were delivered, not lost.
+            assert_eq!(p.b.received, vec![frame(1000, 1), frame(1000, 2)]);
+            // B's pools are gone and the generation moved on.
+            assert_eq!(p.b.reg.stats().regions, 0);
+            let err =
+                p.b.reg
+                    .begin_write(crate::memory::DomainId(2), entry.handle, entry.address, 1)
+                    .unwrap_err();
+            assert!(matches!(
+                err,
+                crate::memory::ProtectionError::StaleGeneration { .. }
+            ));
+            // A write through the stale handle from a rogue A is a protection error at B.
+            raw_data(&mut p).post(
+                Op::Write {
+                    handle: entry.handle,
+                    addr: entry.address,
+                },
+                &[],
+                Payload::Bytes(vec![0; 8]),
+            );
+            let err = p.drive().unwrap_err();
+            assert_eq!(err.0, Side::B);
+            assert!(err.1.to_string().contains("stale"), "{}", err.1);
+        }
+    );
 
-    #[test]
-    fn both_sides_flushing_at_once_completes_cleanly() {
-        let mut p = pair();
+    over_both!(both_sides_flushing_at_once_completes_cleanly, |p| {
         for i in 0..6 {
             p.send(Side::A, &frame(1500, i));
             p.send(Side::B, &frame(1500, i));
@@ -457,33 +467,27 @@ mod flush {
             assert!(peer.link.session().is_flushed());
             assert_eq!(peer.reg.stats().regions, 0);
         }
-    }
+    });
 
-    #[test]
-    fn flush_reply_for_unknown_transaction_is_rejected() {
-        let mut p = pair();
+    over_both!(flush_reply_for_unknown_transaction_is_rejected, |p| {
         let mut msg = Vec::new();
         Message::BufferPoolFlushReply.emit(12345, &mut msg);
         raw_data(&mut p).post(Op::Send, &[], Payload::Bytes(msg));
         assert!(p.drive().is_err());
-    }
+    });
 
-    #[test]
-    fn teardown_frees_everything() {
-        let mut p = pair();
+    over_both!(teardown_frees_everything, |p| {
         p.send(Side::A, &frame(3000, 1));
         p.a.link.close(&mut p.a.reg, &mut p.a.cache);
         assert_eq!(p.a.reg.stats().regions, 0);
         let _ = Registry::base_address;
-    }
+    });
 }
 
 mod pools {
     use super::*;
 
-    #[test]
-    fn unbounded_advertisement_is_refused() {
-        let mut p = pair();
+    over_both!(unbounded_advertisement_is_refused, |p| {
         let mut msg = Vec::new();
         Message::BufferRecvPool(vec![crate::wire::PoolEntry {
             pool_ref: 9,
@@ -504,7 +508,7 @@ mod pools {
         ));
         assert_eq!(err.1.row(), Some("E13"));
         assert_eq!(err.1.code(), Some(crate::wire::ErrorCode::ResourceLimit));
-    }
+    });
 
     #[test]
     fn spec_bytes() {

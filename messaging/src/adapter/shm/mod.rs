@@ -5,17 +5,21 @@
 //!   [`HeapShared`], an in-process implementation (the `sys` feature adds a `memfd` mapping).
 //! * [`ring`]: a single-producer single-consumer ring of variable-length records with
 //!   doorbell suppression, hardened against a hostile peer.
+//! * [`channel`]: a [`crate::adapter::Channel`] over two rings, with the checks of the TCP
+//!   path.
 //! * [`spin`]: how long a consumer polls before it sleeps (adaptive, halt-polling style).
 //!
 //! All are sans-IO: the doorbell itself (an `eventfd`, `sys::eventfd` with the `sys` feature)
 //! and the waiting belong to the caller.
 
+pub mod channel;
 pub mod mem;
 pub mod ring;
 pub mod spin;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use channel::{heap_pair, ring_config, ShmChannel, ShmError, KIND_OP};
 pub use mem::{HeapShared, MemError, SharedMem};
 pub use ring::{ConfigError, Consumer, Producer, PushError, Pushed, Record, RingConfig, RingError};
 pub use spin::{Idle, Spin, SpinConfig};

@@ -1,0 +1,475 @@
+//! A [`Channel`] over two shared-memory rings: one this side produces into, one it consumes.
+//!
+//! Each operation travels as one ring record of kind [`KIND_OP`]: the 32-byte operation
+//! header of the TCP framing ([`OpHeader`]) followed by its payload. The consumer copies the
+//! record out of shared memory once ([`Consumer::pop`]), parses the header from that copy,
+//! and places an RDMA write through the [`Registry`] with exactly the checks of the TCP path
+//! (domain, handle, grant, bounds), so a peer that rewrites shared memory afterwards changes
+//! nothing that was checked. A ring the peer corrupted ([`ShmError`]) ends the channel, and
+//! only this peer's.
+//!
+//! Sans-IO: the doorbell is the caller's. [`ShmChannel::take_doorbell`] says when the peer
+//! asked to be woken by a publication; [`ShmChannel::prepare_sleep`] arms this side's own
+//! request before the caller sleeps on its doorbell.
+
+use super::mem::SharedMem;
+use super::ring::{Consumer, Producer, PushError, RingConfig, RingError};
+use crate::adapter::op::{Op, OpHeader, OP_HEADER_LEN};
+use crate::adapter::rx::{RxCompletion, RxError};
+use crate::adapter::tx::{Payload, TxQueue};
+use crate::adapter::{Channel, ChannelError};
+use crate::memory::{DomainId, Registry, SendBufCache};
+use thiserror::Error;
+
+/// The record kind of an operation.
+pub const KIND_OP: u32 = 1;
+
+/// Why a shared-memory channel stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum ShmError {
+    /// The peer corrupted its ring (indices, record headers).
+    #[error("shared-memory ring: {0}")]
+    Ring(#[from] RingError),
+    /// A record that does not hold exactly one operation.
+    #[error("ring record of {len} bytes does not hold one operation")]
+    BadRecord {
+        /// The record's length.
+        len: usize,
+    },
+    /// An operation larger than the ring's records (a configuration error of this side).
+    #[error("operation of {len} bytes exceeds the ring's largest record")]
+    TooLarge {
+        /// The operation's length.
+        len: usize,
+    },
+}
+
+/// A ring configuration for operations with payloads of up to `max_payload` bytes, in a
+/// data area of `data_size` bytes (a power of two holding at least two of them).
+pub fn ring_config(data_size: u32, max_payload: u32) -> Result<RingConfig, super::ConfigError> {
+    RingConfig::new(
+        data_size,
+        max_payload.saturating_add(OP_HEADER_LEN as u32),
+        KIND_OP,
+    )
+}
+
+/// A queue pair over shared-memory rings.
+#[derive(Debug)]
+pub struct ShmChannel<M> {
+    tx: Producer<M>,
+    rx: Consumer<M>,
+    queue: TxQueue,
+    domain: DomainId,
+    max_send: usize,
+    writes: bool,
+    /// The last record popped (private memory): a SEND's payload is read from here.
+    record: Vec<u8>,
+    received: std::ops::Range<usize>,
+    doorbell: bool,
+}
+
+impl<M: SharedMem> ShmChannel<M> {
+    /// A channel producing into `tx` and consuming `rx`, accepting writes into the pools of
+    /// `domain` and SENDs of up to `max_send` bytes.
+    pub fn new(tx: Producer<M>, rx: Consumer<M>, domain: DomainId, max_send: usize) -> Self {
+        ShmChannel {
+            tx,
+            rx,
+            queue: TxQueue::new(),
+            domain,
+            max_send,
+            writes: true,
+            record: Vec::new(),
+            received: 0..0,
+            doorbell: false,
+        }
+    }
+
+    /// Changes the protection domain whose writes this channel carries.
+    pub fn set_domain(&mut self, domain: DomainId) {
+        self.domain = domain;
+    }
+
+    /// Whether the peer asked to be woken by what this side published since the last call:
+    /// the caller then rings the peer's doorbell.
+    pub fn take_doorbell(&mut self) -> bool {
+        std::mem::take(&mut self.doorbell)
+    }
+
+    /// Asks the peer to ring this side's doorbell on its next publication. `true`: the caller
+    /// may sleep on the doorbell; `false`: records may be waiting, poll again.
+    pub fn prepare_sleep(&mut self) -> bool {
+        self.rx.prepare_sleep()
+    }
+
+    /// Withdraws the request to be woken (after waking up).
+    pub fn wake(&mut self) {
+        self.rx.wake();
+    }
+
+    /// The memory of the ring this side produces into (tests and fuzzing play a rogue
+    /// producer through it).
+    pub fn tx_memory(&self) -> &M {
+        self.tx.memory()
+    }
+
+    /// Places the write in the record (payload after the header) through `reg`'s checks.
+    fn place(
+        &mut self,
+        reg: &mut Registry,
+        (handle, addr, imm): (u64, u64, Option<u32>),
+        len: u32,
+    ) -> Result<RxCompletion, ChannelError> {
+        if !self.writes {
+            return Err(RxError::WriteNotAllowed.into());
+        }
+        let p = reg
+            .begin_write(self.domain, handle, addr, len)
+            .map_err(RxError::from)?;
+        let dst = reg.placement_mut(&p);
+        let src = self.record.get(OP_HEADER_LEN..).unwrap_or_default();
+        if dst.len() != src.len() {
+            reg.abort_write(&p);
+            return Err(ShmError::BadRecord {
+                len: self.record.len(),
+            }
+            .into());
+        }
+        dst.copy_from_slice(src);
+        reg.finish_write(&p);
+        Ok(RxCompletion::Write {
+            handle: p.handle,
+            element: p.element,
+            len: p.len,
+            imm,
+        })
+    }
+}
+
+impl<M: SharedMem> Channel for ShmChannel<M> {
+    fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
+        self.queue.post(op, prefix, payload);
+    }
+
+    fn flush(&mut self) -> Result<bool, ChannelError> {
+        let mut staged = false;
+        while let Some(parts) = self.queue.front() {
+            let len: usize = parts.iter().map(|p| p.len()).sum();
+            match self.tx.stage(KIND_OP, &parts) {
+                Ok(()) => {
+                    self.queue.advance(len);
+                    staged = true;
+                }
+                Err(PushError::Full) => break,
+                Err(PushError::Peer(e)) => return Err(ShmError::Ring(e).into()),
+                Err(PushError::TooLarge { .. } | PushError::BadKind(_)) => {
+                    return Err(ShmError::TooLarge { len }.into())
+                }
+            }
+        }
+        if staged {
+            let published = self.tx.publish().map_err(ShmError::Ring)?;
+            self.doorbell |= published.notify;
+        }
+        Ok(self.queue.is_empty())
+    }
+
+    fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
+        let Some(rec) = self.rx.pop(&mut self.record).map_err(ShmError::Ring)? else {
+            return Ok(None);
+        };
+        let Some(header) = self.record.first_chunk::<OP_HEADER_LEN>() else {
+            return Err(ShmError::BadRecord { len: rec.len }.into());
+        };
+        let h = OpHeader::parse(header).map_err(RxError::from)?;
+        if h.len as usize != rec.len - OP_HEADER_LEN {
+            return Err(ShmError::BadRecord { len: rec.len }.into());
+        }
+        match h.op {
+            Op::Write { handle, addr } => {
+                return self.place(reg, (handle, addr, None), h.len).map(Some)
+            }
+            Op::WriteImm { handle, addr, imm } => {
+                return self.place(reg, (handle, addr, Some(imm)), h.len).map(Some)
+            }
+            Op::Send => {}
+        }
+        if h.len as usize > self.max_send {
+            return Err(RxError::SendTooLong {
+                len: h.len,
+                max: self.max_send,
+            }
+            .into());
+        }
+        self.received = OP_HEADER_LEN..rec.len;
+        Ok(Some(RxCompletion::Recv {
+            len: h.len as usize,
+        }))
+    }
+
+    fn received(&self) -> &[u8] {
+        self.record.get(self.received.clone()).unwrap_or_default()
+    }
+
+    fn reclaim(&mut self, cache: &mut SendBufCache) {
+        for b in self.queue.take_done() {
+            cache.put(b);
+        }
+    }
+
+    fn pending(&self) -> usize {
+        self.queue.queued_bytes()
+    }
+
+    fn held_buffers(&self) -> usize {
+        self.queue.held_buffers()
+    }
+
+    fn set_writes_allowed(&mut self, allowed: bool) {
+        self.writes = allowed;
+    }
+
+    fn close(&mut self, _reg: &mut Registry) {
+        // Writes are placed whole when their record is popped: none is ever half done.
+        self.queue.clear();
+    }
+}
+
+/// Two connected channels over in-process rings of `cfg` ([`super::HeapShared`]): for tests,
+/// fuzzing and benchmarks. `a` accepts writes into the pools of `domain_a` (its side's
+/// registry), `b` into those of `domain_b`.
+pub fn heap_pair(
+    cfg: RingConfig,
+    (domain_a, domain_b): (DomainId, DomainId),
+    max_send: usize,
+) -> Result<(ShmChannel<super::HeapShared>, ShmChannel<super::HeapShared>), RingError> {
+    let ring = || -> Result<super::HeapShared, RingError> {
+        let m = super::HeapShared::new(cfg.region_len());
+        cfg.init(&m)?;
+        Ok(m)
+    };
+    let (ab, ba) = (ring()?, ring()?);
+    let a = ShmChannel::new(
+        Producer::attach(ab.clone(), cfg)?,
+        Consumer::attach(ba.clone(), cfg)?,
+        domain_a,
+        max_send,
+    );
+    let b = ShmChannel::new(
+        Producer::attach(ba, cfg)?,
+        Consumer::attach(ab, cfg)?,
+        domain_b,
+        max_send,
+    );
+    Ok((a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter::shm::{HeapShared, SharedMem};
+    use crate::memory::{Access, Handle, RegionSpec};
+
+    const PD: DomainId = DomainId(7);
+
+    fn pool(reg: &mut Registry, count: u32, size: u32) -> Handle {
+        let h = reg
+            .register(RegionSpec {
+                domain: PD,
+                access: Access::REMOTE_WRITE,
+                element_size: size,
+                element_count: count,
+                single_use: false,
+            })
+            .unwrap();
+        for e in 0..count {
+            reg.grant(h, e).unwrap();
+        }
+        h
+    }
+
+    /// Two channels over rings of `data_size` bytes carrying payloads up to 4 KiB.
+    fn pair(data_size: u32) -> (ShmChannel<HeapShared>, ShmChannel<HeapShared>) {
+        heap_pair(ring_config(data_size, 4096).unwrap(), (PD, PD), 4096).unwrap()
+    }
+
+    fn write(h: Handle, addr: u64, imm: u32) -> Op {
+        Op::WriteImm {
+            handle: h.to_u64(),
+            addr,
+            imm,
+        }
+    }
+
+    /// Pops everything `b` has; returns the completions with their bytes.
+    fn drain(b: &mut ShmChannel<HeapShared>, reg: &mut Registry) -> Vec<(RxCompletion, Vec<u8>)> {
+        let mut out = vec![];
+        while let Some(c) = b.poll_recv(reg).unwrap() {
+            let bytes = match c {
+                RxCompletion::Recv { .. } => b.received().to_vec(),
+                RxCompletion::Write {
+                    handle,
+                    element,
+                    len,
+                    ..
+                } => reg.element(handle, element, len).unwrap().to_vec(),
+            };
+            out.push((c, bytes));
+        }
+        out
+    }
+
+    #[test]
+    fn a_full_ring_holds_operations_back_until_the_peer_consumes() {
+        let mut reg = Registry::new(1 << 20);
+        let h = pool(&mut reg, 16, 4096);
+        let base = Registry::base_address(h);
+        // 16 KiB of ring: three 4 KiB writes fit, the rest wait in the queue.
+        let (mut a, mut b) = pair(16 << 10);
+        for i in 0..8u8 {
+            let op = write(h, base + 4096 * u64::from(i), u32::from(i));
+            a.post(op, &[], Payload::Bytes(vec![i; 4000]));
+        }
+        a.post(Op::Send, &[], Payload::Bytes(b"last".to_vec()));
+        let mut got = vec![];
+        let mut rounds = 0;
+        while !a.flush().unwrap() {
+            got.extend(drain(&mut b, &mut reg));
+            rounds += 1;
+        }
+        got.extend(drain(&mut b, &mut reg));
+        assert!(rounds >= 2, "the ring filled ({rounds} rounds)");
+        assert_eq!(a.pending(), 0);
+        assert_eq!(got.len(), 9);
+        for (i, (c, bytes)) in got.iter().take(8).enumerate() {
+            assert!(
+                matches!(c, RxCompletion::Write { element, imm: Some(imm), .. }
+                if *element == i as u32 && *imm == i as u32)
+            );
+            assert_eq!(bytes, &vec![i as u8; 4000]);
+        }
+        assert_eq!(got[8].1, b"last");
+    }
+
+    #[test]
+    fn writes_pass_the_registry_checks_before_placement() {
+        let mut reg = Registry::new(1 << 20);
+        let h = pool(&mut reg, 2, 256);
+        let base = Registry::base_address(h);
+        let (mut a, mut b) = pair(16 << 10);
+        // 300 bytes into a 256-byte element.
+        a.post(write(h, base, 0), &[], Payload::Bytes(vec![9; 300]));
+        a.flush().unwrap();
+        let err = b.poll_recv(&mut reg).unwrap_err();
+        assert!(
+            matches!(err, ChannelError::Rx(RxError::Protection(_))),
+            "{err}"
+        );
+        assert_eq!(
+            reg.element(h, 0, 256).unwrap(),
+            &[0; 256][..],
+            "nothing placed"
+        );
+        // Writes refused on a channel that carries none (the control channel).
+        let (mut a, mut b) = pair(16 << 10);
+        b.set_writes_allowed(false);
+        a.post(write(h, base, 0), &[], Payload::Bytes(vec![9; 10]));
+        a.flush().unwrap();
+        assert!(matches!(
+            b.poll_recv(&mut reg),
+            Err(ChannelError::Rx(RxError::WriteNotAllowed))
+        ));
+    }
+
+    #[test]
+    fn a_send_longer_than_the_receive_buffer_is_refused() {
+        let mut reg = Registry::new(1 << 20);
+        let cfg = ring_config(16 << 10, 4096).unwrap();
+        let (mut a, mut b) = heap_pair(cfg, (PD, PD), 100).unwrap();
+        a.post(Op::Send, &[], Payload::Bytes(vec![1; 100]));
+        a.post(Op::Send, &[], Payload::Bytes(vec![1; 101]));
+        a.flush().unwrap();
+        assert!(matches!(
+            b.poll_recv(&mut reg),
+            Ok(Some(RxCompletion::Recv { len: 100 }))
+        ));
+        assert!(matches!(
+            b.poll_recv(&mut reg),
+            Err(ChannelError::Rx(RxError::SendTooLong {
+                len: 101,
+                max: 100
+            }))
+        ));
+    }
+
+    #[test]
+    fn a_peer_that_scribbles_on_its_ring_is_cut_off_and_no_one_else() {
+        let mut reg = Registry::new(1 << 20);
+        let h = pool(&mut reg, 4, 256);
+        let base = Registry::base_address(h);
+        let (mut bad, mut victim_side) = pair(16 << 10);
+        let (mut good, mut good_side) = pair(16 << 10);
+        bad.post(Op::Send, &[], Payload::Bytes(b"hello".to_vec()));
+        bad.flush().unwrap();
+        // The rogue producer moves its head past anything it wrote.
+        bad.tx.memory().store_u32(64, 1 << 20).unwrap();
+        assert!(matches!(
+            victim_side.poll_recv(&mut reg),
+            Err(ChannelError::Shm(ShmError::Ring(_)))
+        ));
+        assert!(
+            victim_side.poll_recv(&mut reg).is_err(),
+            "a broken ring stays broken"
+        );
+        good.post(write(h, base, 5), &[], Payload::Bytes(vec![3; 200]));
+        good.flush().unwrap();
+        let got = drain(&mut good_side, &mut reg);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1, vec![3; 200]);
+    }
+
+    #[test]
+    fn a_record_that_is_not_one_operation_is_refused() {
+        let mut reg = Registry::new(1 << 20);
+        let cfg = ring_config(16 << 10, 4096).unwrap();
+        for record in [vec![0u8; 10], {
+            // A SEND header claiming 50 bytes with 20 behind it.
+            let mut r = OpHeader {
+                op: Op::Send,
+                len: 50,
+            }
+            .emit()
+            .to_vec();
+            r.extend_from_slice(&[0; 20]);
+            r
+        }] {
+            let (a, mut b) = heap_pair(cfg, (PD, PD), 4096).unwrap();
+            let mut raw = Producer::attach(a.tx.memory().clone(), cfg).unwrap();
+            let _ = raw.push(KIND_OP, &[&record]).unwrap();
+            assert!(matches!(
+                b.poll_recv(&mut reg),
+                Err(ChannelError::Shm(ShmError::BadRecord { .. }))
+            ));
+        }
+    }
+
+    #[test]
+    fn the_doorbell_is_asked_for_once_per_sleep() {
+        let (mut a, mut b) = pair(16 << 10);
+        a.post(Op::Send, &[], Payload::Bytes(vec![1]));
+        a.flush().unwrap();
+        assert!(!a.take_doorbell(), "the peer was not asleep");
+        let mut reg = Registry::new(1 << 20);
+        drain(&mut b, &mut reg);
+        assert!(b.prepare_sleep());
+        for _ in 0..3 {
+            a.post(Op::Send, &[], Payload::Bytes(vec![2]));
+            a.flush().unwrap();
+        }
+        assert!(a.take_doorbell());
+        assert!(!a.take_doorbell());
+        b.wake();
+        assert_eq!(drain(&mut b, &mut reg).len(), 3);
+    }
+}
