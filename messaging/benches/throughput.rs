@@ -1,20 +1,20 @@
-//! Frames/s and bytes/s through an initiator/target pair, over the in-process transport and
-//! over TCP on loopback, for 64 B, 1500 B and 64 KiB frames. `in_process` and `tcp_loopback`
-//! run both peers on the benchmark's thread (one core does both ends); `tcp_two_threads`
+//! Frames/s and bytes/s through an initiator/target pair, over the in-process transport, over
+//! shared-memory rings (in process memory) and over TCP on loopback, for 64 B, 1500 B and
+//! 64 KiB frames. `in_process`, `shm_rings` and `tcp_loopback` run both peers on the
+//! benchmark's thread (one core does both ends); `tcp_two_threads`
 //! gives each peer its own thread, as two daemons on two cores.
 //!
 //! `cargo bench -p splitnet-messaging --bench throughput`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use splitnet_messaging::adapter::StreamChannel;
+use splitnet_messaging::adapter::Channel;
 use splitnet_messaging::testing::{config, Outcome, Pair, Side};
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 const SIZES: [usize; 3] = [64, 1500, 65_536];
 
 /// Sends `n` frames of `len` bytes from A to B and waits until all arrived.
-fn transfer<S: Read + Write>(p: &mut Pair<StreamChannel<S>>, n: u64, frame: &[u8]) {
+fn transfer<C: Channel>(p: &mut Pair<C>, n: u64, frame: &[u8]) {
     let target = p.b.delivered + n;
     let mut sent = 0;
     while p.b.delivered < target {
@@ -29,7 +29,7 @@ fn transfer<S: Read + Write>(p: &mut Pair<StreamChannel<S>>, n: u64, frame: &[u8
     }
 }
 
-fn prepare<S: Read + Write>(mut p: Pair<StreamChannel<S>>) -> Pair<StreamChannel<S>> {
+fn prepare<C: Channel>(mut p: Pair<C>) -> Pair<C> {
     p.a.keep_frames = false;
     p.b.keep_frames = false;
     p.drive().expect("set-up");
@@ -51,6 +51,16 @@ fn bench(c: &mut Criterion) {
                 let t = Instant::now();
                 for _ in 0..iters {
                     transfer(&mut inproc, batch, &frame);
+                }
+                t.elapsed()
+            })
+        });
+        let mut shm = prepare(Pair::shm(config(128), config(128)));
+        g.bench_with_input(BenchmarkId::new("shm_rings", len), &len, |b, _| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    transfer(&mut shm, batch, &frame);
                 }
                 t.elapsed()
             })
