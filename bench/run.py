@@ -5,8 +5,9 @@ Measures direct veth (the limit), kernel VXLAN + bridge, OpenVPN tap (cipher non
 and splitnet: iperf3 TCP each way (best of N runs), ping RTT (every 5 ms: average and p99;
 every 0.2 s; every 10 ms during an iperf3 upload and during a download), TCP request/response
 latency (sockperf ping-pong, 64-byte messages: one-way average and p99), CPU seconds
-per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), and one
-host with 1 and 2 TAP queues under 4 TCP flows. Prints a table of absolute figures and
+per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), one
+host with 1 and 2 TAP queues under 4 TCP flows, and the slow-consumer figure (a host that
+stops reading while the LAN floods it: the other host's throughput before and during). Prints a table of absolute figures and
 ratios, writes bench/out/results.json and bench/out/chart.svg.
 
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
@@ -143,12 +144,14 @@ def host_config(queues):
     return path
 
 
-def setup_splitnet(hosts=1, queues=1):
+def setup_splitnet(hosts=1, queues=1, drivers=None):
+    """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver."""
     base(hosts, bridge_fabric=hosts > 1)
     bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ROOT}/systemd/ioc.toml"
        " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
     time.sleep(0.5)
-    for k in range(1, hosts + 1):
+    drivers = hosts if drivers is None else drivers
+    for k in range(1, drivers + 1):
         ns = host_ns(k)
         bg(f"ip netns exec {ns} {BIN}/host-driver --config {host_config(queues)}"
            f" --control-socket /tmp/sd-bench-host{k}.sock", f"/tmp/sd-bench-host{k}.log")
@@ -157,7 +160,7 @@ def setup_splitnet(hosts=1, queues=1):
                 break
             time.sleep(0.05)
         sh(f"ip -n {ns} addr add {host_ip(k)}/24 dev sd0; ip -n {ns} link set sd0 up")
-    for k in range(1, hosts + 1):
+    for k in range(1, drivers + 1):
         wait_carrier(host_ns(k))
     time.sleep(0.5)
 
@@ -313,6 +316,42 @@ def scale(hosts_list, secs):
     return res
 
 
+def slow_consumer(secs):
+    """Two hosts on one IOC: a real host-driver, and a host that keeps its session alive but
+    never reads its data channel (examples/rogue `slow`) while the LAN floods it with 800 Mb/s
+    of UDP. Returns the good host's LAN->host throughput before and during the flood."""
+    rogue = os.path.join(BIN, "examples", "rogue")
+    if not os.access(rogue, os.X_OK):
+        print("  skipped: no examples/rogue (cargo build --release --examples)", flush=True)
+        return None
+    setup_splitnet(2, drivers=1)
+    before, _, _ = iperf(["sd-host"], secs, reverse=True)
+    slow = bg(f"ip netns exec sd-host2 {rogue} slow 10.200.0.2:7400 {secs * 3 + 10}",
+              "/tmp/sd-bench-slow.log")
+    mac = None
+    for _ in range(100):
+        with open("/tmp/sd-bench-slow.log") as f:
+            mac = next((l.split()[1] for l in f if l.startswith("mac ")), None)
+        if mac:
+            break
+        time.sleep(0.05)
+    if not mac:
+        cleanup()
+        raise RuntimeError("the slow host did not connect")
+    sh(f"ip -n sd-lan neigh replace 10.50.0.99 lladdr {mac} dev lan1 nud permanent")
+    bg(f"ip netns exec sd-lan python3 {ROOT}/tests/udp_flood.py 10.50.0.99 9 800 {secs * 2 + 4}",
+       "/tmp/sd-bench-flood.log")
+    time.sleep(2)
+    during, _, _ = iperf(["sd-host"], secs, reverse=True)
+    alive = slow.poll() is None
+    cleanup()
+    r = {"good_rx_before_gbps": round(before, 2), "good_rx_during_gbps": round(during, 2),
+         "ratio": round(during / before, 2) if before else None, "slow_host_kept": alive}
+    print(f"  good host LAN->host {before:.2f} Gb/s before, {during:.2f} Gb/s while the slow host"
+          f" is flooded ({r['ratio']}x); slow host still connected: {alive}", flush=True)
+    return r
+
+
 def queues(queue_list, secs, flows=4):
     """One host with 1, 2, ... TAP queues (a thread and a session each), `flows` TCP flows."""
     res = []
@@ -382,6 +421,8 @@ def main():
     ap.add_argument("--hosts", default="1,2,4,8")
     ap.add_argument("--queues", default="1,2", help="TAP queues of one host to compare (4 flows)")
     ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet")
+    ap.add_argument("--no-slow", dest="slow", action="store_false",
+                    help="skip the slow-consumer figure")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
@@ -403,6 +444,10 @@ def main():
         scaling = scale([int(x) for x in a.hosts.split(",") if x], a.seconds)
         print("== splitnet, one host with several queues (4 TCP flows)")
         by_queues = queues([int(x) for x in a.queues.split(",") if x], a.seconds)
+        slow = None
+        if a.slow:
+            print("== splitnet, a host that stops reading its data channel, flooded from the LAN")
+            slow = slow_consumer(a.seconds)
     finally:
         cleanup()
     by = {r["mode"]: r for r in results}
@@ -438,11 +483,14 @@ def main():
             last = by_queues[-1]
             ratios[f"q{last['queues']}_vs_q1_tx"] = round(last["tx_gbps"] / by_queues[0]["tx_gbps"], 2)
             ratios[f"q{last['queues']}_vs_q1_rx"] = round(last["rx_gbps"] / by_queues[0]["rx_gbps"], 2)
-        print("\nratios (splitnet / peer):", json.dumps(ratios))
+    if slow and slow["ratio"] is not None:
+        ratios["slow_consumer_good_rx_during_vs_before"] = slow["ratio"]
+    print("\nratios (splitnet / peer):", json.dumps(ratios))
+    if s:
         print("resident memory (KiB):", s.get("rss_kib"))
     doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": a.seconds,
            "runs": a.runs, "results": results, "scaling": scaling, "queues": by_queues,
-           "ratios": ratios}
+           "slow_consumer": slow, "ratios": ratios}
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(doc, f, indent=2)
     svg(results, scaling, os.path.join(OUT, "chart.svg"))
