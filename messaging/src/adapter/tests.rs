@@ -7,9 +7,10 @@ use crate::memory::{
 use proptest::prelude::*;
 use std::io::Read;
 
-const PD: DomainId = DomainId(7);
+pub(super) const PD: DomainId = DomainId(7);
 
-fn target_pool(reg: &mut Registry, count: u32, size: u32) -> Handle {
+/// A pool of `count` elements of `size` bytes in domain [`PD`], every element granted.
+pub(super) fn target_pool(reg: &mut Registry, count: u32, size: u32) -> Handle {
     let h = reg
         .register(RegionSpec {
             domain: PD,

@@ -269,25 +269,8 @@ pub fn heap_pair(
 mod tests {
     use super::*;
     use crate::adapter::shm::{HeapShared, SharedMem};
-    use crate::memory::{Access, Handle, RegionSpec};
-
-    const PD: DomainId = DomainId(7);
-
-    fn pool(reg: &mut Registry, count: u32, size: u32) -> Handle {
-        let h = reg
-            .register(RegionSpec {
-                domain: PD,
-                access: Access::REMOTE_WRITE,
-                element_size: size,
-                element_count: count,
-                single_use: false,
-            })
-            .unwrap();
-        for e in 0..count {
-            reg.grant(h, e).unwrap();
-        }
-        h
-    }
+    use crate::adapter::tests::{target_pool as pool, PD};
+    use crate::memory::Handle;
 
     /// Two channels over rings of `data_size` bytes carrying payloads up to 4 KiB.
     fn pair(data_size: u32) -> (ShmChannel<HeapShared>, ShmChannel<HeapShared>) {
