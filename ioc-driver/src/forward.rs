@@ -16,7 +16,7 @@ use splitnet_messaging::endpoint::Lane;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
 use splitnet_messaging::vnet;
 use std::collections::hash_map::RandomState;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use tracing::warn;
 
@@ -75,13 +75,16 @@ fn deliver_all(
     }
 }
 
-/// What the IOC holds every host's frames to (see [`Host::check_tx`]).
+/// What the IOC holds every host's frames to (see [`Host::check_tx`]), and where it sends
+/// them.
 #[derive(Debug, Clone, Copy)]
 pub struct TxPolicy<'a> {
     /// Offloads offered to hosts.
     pub offered: u64,
     /// Source MACs any host may use besides its own.
     pub extra_macs: &'a [[u8; 6]],
+    /// Each host's MAC, to its first queue's session ([`Ioc::by_mac`]).
+    pub by_mac: &'a HashMap<[u8; 6], u64>,
 }
 
 /// Forwards one frame a host's session (`from`) wrote into the IOC's pool, if it passes
@@ -121,9 +124,11 @@ pub fn from_host(
         lan.send(from, frame, nic, hosts, stats);
         return;
     }
-    let owner = hosts
-        .values()
-        .find(|h| h.queue.is_first() && h.mac == dst && h.session != sender)
+    let owner = policy
+        .by_mac
+        .get(&dst)
+        .filter(|&&s| s != sender)
+        .and_then(|s| hosts.get(s))
         .map(|h| h.steer(frame, keys));
     match owner.and_then(|s| hosts.get_mut(&s)) {
         Some(to) => {
@@ -144,6 +149,7 @@ impl Ioc {
             nic,
             cache,
             hosts,
+            by_mac,
             stats,
             flow_keys,
             ..
@@ -180,8 +186,9 @@ impl Ioc {
             let frame = buf.as_slice();
             let dst = vnet::dst_mac(frame);
             let owner = (!vnet::is_group(&dst))
-                .then(|| hosts.values().find(|h| h.queue.is_first() && h.mac == dst))
+                .then(|| by_mac.get(&dst))
                 .flatten()
+                .and_then(|s| hosts.get(s))
                 .map(|h| h.steer(frame, flow_keys));
             if let Some(h) = owner.and_then(|s| hosts.get_mut(&s)) {
                 h.post(buf, cache);
@@ -219,6 +226,7 @@ impl Ioc {
             lan_tx,
             cache,
             hosts,
+            by_mac,
             stats,
             flow_keys,
             extra_macs,
@@ -227,6 +235,7 @@ impl Ioc {
         let policy = TxPolicy {
             offered,
             extra_macs,
+            by_mac,
         };
         let Some(mut link) = hosts.get_mut(&session).and_then(|h| h.link.take()) else {
             return Err(HostEnd::Gone);

@@ -17,7 +17,7 @@ use splitnet_messaging::memory::{Registry, SendBufCache};
 use splitnet_messaging::service::notify;
 use splitnet_messaging::wire::{self, features, fmt_mac, CfgCode, ErrorCode, Queue, Stats};
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::Instant;
 use tokio::sync::Notify;
@@ -94,6 +94,9 @@ pub struct Ioc {
     pub extra_macs: Vec<[u8; 6]>,
     /// Connected hosts by session id.
     pub hosts: BTreeMap<u64, Host>,
+    /// Each host's MAC, to the session of its first queue: the destination lookup of every
+    /// frame, in constant time whatever the number of hosts.
+    pub by_mac: HashMap<[u8; 6], u64>,
     /// Counters.
     pub stats: IocStats,
     /// Shutting down: no new hosts.
@@ -133,6 +136,7 @@ impl Ioc {
             past_drops: Drops::default(),
             extra_macs: cfg.lan.extra_source_macs.iter().map(|m| m.0).collect(),
             hosts: BTreeMap::new(),
+            by_mac: HashMap::new(),
             stats: IocStats::default(),
             stopping: false,
             buffers_freed: Rc::new(Notify::new()),
@@ -182,7 +186,7 @@ impl Ioc {
         loop {
             let b = h.to_be_bytes();
             let mac = [base[0], base[1], base[2], b[0], b[1], b[2]];
-            if !self.hosts.values().any(|x| x.mac == mac) {
+            if !self.by_mac.contains_key(&mac) {
                 return mac;
             }
             h = h.wrapping_add(1 << 40);
@@ -276,6 +280,9 @@ impl Ioc {
         host.mac = mac;
         host.mtu = mtu;
         host.features = features;
+        if queue.is_first() {
+            self.by_mac.insert(mac, session);
+        }
         let wake = host.wake.clone();
         self.hosts.insert(session, host);
         self.connects += 1;
@@ -451,14 +458,9 @@ impl Ioc {
     pub fn cfg_request(&mut self, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
         let (mtu_max, link_up, offered) = (self.mtu, self.link_up, self.offered());
         let (set_mac, mac_base) = (self.cfg.lan.set_mac, self.cfg.lan.mac_base.0);
-        let taken: Vec<[u8; 6]> = self
-            .hosts
-            .values()
-            .filter(|h| h.first != session)
-            .map(|h| h.mac)
-            .collect();
         // The first queue reports the counters of all the host's queues together.
         let node_stats = (code == CfgCode::GetStats).then(|| self.host_stats(session));
+        let by_mac = &mut self.by_mac;
         let Some(host) = self.hosts.get_mut(&session) else {
             return;
         };
@@ -476,7 +478,12 @@ impl Ioc {
                 ErrorCode::Ok
             }
             CfgCode::SetMac => match wire::parse_mac(data) {
-                Ok(mac) if set_mac.allows(mac, mac_base) && !taken.contains(&mac) => {
+                Ok(mac)
+                    if set_mac.allows(mac, mac_base)
+                        && by_mac.get(&mac).is_none_or(|&s| s == session) =>
+                {
+                    by_mac.remove(&host.mac);
+                    by_mac.insert(mac, session);
                     host.mac = mac;
                     ErrorCode::Ok
                 }
@@ -671,6 +678,9 @@ impl Ioc {
         let Some(mut host) = self.hosts.remove(&session) else {
             return;
         };
+        if self.by_mac.get(&host.mac) == Some(&session) {
+            self.by_mac.remove(&host.mac);
+        }
         if let Some(e) = err.filter(|e| e.code().is_some()) {
             // The error table (docs/protocol.md, section 7): Goodbye with the row's code on
             // the control channel, then the session ends.

@@ -476,6 +476,52 @@ fn set_mac_follows_the_policy() {
     }
 }
 
+/// Frames the LAN sends to `to`: how many reached host `session`, and how many the IOC
+/// filtered as for no host.
+fn lan_to(ioc: &mut Ioc, nic: &FakeNic, peer: &mut Peer, session: u64, to: [u8; 6]) -> (u64, u64) {
+    let (got, filtered) = (peer.frames, ioc.stats.lan_filtered);
+    from_lan(ioc, nic, to, 3);
+    pump(ioc, peer, session, true);
+    (peer.frames - got, ioc.stats.lan_filtered - filtered)
+}
+
+#[test]
+fn the_mac_table_follows_set_mac_and_session_ends() {
+    let (mut ioc, nic) = ioc_with("");
+    let (a, mut pa) = connect(&mut ioc, 1, false, 128);
+    let (b, mut pb) = connect(&mut ioc, 2, false, 128);
+    let (old, mac_b) = (mac(&ioc, a), mac(&ioc, b));
+    assert_eq!(lan_to(&mut ioc, &nic, &mut pa, a, old), (3, 0));
+    let new = [0x02, 0x5d, 0, 0, 0, 9];
+    pa.link.session_mut().cfg_request(CfgCode::SetMac, &new);
+    pump(&mut ioc, &mut pa, a, true);
+    assert_eq!(mac(&ioc, a), new);
+    assert_eq!(
+        lan_to(&mut ioc, &nic, &mut pa, a, new),
+        (3, 0),
+        "the new MAC reaches A"
+    );
+    assert_eq!(
+        lan_to(&mut ioc, &nic, &mut pa, a, old),
+        (0, 3),
+        "the old one nobody"
+    );
+    // The old MAC is free again: B may take it.
+    pb.link.session_mut().cfg_request(CfgCode::SetMac, &old);
+    pump(&mut ioc, &mut pb, b, true);
+    assert_eq!(mac(&ioc, b), old);
+    assert_eq!(lan_to(&mut ioc, &nic, &mut pb, b, old), (3, 0));
+    assert_eq!(lan_to(&mut ioc, &nic, &mut pb, b, mac_b), (0, 3));
+    ioc.remove_host(a, "test", None);
+    assert_eq!(
+        lan_to(&mut ioc, &nic, &mut pb, b, new),
+        (0, 3),
+        "A's MAC left with it"
+    );
+    assert_eq!(ioc.by_mac.len(), 1);
+    assert_eq!(ioc.by_mac.get(&old), Some(&b));
+}
+
 #[test]
 fn session_ids_are_not_reused_and_tokens_differ() {
     let (mut ioc, _nic) = ioc_with("");
