@@ -139,8 +139,8 @@ impl RxStream {
     }
 
     /// Where the next bytes read from the transport go, in order: the rest of the current
-    /// payload (never empty) and the read-ahead that follows it (empty while a header is
-    /// awaited: then the first is the read-ahead). Call only once [`RxStream::poll_staged`]
+    /// payload and the read-ahead that follows it (empty while a header is awaited: then
+    /// the first is the read-ahead). Call only once [`RxStream::poll_staged`]
     /// returned `None` (nothing read ahead is left).
     pub fn buffers<'a>(&'a mut self, reg: &'a mut Registry) -> (&'a mut [u8], &'a mut [u8]) {
         let (payload, ahead): (&mut [u8], usize) = match &self.state {
@@ -163,6 +163,9 @@ impl RxStream {
             }
         };
         self.split = Some(payload.len());
+        // A payload with no room left would read ahead forever without progress: read
+        // nothing instead, which the channel reports as the end of the stream.
+        let ahead = if payload.is_empty() { 0 } else { ahead };
         (payload, &mut self.stage[..ahead])
     }
 
