@@ -151,9 +151,7 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
     }
 
     fn reclaim(&mut self, cache: &mut SendBufCache) {
-        for b in self.tx.take_done() {
-            cache.put(b);
-        }
+        self.tx.reclaim(cache);
     }
 
     fn pending(&self) -> usize {

@@ -34,6 +34,25 @@ fn pair(cap: usize) -> (StreamChannel<PipeEnd>, StreamChannel<PipeEnd>) {
     )
 }
 
+/// Takes every completion `b` has now, each with its bytes (a SEND's payload, a write's
+/// element).
+pub(super) fn drain<C: Channel>(b: &mut C, reg: &mut Registry) -> Vec<(RxCompletion, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some(c) = b.poll_recv(reg).unwrap() {
+        let bytes = match c {
+            RxCompletion::Recv { .. } => b.received().to_vec(),
+            RxCompletion::Write {
+                handle,
+                element,
+                len,
+                ..
+            } => reg.element(handle, element, len).unwrap().to_vec(),
+        };
+        out.push((c, bytes));
+    }
+    out
+}
+
 /// Moves bytes both ways until nothing more completes; returns B's completions.
 fn pump(
     a: &mut StreamChannel<PipeEnd>,
@@ -43,20 +62,9 @@ fn pump(
     let mut out = Vec::new();
     loop {
         let flushed = a.flush().unwrap();
-        let mut progressed = false;
-        while let Some(c) = b.poll_recv(reg).unwrap() {
-            let bytes = match c {
-                RxCompletion::Recv { .. } => b.received().to_vec(),
-                RxCompletion::Write {
-                    handle,
-                    element,
-                    len,
-                    ..
-                } => reg.element(handle, element, len).unwrap().to_vec(),
-            };
-            out.push((c, bytes));
-            progressed = true;
-        }
+        let got = drain(b, reg);
+        let progressed = !got.is_empty();
+        out.extend(got);
         if flushed && !progressed && a.pending() == 0 {
             return out;
         }

@@ -6,7 +6,7 @@
 //! buffer are separate I/O slices.
 
 use super::op::{Op, OpHeader, OP_HEADER_LEN};
-use crate::memory::SendBuf;
+use crate::memory::{SendBuf, SendBufCache};
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
@@ -171,6 +171,13 @@ impl TxQueue {
     /// Send buffers whose operations have been written, to be reused.
     pub fn take_done(&mut self) -> std::vec::Drain<'_, SendBuf> {
         self.done.drain(..)
+    }
+
+    /// Returns the send buffers of written operations to `cache`.
+    pub fn reclaim(&mut self, cache: &mut SendBufCache) {
+        for b in self.done.drain(..) {
+            cache.put(b);
+        }
     }
 
     /// Drops everything queued (the connection is gone); buffers go to [`TxQueue::take_done`].

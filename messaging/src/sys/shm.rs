@@ -232,26 +232,14 @@ pub fn send_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::R
         ));
     }
     let payload = (fds.len() * size_of::<RawFd>()) as libc::c_uint;
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = if fds.is_empty() {
-        0
-    } else {
-        unsafe { libc::CMSG_SPACE(payload) as usize }
-    };
-    // u64 words: aligned for `cmsghdr`.
-    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut control = control_buffer(fds.len());
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
-    // SAFETY: `msghdr` is plain old data; all-zero bytes are a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if space != 0 {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: `msg_control` points to `space` zeroed, aligned bytes we own, room for one
+    let msg = message(&mut iov, &mut control);
+    if !control.is_empty() {
+        // SAFETY: `msg_control` points to the zeroed, aligned control buffer, room for one
         // header (CMSG_FIRSTHDR is then non-null) and `fds.len()` descriptors after it, as
         // CMSG_SPACE computed; unaligned writes for the descriptors.
         unsafe {
@@ -270,6 +258,31 @@ pub fn send_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::R
     cvt_size(unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })
 }
 
+/// A zeroed control buffer with room for `fds` descriptors (`CMSG_SPACE`), in u64 words so
+/// that it is aligned for `cmsghdr`; empty for none.
+fn control_buffer(fds: usize) -> Vec<u64> {
+    if fds == 0 {
+        return Vec::new();
+    }
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE((fds * size_of::<RawFd>()) as libc::c_uint) } as usize;
+    vec![0u64; space.div_ceil(8)]
+}
+
+/// A message of one buffer, `iov`, and the control buffer `control` (none if empty); both
+/// must outlive its use.
+fn message(iov: &mut libc::iovec, control: &mut [u64]) -> libc::msghdr {
+    // SAFETY: `msghdr` is plain old data; all-zero bytes are a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    if !control.is_empty() {
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(control) as _;
+    }
+    msg
+}
+
 /// Receives into `buf` and takes at most `max_fds` descriptors (clamped to [`MAX_FDS`]),
 /// close-on-exec. A message carrying more descriptors than `max_fds`, or whose
 /// descriptors were truncated (`MSG_CTRUNC`), is refused with `InvalidData` after closing
@@ -281,25 +294,12 @@ pub fn recv_fds(
     max_fds: usize,
 ) -> io::Result<(usize, Vec<OwnedFd>)> {
     let max_fds = max_fds.min(MAX_FDS);
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = if max_fds == 0 {
-        0
-    } else {
-        unsafe { libc::CMSG_SPACE((max_fds * size_of::<RawFd>()) as libc::c_uint) as usize }
-    };
-    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut control = control_buffer(max_fds);
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // SAFETY: `msghdr` is plain old data; all-zero bytes are a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if space != 0 {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-    }
+    let mut msg = message(&mut iov, &mut control);
     // SAFETY: `msg` points to `buf` and the control buffer, both writable and live for the
     // call; the kernel writes at most their lengths.
     let n = cvt_size(unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) })?;
@@ -312,7 +312,7 @@ pub fn recv_fds(
     // descriptor count is bounded by the bytes of the buffer, and each descriptor was
     // installed in this process by `recvmsg` and belongs to no one else.
     unsafe {
-        let end = (msg.msg_control as *const u8).add(msg.msg_controllen as usize);
+        let end = (msg.msg_control as *const u8).add(msg.msg_controllen);
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             let h: libc::cmsghdr = ptr::read_unaligned(cmsg);

@@ -213,9 +213,7 @@ impl<M: SharedMem> Channel for ShmChannel<M> {
     }
 
     fn reclaim(&mut self, cache: &mut SendBufCache) {
-        for b in self.queue.take_done() {
-            cache.put(b);
-        }
+        self.queue.reclaim(cache);
     }
 
     fn pending(&self) -> usize {
@@ -269,7 +267,7 @@ pub fn heap_pair(
 mod tests {
     use super::*;
     use crate::adapter::shm::{HeapShared, SharedMem};
-    use crate::adapter::tests::{target_pool as pool, PD};
+    use crate::adapter::tests::{drain, target_pool as pool, PD};
     use crate::memory::Handle;
 
     /// Two channels over rings of `data_size` bytes carrying payloads up to 4 KiB.
@@ -283,24 +281,6 @@ mod tests {
             addr,
             imm,
         }
-    }
-
-    /// Pops everything `b` has; returns the completions with their bytes.
-    fn drain(b: &mut ShmChannel<HeapShared>, reg: &mut Registry) -> Vec<(RxCompletion, Vec<u8>)> {
-        let mut out = vec![];
-        while let Some(c) = b.poll_recv(reg).unwrap() {
-            let bytes = match c {
-                RxCompletion::Recv { .. } => b.received().to_vec(),
-                RxCompletion::Write {
-                    handle,
-                    element,
-                    len,
-                    ..
-                } => reg.element(handle, element, len).unwrap().to_vec(),
-            };
-            out.push((c, bytes));
-        }
-        out
     }
 
     #[test]
