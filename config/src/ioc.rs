@@ -50,6 +50,10 @@ pub struct IocFabric {
     /// Connections allowed in their handshake at once; more are closed at once.
     #[serde(default = "default_max_handshakes")]
     pub max_handshakes: u32,
+    /// Worker threads the sessions are spread over; 0 (the default): one per core, at
+    /// most `max_hosts`.
+    #[serde(default)]
+    pub workers: u32,
 }
 
 fn default_max_hosts() -> u32 {
@@ -63,6 +67,15 @@ fn default_max_handshakes() -> u32 {
 }
 
 impl IocFabric {
+    /// How many workers to run: `workers`, or with 0 one per core the process may use;
+    /// never more than `max_hosts` (a worker without a host would do nothing).
+    pub fn worker_count(&self) -> usize {
+        let n = match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        };
+        n.clamp(1, self.max_hosts.max(1) as usize)
+    }
     /// Keepalive interval.
     pub fn keepalive_interval(&self) -> Duration {
         Duration::from_millis(self.keepalive_interval_ms)
@@ -161,6 +174,7 @@ impl IocConfig {
         }
         range("fabric.max_hosts", f.max_hosts.into(), 1, 64)?;
         range("fabric.max_handshakes", f.max_handshakes.into(), 1, 1024)?;
+        range("fabric.workers", f.workers.into(), 0, 64)?;
         keepalive(f.keepalive_interval_ms, f.keepalive_timeout_ms)?;
         range(
             "fabric.handshake_timeout_ms",

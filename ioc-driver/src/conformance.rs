@@ -6,9 +6,10 @@
 
 use crate::ioc::Ioc;
 use crate::nic::fake::FakeNic;
-use crate::server::{self, Pending};
-use splitnet_messaging::service::loglimit::LogLimit;
-use std::cell::{Cell, RefCell};
+use crate::nic::Nic;
+use crate::server::{Acceptor, Cluster};
+use crate::worker::NicFactory;
+use std::cell::RefCell;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -298,9 +299,16 @@ fn start_ioc(extra: &str) -> SocketAddr {
     start_ioc_with(extra, |_| {})
 }
 
-/// [`start_ioc`], with `prepare` applied to the IOC's state before it accepts.
+/// [`start_ioc`], with `prepare` applied to each worker's state before it accepts. The
+/// IOC runs `fabric.workers` workers (two unless `extra` says otherwise), so a host's
+/// channels and queues meet on their worker as they do in the daemon.
 fn start_ioc_with(extra: &str, prepare: fn(&mut Ioc)) -> SocketAddr {
-    let cfg = ioc_config(extra);
+    let extra = if extra.contains("workers") {
+        extra.to_string()
+    } else {
+        format!("workers = 2\n{extra}")
+    };
+    let cfg = ioc_config(&extra);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -310,20 +318,15 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut Ioc)) -> SocketAddr {
         let local = tokio::task::LocalSet::new();
         local.block_on(&rt, async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let ioc = Rc::new(RefCell::new(Ioc::new(
-                cfg,
-                Box::new(FakeNic::default()),
-                1500,
-                true,
-            )));
-            prepare(&mut ioc.borrow_mut());
+            let fake = |_| -> NicFactory {
+                Box::new(|| Ok((Box::new(FakeNic::default()) as Box<dyn Nic>, None)))
+            };
+            let cluster = Cluster::start(cfg, 1500, true, fake, prepare).unwrap();
+            let acceptor = Acceptor::new(Rc::new(RefCell::new(cluster)));
             tx.send(listener.local_addr().unwrap()).unwrap();
-            let pending: Pending = Rc::default();
-            let handshakes = Rc::new(Cell::new(0u32));
-            let mut refusals = LogLimit::new(Duration::from_secs(5));
             loop {
                 let (sock, peer) = listener.accept().await.unwrap();
-                server::accept(&ioc, &pending, &handshakes, &mut refusals, sock, peer);
+                acceptor.accept(sock, peer);
             }
         });
     });

@@ -2,7 +2,8 @@
 //!
 //! Group frames (broadcast, multicast) go to every host and to the LAN. A unicast frame
 //! goes to the host owning its destination MAC, else to the LAN (from a host) or to the
-//! promiscuous hosts (from the LAN). A host with several queues gets each frame on the queue
+//! promiscuous hosts (from the LAN). A host of another worker gets its copy through that
+//! worker's inbox ([`crate::shard`]). A host with several queues gets each frame on the queue
 //! its flow hashes to ([`Host::steer`]), so one flow stays in order on one queue. A host that
 //! has no credit left gets the frame queued in its backlog (a receive ring of
 //! [`crate::ioc::BACKLOG`] frames); beyond that it loses the frame, as a NIC ring overflow
@@ -12,6 +13,7 @@ use crate::host::{Host, RxDrop};
 use crate::ioc::{Ioc, IocStats};
 use crate::lan_tx::LanTx;
 use crate::nic::Nic;
+use crate::shard::{Crossing, Shard};
 use splitnet_messaging::endpoint::Lane;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
 use splitnet_messaging::vnet;
@@ -85,6 +87,20 @@ pub struct TxPolicy<'a> {
     pub extra_macs: &'a [[u8; 6]],
     /// Each host's MAC, to its first queue's session ([`Ioc::by_mac`]).
     pub by_mac: &'a HashMap<[u8; 6], u64>,
+    /// The other workers and their hosts.
+    pub shard: &'a Shard,
+}
+
+/// Hands `frame` to each worker of `to`, counting what crossed and what a full inbox
+/// dropped.
+fn cross(shard: &Shard, to: impl IntoIterator<Item = usize>, frame: &[u8], stats: &mut IocStats) {
+    for w in to {
+        if shard.cross(w, frame) {
+            stats.crossed_out += 1;
+        } else {
+            stats.cross_dropped += 1;
+        }
+    }
 }
 
 /// Forwards one frame a host's session (`from`) wrote into the IOC's pool, if it passes
@@ -121,6 +137,7 @@ pub fn from_host(
     if vnet::is_group(&dst) {
         let to = targets(hosts, frame, keys, |h| h.session != sender);
         deliver_all(&to, hosts, frame, cache);
+        cross(policy.shard, policy.shard.others(), frame, stats);
         lan.send(from, frame, nic, hosts, stats);
         return;
     }
@@ -130,15 +147,17 @@ pub fn from_host(
         .filter(|&&s| s != sender)
         .and_then(|s| hosts.get(s))
         .map(|h| h.steer(frame, keys));
+    let elsewhere = policy.shard.owner(&dst);
     match owner.and_then(|s| hosts.get_mut(&s)) {
-        Some(to) => {
-            deliver_copy(to, frame, cache);
-            if let Some(h) = hosts.get_mut(&from) {
-                h.stats.tx_frames += 1;
-                h.stats.tx_bytes += frame.len() as u64;
-            }
-        }
-        None => lan.send(from, frame, nic, hosts, stats),
+        Some(to) => deliver_copy(to, frame, cache),
+        None => match elsewhere {
+            Some(w) => cross(policy.shard, [w], frame, stats),
+            None => return lan.send(from, frame, nic, hosts, stats),
+        },
+    }
+    if let Some(h) = hosts.get_mut(&from) {
+        h.stats.tx_frames += 1;
+        h.stats.tx_bytes += frame.len() as u64;
     }
 }
 
@@ -152,6 +171,7 @@ impl Ioc {
             by_mac,
             stats,
             flow_keys,
+            shard,
             ..
         } = self;
         let mut batch: Vec<SendBuf> = std::iter::from_fn(|| cache.get()).take(LAN_BATCH).collect();
@@ -194,15 +214,27 @@ impl Ioc {
                 h.post(buf, cache);
                 continue;
             }
-            let to = if vnet::is_group(&dst) {
-                targets(hosts, frame, flow_keys, |_| true)
+            let group = vnet::is_group(&dst);
+            let elsewhere = if group {
+                shard.others().collect()
             } else {
-                targets(hosts, frame, flow_keys, |h| h.promisc)
+                match shard.owner(&dst) {
+                    Some(w) => vec![w],
+                    None => shard.promisc_others(),
+                }
             };
-            if to.is_empty() && !vnet::is_group(&dst) {
+            let to = if group {
+                targets(hosts, frame, flow_keys, |_| true)
+            } else if elsewhere.is_empty() {
+                targets(hosts, frame, flow_keys, |h| h.promisc)
+            } else {
+                Vec::new()
+            };
+            if to.is_empty() && elsewhere.is_empty() && !group {
                 stats.lan_filtered += 1;
             }
             deliver_all(&to, hosts, frame, cache);
+            cross(shard, elsewhere, frame, stats);
             cache.put(buf);
         }
         self.kick_hosts();
@@ -214,6 +246,33 @@ impl Ioc {
         } else {
             LanProgress::Budget
         }
+    }
+
+    /// Delivers frames another worker handed over (from the LAN or from its hosts) to this
+    /// worker's hosts: never to the LAN, which has had them.
+    pub fn deliver_crossed(&mut self, frames: &[Crossing]) {
+        let Ioc {
+            cache,
+            hosts,
+            by_mac,
+            stats,
+            flow_keys,
+            ..
+        } = self;
+        for frame in frames {
+            stats.crossed_in += 1;
+            let dst = vnet::dst_mac(frame);
+            let to = if vnet::is_group(&dst) {
+                targets(hosts, frame, flow_keys, |_| true)
+            } else {
+                match by_mac.get(&dst).and_then(|s| hosts.get(s)) {
+                    Some(h) => vec![h.steer(frame, flow_keys)],
+                    None => targets(hosts, frame, flow_keys, |h| h.promisc),
+                }
+            };
+            deliver_all(&to, hosts, frame, cache);
+        }
+        self.kick_hosts();
     }
 
     /// Drives one lane of a host's link: its frames are forwarded, its messages handled.
@@ -230,12 +289,14 @@ impl Ioc {
             stats,
             flow_keys,
             extra_macs,
+            shard,
             ..
         } = self;
         let policy = TxPolicy {
             offered,
             extra_macs,
             by_mac,
+            shard,
         };
         let Some(mut link) = hosts.get_mut(&session).and_then(|h| h.link.take()) else {
             return Err(HostEnd::Gone);

@@ -1,12 +1,14 @@
 //! The IOC's shared state: the adapter's memory, the NIC, and every connected host.
 //!
-//! Everything runs on one thread (a tokio `LocalSet`); tasks borrow this state only between
-//! awaits, so there are no locks and a frame moves from one host's pool to the NIC or to
-//! another host without crossing threads.
+//! Each worker thread has one (see [`crate::shard`]), served by tasks of its tokio
+//! `LocalSet`; tasks borrow this state only between awaits, so there are no locks, and a
+//! frame moves from one host's pool to the NIC or to another host of the same worker
+//! without crossing threads.
 
 use crate::host::{Drops, Host};
 use crate::lan_tx::LanTx;
 use crate::nic::Nic;
+use crate::shard::{self, Shard};
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Link, LinkError, LinkEvent, PoolGetOutcome, PoolSpec,
@@ -65,6 +67,12 @@ pub struct IocStats {
     pub protection_errors: u64,
     /// Connections refused during the handshake.
     pub handshake_failures: u64,
+    /// Frames handed to another worker for its hosts.
+    pub crossed_out: u64,
+    /// Frames another worker handed to this one.
+    pub crossed_in: u64,
+    /// Frames for another worker dropped: its inbox was full.
+    pub cross_dropped: u64,
 }
 
 /// The IOC.
@@ -86,8 +94,6 @@ pub struct Ioc {
     pub cache: SendBufCache,
     /// Send buffers each session may hold ([`buffer_plan`]).
     pub quota: usize,
-    /// The last session id handed out.
-    pub next_session: u64,
     /// Drops counted against the hosts that left.
     pub past_drops: Drops,
     /// Source MACs any host may use besides its own (`lan.extra_source_macs`).
@@ -114,11 +120,24 @@ pub struct Ioc {
     /// Keys of the flow hash that spreads a host's frames over its queues (random per
     /// process, so that LAN traffic cannot aim at one queue).
     pub flow_keys: RandomState,
+    /// This worker's place among the IOC's workers.
+    pub shard: Shard,
+    /// Control channels waiting for their data channel, by the token the data channel
+    /// must name.
+    pub pending: HashMap<u64, crate::worker::Waiting>,
+    /// Control channels admitted whose HelloReply is on its way.
+    pub admitting: usize,
 }
 
 impl Ioc {
-    /// The IOC over an opened NIC.
+    /// The IOC over an opened NIC, with one worker.
+    #[cfg(test)]
     pub fn new(cfg: IocConfig, nic: Box<dyn Nic>, mtu: u32, link_up: bool) -> Ioc {
+        Ioc::worker(cfg, nic, mtu, link_up, Shard::alone())
+    }
+
+    /// One worker of the IOC, with its own socket on the NIC.
+    pub fn worker(cfg: IocConfig, nic: Box<dyn Nic>, mtu: u32, link_up: bool, shard: Shard) -> Ioc {
         let limit = cfg
             .pools
             .max_granted_bytes
@@ -132,7 +151,6 @@ impl Ioc {
             link_up,
             cache: SendBufCache::new(wire::MAX_SEND_DATA, buffers),
             quota,
-            next_session: 0,
             past_drops: Drops::default(),
             extra_macs: cfg.lan.extra_source_macs.iter().map(|m| m.0).collect(),
             hosts: BTreeMap::new(),
@@ -145,6 +163,9 @@ impl Ioc {
             past: Stats::default(),
             nic_groups: BTreeSet::new(),
             flow_keys: RandomState::new(),
+            shard,
+            pending: HashMap::new(),
+            admitting: 0,
             cfg,
         }
     }
@@ -178,26 +199,42 @@ impl Ioc {
         }
     }
 
-    /// A MAC for a new host: the configured prefix and three bytes of its identity,
-    /// avoiding every MAC in use.
+    /// A MAC for a new host, claimed for this worker: the configured prefix and three
+    /// bytes of its identity, avoiding every MAC any worker serves.
     pub fn assign_mac(&self, node_id: u64) -> [u8; 6] {
         let base = self.cfg.lan.mac_base.0;
-        let mut h = node_id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        loop {
-            let b = h.to_be_bytes();
-            let mac = [base[0], base[1], base[2], b[0], b[1], b[2]];
-            if !self.by_mac.contains_key(&mac) {
-                return mac;
-            }
-            h = h.wrapping_add(1 << 40);
-        }
+        let start = node_id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let candidates = (0u64..).map(|i| {
+            let b = start.wrapping_add(i << 40).to_be_bytes();
+            [base[0], base[1], base[2], b[0], b[1], b[2]]
+        });
+        let first = candidates.clone().next().unwrap_or(base);
+        // 65,536 candidates for at most 64 hosts: one is always free.
+        self.shard
+            .claim_mac(&*self.nic, candidates)
+            .unwrap_or(first)
     }
 
-    /// A new session id (never reused while the IOC runs, so nothing that outlives a
-    /// session can act on a later one) and the unguessable token its channels name.
+    /// A new session id (unique among the workers, never reused while the IOC runs, so
+    /// nothing that outlives a session can act on a later one) and the unguessable token
+    /// its channels name, which also names this worker.
     pub fn new_session(&mut self) -> (u64, u64) {
-        self.next_session += 1;
-        (self.next_session, session_token())
+        (
+            self.shard.next_session(),
+            shard::token(session_token(), self.shard.index),
+        )
+    }
+
+    /// Tells the other workers how many sessions this one holds.
+    pub fn publish_load(&self) {
+        self.shard
+            .set_load(self.hosts.len() + self.pending.len() + self.admitting);
+    }
+
+    /// Tells the other workers whether a host of this one is promiscuous.
+    fn publish_promisc(&self) {
+        self.shard
+            .set_promisc(self.hosts.values().any(|h| h.promisc));
     }
 
     /// Flushes every host with output queued, except those whose socket is full (their
@@ -285,6 +322,7 @@ impl Ioc {
         }
         let wake = host.wake.clone();
         self.hosts.insert(session, host);
+        self.publish_load();
         self.connects += 1;
         info!(
             %peer,
@@ -306,146 +344,6 @@ impl Ioc {
         Some(wake)
     }
 
-    /// Every counter, in Prometheus text format.
-    pub fn metrics_text(&self) -> String {
-        let s = &self.stats;
-        let r = self.reg.stats();
-        let mut e = splitnet_messaging::service::metrics::Exposition::new();
-        e.metric(
-            "splitnet_ioc_hosts",
-            "gauge",
-            "Hosts connected.",
-            self.hosts.len() as u64,
-        )
-        .metric(
-            "splitnet_ioc_lan_link_up",
-            "gauge",
-            "NIC link state (1 up).",
-            u64::from(self.link_up),
-        )
-        .metric(
-            "splitnet_ioc_lan_rx_frames_total",
-            "counter",
-            "Frames read from the NIC.",
-            s.lan_rx,
-        )
-        .metric(
-            "splitnet_ioc_lan_tx_frames_total",
-            "counter",
-            "Frames written to the NIC.",
-            s.lan_tx,
-        )
-        .metric(
-            "splitnet_ioc_lan_filtered_total",
-            "counter",
-            "NIC frames for no host.",
-            s.lan_filtered,
-        )
-        .metric(
-            "splitnet_ioc_lan_tx_errors_total",
-            "counter",
-            "Frames the NIC refused.",
-            s.lan_tx_errors,
-        )
-        .metric(
-            "splitnet_ioc_protocol_errors_total",
-            "counter",
-            "Hosts disconnected for protocol errors.",
-            s.protocol_errors,
-        )
-        .metric(
-            "splitnet_ioc_protection_errors_total",
-            "counter",
-            "RDMA writes refused by the memory protection checks.",
-            r.protection_errors,
-        )
-        .metric(
-            "splitnet_ioc_handshake_failures_total",
-            "counter",
-            "Connections refused or timed out in the handshake.",
-            s.handshake_failures,
-        )
-        .metric(
-            "splitnet_ioc_pool_regions",
-            "gauge",
-            "Registered pool regions.",
-            u64::from(r.regions),
-        )
-        .metric(
-            "splitnet_ioc_pool_bytes",
-            "gauge",
-            "Bytes of registered pool regions.",
-            r.bytes,
-        );
-        type Counter = (&'static str, &'static str, fn(&Stats) -> u64);
-        let per_host: [Counter; 6] = [
-            (
-                "splitnet_ioc_host_rx_frames_total",
-                "Frames delivered to the host.",
-                |s| s.rx_frames,
-            ),
-            (
-                "splitnet_ioc_host_rx_bytes_total",
-                "Bytes delivered to the host.",
-                |s| s.rx_bytes,
-            ),
-            (
-                "splitnet_ioc_host_tx_frames_total",
-                "Frames from the host forwarded.",
-                |s| s.tx_frames,
-            ),
-            (
-                "splitnet_ioc_host_tx_bytes_total",
-                "Bytes from the host forwarded.",
-                |s| s.tx_bytes,
-            ),
-            (
-                "splitnet_ioc_host_rx_dropped_total",
-                "Frames for the host dropped (no credit).",
-                |s| s.rx_dropped,
-            ),
-            (
-                "splitnet_ioc_host_tx_dropped_total",
-                "Frames from the host dropped.",
-                |s| s.tx_dropped,
-            ),
-        ];
-        for (name, help, get) in per_host {
-            e.family(name, "counter", help);
-            for h in self.hosts.values() {
-                let labels = format!(
-                    "session=\"{}\",mac=\"{}\",queue=\"{}\"",
-                    h.session,
-                    fmt_mac(&h.mac),
-                    h.queue.index
-                );
-                e.sample(name, &labels, get(&h.stats));
-            }
-        }
-        let name = "splitnet_ioc_host_dropped_by_cause_total";
-        e.family(
-            name,
-            "counter",
-            "Frames for or from the host dropped, by cause.",
-        );
-        for h in self.hosts.values() {
-            for (cause, n) in h.drops.named() {
-                let labels = format!(
-                    "session=\"{}\",queue=\"{}\",cause=\"{cause}\"",
-                    h.session, h.queue.index
-                );
-                e.sample(name, &labels, n);
-            }
-        }
-        let name = "splitnet_ioc_host_send_buffers";
-        e.family(name, "gauge", "The IOC's send buffers the host holds now.");
-        for h in self.hosts.values() {
-            let labels = format!("session=\"{}\",queue=\"{}\"", h.session, h.queue.index);
-            e.sample(name, &labels, h.held() as u64);
-        }
-        e.finish()
-    }
-
     /// Frees every region of `domain` (a host that could not be admitted).
     pub fn free_domain(&mut self, domain: splitnet_messaging::memory::DomainId) {
         for h in self.reg.regions_of(domain) {
@@ -460,7 +358,7 @@ impl Ioc {
         let (set_mac, mac_base) = (self.cfg.lan.set_mac, self.cfg.lan.mac_base.0);
         // The first queue reports the counters of all the host's queues together.
         let node_stats = (code == CfgCode::GetStats).then(|| self.host_stats(session));
-        let by_mac = &mut self.by_mac;
+        let (by_mac, shard, nic) = (&mut self.by_mac, &self.shard, &self.nic);
         let Some(host) = self.hosts.get_mut(&session) else {
             return;
         };
@@ -480,7 +378,8 @@ impl Ioc {
             CfgCode::SetMac => match wire::parse_mac(data) {
                 Ok(mac)
                     if set_mac.allows(mac, mac_base)
-                        && by_mac.get(&mac).is_none_or(|&s| s == session) =>
+                        && by_mac.get(&mac).is_none_or(|&s| s == session)
+                        && shard.move_mac(&**nic, host.mac, mac) =>
                 {
                     by_mac.remove(&host.mac);
                     by_mac.insert(mac, session);
@@ -552,6 +451,9 @@ impl Ioc {
         }
         if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
             self.sync_multicast();
+        }
+        if code == CfgCode::SetPromisc && status == ErrorCode::Ok {
+            self.publish_promisc();
         }
         // The other queues show the first queue's address, MTU and features.
         if matches!(
@@ -680,6 +582,11 @@ impl Ioc {
         };
         if self.by_mac.get(&host.mac) == Some(&session) {
             self.by_mac.remove(&host.mac);
+            self.shard.release_mac(&*self.nic, host.mac);
+        }
+        self.publish_load();
+        if host.promisc {
+            self.publish_promisc();
         }
         if let Some(e) = err.filter(|e| e.code().is_some()) {
             // The error table (docs/protocol.md, section 7): Goodbye with the row's code on

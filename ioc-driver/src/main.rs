@@ -16,8 +16,10 @@ mod lan_tx;
 mod nic;
 mod report;
 mod server;
+mod shard;
 #[cfg(test)]
 mod tests;
+mod worker;
 
 use clap::Parser;
 use splitnet_messaging::service;

@@ -3,7 +3,7 @@
 //! The daemon's NIC is an AF_PACKET socket ([`PacketSocket`]); the unit tests put a queue in
 //! its place, so that forwarding, quotas and session ends run without root or an interface.
 
-use splitnet_messaging::sys::packet::PacketSocket;
+use splitnet_messaging::sys::{fanout, packet::PacketSocket};
 use std::io;
 
 /// A network interface carrying frames with a virtio-net header in front.
@@ -38,6 +38,12 @@ pub trait Nic: std::fmt::Debug {
     }
     /// Joins (`join`) or leaves a link-layer multicast group.
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()>;
+    /// Steers received frames for each MAC of `table` to the worker it names, the
+    /// rest by flow hash (a NIC shared by workers); nothing for a NIC of one worker.
+    fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
+        let _ = table;
+        Ok(())
+    }
 }
 
 impl Nic for PacketSocket {
@@ -62,6 +68,11 @@ impl Nic for PacketSocket {
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {
         PacketSocket::set_multicast(self, group, join)
     }
+
+    /// The fanout group's program (see [`PacketSocket::join_fanout`]).
+    fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
+        self.set_fanout_program(&fanout::steering_program(table))
+    }
 }
 
 #[cfg(test)]
@@ -74,6 +85,9 @@ pub mod fake {
     use std::io;
     use std::rc::Rc;
 
+    /// A MAC and the worker its frames go to.
+    pub type Steer = ([u8; 6], u32);
+
     /// Frames waiting to be received, and frames sent, shared with the test.
     #[derive(Debug, Default, Clone)]
     pub struct FakeNic {
@@ -85,6 +99,8 @@ pub mod fake {
         pub refuse_len: Rc<Cell<Option<usize>>>,
         /// Calls of `send` and `send_batch`.
         pub sends: Rc<Cell<usize>>,
+        /// The last steering table set.
+        pub steering: Rc<RefCell<Vec<Steer>>>,
     }
 
     impl FakeNic {
@@ -125,6 +141,13 @@ pub mod fake {
         }
 
         fn set_multicast(&self, _: [u8; 6], _: bool) -> io::Result<()> {
+            Ok(())
+        }
+
+        fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
+            let mut t = table.to_vec();
+            t.sort();
+            *self.steering.borrow_mut() = t;
             Ok(())
         }
     }

@@ -1,18 +1,19 @@
-//! The IOC's answers on the control socket, built from its state when asked (the state is
-//! on the same thread; nothing is copied on the data path).
+//! The IOC's answers on the control socket and its metrics. Each worker takes a
+//! [`Snapshot`] of its state when asked (nothing is copied on the data path); the
+//! snapshots of all workers are merged and the answer is built from the sum.
 
 use crate::host::{Drops, Host};
-use crate::ioc::Ioc;
-use splitnet_config::Promiscuous;
+use crate::ioc::{Ioc, IocStats};
+use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_control::report::{
     offload_names, Counters, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools, Pools,
     Reply, Request, Role, Stats, Status,
 };
-use splitnet_messaging::service::Introspect;
+use splitnet_messaging::service::metrics::Exposition;
 use splitnet_messaging::sys::netdev;
-use splitnet_messaging::wire::features;
-use splitnet_messaging::wire::fmt_mac;
-use std::collections::BTreeMap;
+use splitnet_messaging::wire::{self, features, fmt_mac};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 /// Every offload the IOC can pass through to the NIC (`lan.offload = true`).
 const ALL_OFFLOADS: u64 = features::VNET_HDR
@@ -39,124 +40,422 @@ fn peer_pools(h: &Host) -> Option<PeerPools> {
     ))
 }
 
+/// One host session as operators see it.
+#[derive(Debug, Clone)]
+pub struct HostView {
+    /// The control socket's entry.
+    pub entry: HostEntry,
+    /// Its counters.
+    pub stats: wire::Stats,
+    /// Its drops by cause.
+    pub drops: Drops,
+    /// Its pools, while its link is up.
+    pub pools: Option<PeerPools>,
+}
+
+/// What one worker (or several, merged) shows operators.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// When the IOC started.
+    pub started: Instant,
+    /// Shutting down.
+    pub stopping: bool,
+    /// NIC link state.
+    pub link_up: bool,
+    /// The NIC's MTU as offered to hosts.
+    pub mtu: u32,
+    /// Offloads offered to hosts.
+    pub offered: u64,
+    /// Counters of the IOC as a whole.
+    pub stats: IocStats,
+    /// Writes refused by the memory protection checks.
+    pub protection_errors: u64,
+    /// Registered pool regions and their bytes.
+    pub pool_regions: u64,
+    /// Bytes of registered pool regions.
+    pub pool_bytes: u64,
+    /// Hosts admitted since start.
+    pub connects: u64,
+    /// Counters of the hosts that left.
+    pub past: wire::Stats,
+    /// Drops counted against the hosts that left.
+    pub past_drops: Drops,
+    /// Credits held, credits in use, frames sent inline, sends that waited, over the hosts.
+    pub credits: (u64, u64, u64, u64),
+    /// Send buffers in use, and the most there may be.
+    pub send_buffers: (u64, u64),
+    /// Multicast groups joined on the NIC.
+    pub groups: BTreeSet<[u8; 6]>,
+    /// The hosts, by session.
+    pub hosts: Vec<HostView>,
+}
+
+/// The features offered to every host (GetFeatures): all offloads, or with
+/// `lan.offload = false` only the virtio-net header (plain, fully checksummed frames).
+pub fn offered(cfg: &IocConfig) -> u64 {
+    if cfg.lan.offload {
+        ALL_OFFLOADS
+    } else {
+        features::VNET_HDR
+    }
+}
+
 impl Ioc {
-    /// The features offered to every host (GetFeatures): all offloads, or with
-    /// `lan.offload = false` only the virtio-net header (plain, fully checksummed frames).
+    /// The features offered to every host ([`offered`]).
     pub fn offered(&self) -> u64 {
-        if self.cfg.lan.offload {
-            ALL_OFFLOADS
-        } else {
-            features::VNET_HDR
+        offered(&self.cfg)
+    }
+
+    /// This worker's state as operators see it.
+    pub fn snapshot(&self) -> Snapshot {
+        let r = self.reg.stats();
+        let mut credits = (0, 0, 0, 0);
+        for l in self.hosts.values().filter_map(|h| h.link.as_ref()) {
+            let ini = l.session().initiator();
+            credits.0 += ini.credits();
+            credits.1 += ini.in_use();
+            credits.2 += l.stats().tx_inline;
+            credits.3 += l.stats().tx_backpressure;
+        }
+        let hosts = self
+            .hosts
+            .values()
+            .map(|h| HostView {
+                entry: HostEntry {
+                    session: h.session,
+                    node_id: h.node_id,
+                    queue: h.queue.index,
+                    queues: h.queue.count,
+                    address: h.peer.to_string(),
+                    mac: fmt_mac(&h.mac),
+                    domain: h.session as u32,
+                    mtu: h.mtu,
+                    promisc: h.promisc,
+                    multicast: h.multicast.len() as u32,
+                    offloads: offload_names(h.features),
+                    connected_s: h.since.elapsed().as_secs(),
+                    counters: Counters::from(&h.stats),
+                    buffers: h.held() as u32,
+                    buffer_quota: h.quota as u32,
+                    drops: named_drops(&h.drops),
+                },
+                stats: h.stats,
+                drops: h.drops,
+                pools: peer_pools(h),
+            })
+            .collect();
+        Snapshot {
+            started: self.started,
+            stopping: self.stopping,
+            link_up: self.link_up,
+            mtu: self.mtu,
+            offered: self.offered(),
+            stats: self.stats,
+            protection_errors: r.protection_errors,
+            pool_regions: u64::from(r.regions),
+            pool_bytes: r.bytes,
+            connects: self.connects,
+            past: self.past,
+            past_drops: self.past_drops,
+            credits,
+            send_buffers: (self.cache.in_use() as u64, self.cache.capacity() as u64),
+            groups: self.nic_groups.clone(),
+            hosts,
         }
     }
 
-    /// The answer to a control request.
-    pub fn answer(&self, request: Request) -> Reply {
-        let lan = &self.cfg.lan.interface;
-        match request {
-            Request::Status => Reply::Status(Status {
-                role: Role::Ioc,
-                version: env!("CARGO_PKG_VERSION").into(),
-                pid: std::process::id(),
-                uptime_s: self.started.elapsed().as_secs(),
-                fabric: Fabric {
-                    state: if self.stopping {
-                        "stopping"
-                    } else {
-                        "listening"
-                    }
-                    .into(),
-                    address: self.cfg.fabric.listen.to_string(),
-                    protocol_version: None,
-                    session: None,
-                    connected_s: None,
-                    connects: self.connects,
-                    hosts: Some(self.hosts.len() as u32),
-                    max_hosts: Some(self.cfg.fabric.max_hosts),
-                },
-                interface: Interface {
-                    name: lan.clone(),
-                    mac: netdev::mac(lan).map(|m| fmt_mac(&m)).unwrap_or_default(),
-                    mtu: self.mtu,
-                    carrier: self.link_up,
-                    promisc: self.cfg.lan.promiscuous != Promiscuous::Off,
-                    multicast: self.nic_groups.len() as u32,
-                    offloads: offload_names(self.offered()),
-                },
-            }),
-            Request::Pools => Reply::Pools(Pools {
-                peers: self.hosts.values().filter_map(peer_pools).collect(),
-            }),
-            Request::Hosts => Reply::Hosts(Hosts {
-                hosts: self
-                    .hosts
-                    .values()
-                    .map(|h| HostEntry {
-                        session: h.session,
-                        node_id: h.node_id,
-                        queue: h.queue.index,
-                        queues: h.queue.count,
-                        address: h.peer.to_string(),
-                        mac: fmt_mac(&h.mac),
-                        domain: h.session as u32,
-                        mtu: h.mtu,
-                        promisc: h.promisc,
-                        multicast: h.multicast.len() as u32,
-                        offloads: offload_names(h.features),
-                        connected_s: h.since.elapsed().as_secs(),
-                        counters: Counters::from(&h.stats),
-                        buffers: h.held() as u32,
-                        buffer_quota: h.quota as u32,
-                        drops: named_drops(&h.drops),
-                    })
-                    .collect(),
-            }),
-            Request::Stats => {
-                let mut fabric = Counters::from(&self.past);
-                let mut drops = self.past_drops;
-                let (mut credits, mut in_use, mut inline, mut waited) = (0, 0, 0, 0);
-                for h in self.hosts.values() {
-                    drops += h.drops;
-                    let c = Counters::from(&h.stats);
-                    fabric.tx.frames += c.tx.frames;
-                    fabric.tx.bytes += c.tx.bytes;
-                    fabric.tx.dropped += c.tx.dropped;
-                    fabric.rx.frames += c.rx.frames;
-                    fabric.rx.bytes += c.rx.bytes;
-                    fabric.rx.dropped += c.rx.dropped;
-                    if let Some(l) = &h.link {
-                        let ini = l.session().initiator();
-                        credits += ini.credits();
-                        in_use += ini.in_use();
-                        inline += l.stats().tx_inline;
-                        waited += l.stats().tx_backpressure;
-                    }
-                }
-                fabric.protocol_errors = self.stats.protocol_errors;
-                fabric.protection_errors = self.reg.stats().protection_errors;
-                Reply::Stats(Stats {
-                    role: Role::Ioc,
-                    fabric,
-                    tx_inline: inline,
-                    tx_backpressure: waited,
-                    credits,
-                    credits_in_use: in_use,
-                    nic: NicStats::read(lan),
-                    ioc: None,
-                    drops: named_drops(&drops),
-                    send_buffers: Some((self.cache.in_use() as u64, self.cache.capacity() as u64)),
-                })
+    /// Every counter of this worker alone, in Prometheus text format.
+    #[cfg(test)]
+    pub fn metrics_text(&self) -> String {
+        metrics_text(&self.snapshot())
+    }
+}
+
+impl IocStats {
+    fn add(&mut self, o: &IocStats) {
+        self.lan_rx += o.lan_rx;
+        self.lan_tx += o.lan_tx;
+        self.lan_filtered += o.lan_filtered;
+        self.lan_tx_errors += o.lan_tx_errors;
+        self.protocol_errors += o.protocol_errors;
+        self.protection_errors += o.protection_errors;
+        self.handshake_failures += o.handshake_failures;
+        self.crossed_out += o.crossed_out;
+        self.crossed_in += o.crossed_in;
+        self.cross_dropped += o.cross_dropped;
+    }
+}
+
+impl Snapshot {
+    /// A snapshot of no worker: the IOC's own facts, every count zero.
+    pub fn empty(started: Instant, mtu: u32, link_up: bool, offered: u64) -> Snapshot {
+        Snapshot {
+            started,
+            stopping: false,
+            link_up,
+            mtu,
+            offered,
+            stats: IocStats::default(),
+            protection_errors: 0,
+            pool_regions: 0,
+            pool_bytes: 0,
+            connects: 0,
+            past: wire::Stats::default(),
+            past_drops: Drops::default(),
+            credits: (0, 0, 0, 0),
+            send_buffers: (0, 0),
+            groups: BTreeSet::new(),
+            hosts: Vec::new(),
+        }
+    }
+
+    /// Adds another worker's snapshot to this one.
+    pub fn merge(&mut self, o: Snapshot) {
+        self.stopping |= o.stopping;
+        self.stats.add(&o.stats);
+        self.protection_errors += o.protection_errors;
+        self.pool_regions += o.pool_regions;
+        self.pool_bytes += o.pool_bytes;
+        self.connects += o.connects;
+        self.past += o.past;
+        self.past_drops += o.past_drops;
+        self.credits.0 += o.credits.0;
+        self.credits.1 += o.credits.1;
+        self.credits.2 += o.credits.2;
+        self.credits.3 += o.credits.3;
+        self.send_buffers.0 += o.send_buffers.0;
+        self.send_buffers.1 += o.send_buffers.1;
+        self.groups.extend(o.groups);
+        self.hosts.extend(o.hosts);
+        self.hosts.sort_by_key(|h| h.entry.session);
+    }
+}
+
+/// The answer to a control request.
+pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
+    let lan = &cfg.lan.interface;
+    match request {
+        Request::Status => Reply::Status(Status {
+            role: Role::Ioc,
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_s: s.started.elapsed().as_secs(),
+            fabric: Fabric {
+                state: if s.stopping { "stopping" } else { "listening" }.into(),
+                address: cfg.fabric.listen.to_string(),
+                protocol_version: None,
+                session: None,
+                connected_s: None,
+                connects: s.connects,
+                hosts: Some(s.hosts.len() as u32),
+                max_hosts: Some(cfg.fabric.max_hosts),
+            },
+            interface: Interface {
+                name: lan.clone(),
+                mac: netdev::mac(lan).map(|m| fmt_mac(&m)).unwrap_or_default(),
+                mtu: s.mtu,
+                carrier: s.link_up,
+                promisc: cfg.lan.promiscuous != Promiscuous::Off,
+                multicast: s.groups.len() as u32,
+                offloads: offload_names(s.offered),
+            },
+        }),
+        Request::Pools => Reply::Pools(Pools {
+            peers: s.hosts.iter().filter_map(|h| h.pools.clone()).collect(),
+        }),
+        Request::Hosts => Reply::Hosts(Hosts {
+            hosts: s.hosts.iter().map(|h| h.entry.clone()).collect(),
+        }),
+        Request::Stats => {
+            let mut fabric = Counters::from(&s.past);
+            let mut drops = s.past_drops;
+            for h in &s.hosts {
+                drops += h.drops;
+                let c = Counters::from(&h.stats);
+                fabric.tx.frames += c.tx.frames;
+                fabric.tx.bytes += c.tx.bytes;
+                fabric.tx.dropped += c.tx.dropped;
+                fabric.rx.frames += c.rx.frames;
+                fabric.rx.bytes += c.rx.bytes;
+                fabric.rx.dropped += c.rx.dropped;
             }
+            fabric.protocol_errors = s.stats.protocol_errors;
+            fabric.protection_errors = s.protection_errors;
+            Reply::Stats(Stats {
+                role: Role::Ioc,
+                fabric,
+                tx_inline: s.credits.2,
+                tx_backpressure: s.credits.3,
+                credits: s.credits.0,
+                credits_in_use: s.credits.1,
+                nic: NicStats::read(lan),
+                ioc: None,
+                drops: named_drops(&drops),
+                send_buffers: Some(s.send_buffers),
+            })
         }
     }
 }
 
-impl Introspect for Ioc {
-    fn answer_line(&self, line: &str) -> String {
-        splitnet_control::answer_line(line, |r| self.answer(r))
+/// Every counter, in Prometheus text format.
+pub fn metrics_text(snap: &Snapshot) -> String {
+    let s = &snap.stats;
+    let mut e = Exposition::new();
+    let totals: [(&str, &str, &str, u64); 14] = [
+        (
+            "splitnet_ioc_hosts",
+            "gauge",
+            "Hosts connected.",
+            snap.hosts.len() as u64,
+        ),
+        (
+            "splitnet_ioc_lan_link_up",
+            "gauge",
+            "NIC link state (1 up).",
+            u64::from(snap.link_up),
+        ),
+        (
+            "splitnet_ioc_lan_rx_frames_total",
+            "counter",
+            "Frames read from the NIC.",
+            s.lan_rx,
+        ),
+        (
+            "splitnet_ioc_lan_tx_frames_total",
+            "counter",
+            "Frames written to the NIC.",
+            s.lan_tx,
+        ),
+        (
+            "splitnet_ioc_lan_filtered_total",
+            "counter",
+            "NIC frames for no host.",
+            s.lan_filtered,
+        ),
+        (
+            "splitnet_ioc_lan_tx_errors_total",
+            "counter",
+            "Frames the NIC refused.",
+            s.lan_tx_errors,
+        ),
+        (
+            "splitnet_ioc_protocol_errors_total",
+            "counter",
+            "Hosts disconnected for protocol errors.",
+            s.protocol_errors,
+        ),
+        (
+            "splitnet_ioc_protection_errors_total",
+            "counter",
+            "RDMA writes refused by the memory protection checks.",
+            snap.protection_errors,
+        ),
+        (
+            "splitnet_ioc_handshake_failures_total",
+            "counter",
+            "Connections refused or timed out in the handshake.",
+            s.handshake_failures,
+        ),
+        (
+            "splitnet_ioc_pool_regions",
+            "gauge",
+            "Registered pool regions.",
+            snap.pool_regions,
+        ),
+        (
+            "splitnet_ioc_pool_bytes",
+            "gauge",
+            "Bytes of registered pool regions.",
+            snap.pool_bytes,
+        ),
+        (
+            "splitnet_ioc_worker_crossed_total",
+            "counter",
+            "Frames handed from one worker to another for its hosts.",
+            s.crossed_out,
+        ),
+        (
+            "splitnet_ioc_worker_cross_dropped_total",
+            "counter",
+            "Frames for another worker's hosts dropped: its inbox was full.",
+            s.cross_dropped,
+        ),
+        (
+            "splitnet_ioc_send_buffers",
+            "gauge",
+            "Send buffers in use (LAN receive and host-to-host forwarding).",
+            snap.send_buffers.0,
+        ),
+    ];
+    for (name, kind, help, value) in totals {
+        e.metric(name, kind, help, value);
     }
-
-    fn render_metrics(&self) -> String {
-        self.metrics_text()
+    type Counter = (&'static str, &'static str, fn(&wire::Stats) -> u64);
+    let per_host: [Counter; 6] = [
+        (
+            "splitnet_ioc_host_rx_frames_total",
+            "Frames delivered to the host.",
+            |s| s.rx_frames,
+        ),
+        (
+            "splitnet_ioc_host_rx_bytes_total",
+            "Bytes delivered to the host.",
+            |s| s.rx_bytes,
+        ),
+        (
+            "splitnet_ioc_host_tx_frames_total",
+            "Frames from the host forwarded.",
+            |s| s.tx_frames,
+        ),
+        (
+            "splitnet_ioc_host_tx_bytes_total",
+            "Bytes from the host forwarded.",
+            |s| s.tx_bytes,
+        ),
+        (
+            "splitnet_ioc_host_rx_dropped_total",
+            "Frames for the host dropped (no credit).",
+            |s| s.rx_dropped,
+        ),
+        (
+            "splitnet_ioc_host_tx_dropped_total",
+            "Frames from the host dropped.",
+            |s| s.tx_dropped,
+        ),
+    ];
+    for (name, help, get) in per_host {
+        e.family(name, "counter", help);
+        for h in &snap.hosts {
+            let labels = format!(
+                "session=\"{}\",mac=\"{}\",queue=\"{}\"",
+                h.entry.session, h.entry.mac, h.entry.queue
+            );
+            e.sample(name, &labels, get(&h.stats));
+        }
     }
+    let name = "splitnet_ioc_host_dropped_by_cause_total";
+    e.family(
+        name,
+        "counter",
+        "Frames for or from the host dropped, by cause.",
+    );
+    for h in &snap.hosts {
+        for (cause, n) in h.drops.named() {
+            let labels = format!(
+                "session=\"{}\",queue=\"{}\",cause=\"{cause}\"",
+                h.entry.session, h.entry.queue
+            );
+            e.sample(name, &labels, n);
+        }
+    }
+    let name = "splitnet_ioc_host_send_buffers";
+    e.family(name, "gauge", "The IOC's send buffers the host holds now.");
+    for h in &snap.hosts {
+        let labels = format!(
+            "session=\"{}\",queue=\"{}\"",
+            h.entry.session, h.entry.queue
+        );
+        e.sample(name, &labels, u64::from(h.entry.buffers));
+    }
+    e.finish()
 }

@@ -540,3 +540,96 @@ fn quotas_leave_the_lan_a_buffer_whatever_the_hosts_hold() {
         assert!(buffers > quota * max as usize, "max_hosts {max}");
     }
 }
+
+/// Two workers, each with its NIC socket and its inbox.
+fn two_workers() -> Vec<(Ioc, FakeNic, crate::shard::InboxRx)> {
+    crate::shard::Shard::set(2)
+        .into_iter()
+        .map(|(shard, inbox)| {
+            let nic = FakeNic::default();
+            let ioc = Ioc::worker(config(""), Box::new(nic.clone()), 1500, true, shard);
+            (ioc, nic, inbox)
+        })
+        .collect()
+}
+
+#[test]
+fn frames_cross_to_the_worker_of_their_host_and_never_back_to_the_lan() {
+    let mut w = two_workers();
+    let (a, mut pa) = connect(&mut w[0].0, 1, false, 128);
+    let (b, mut pb) = connect(&mut w[1].0, 2, false, 128);
+    let (mac_a, mac_b) = (mac(&w[0].0, a), mac(&w[1].0, b));
+    // Each worker's MAC is steered to its socket.
+    let mut want = vec![(mac_a, 0), (mac_b, 1)];
+    want.sort();
+    assert_eq!(*w[1].1.steering.borrow(), want);
+    // LAN frames for B that reached worker 0's socket cross to worker 1.
+    let nic0 = w[0].1.clone();
+    from_lan(&mut w[0].0, &nic0, mac_b, 3);
+    assert_eq!(w[0].0.stats.crossed_out, 3);
+    let crossed = w[1].2.take();
+    assert_eq!(crossed.len(), 3);
+    w[1].0.deliver_crossed(&crossed);
+    pump(&mut w[1].0, &mut pb, b, true);
+    assert_eq!(pb.frames, 3, "B got the LAN's frames");
+    // A's unicast to B crosses; its broadcast goes to the LAN once and crosses once.
+    let to_b = frame(mac_b, mac_a, 200);
+    let bcast = frame([0xff; 6], mac_a, 200);
+    host_sends(&mut w[0].0, &mut pa, a, vec![to_b.clone(), bcast.clone()]);
+    assert_eq!(
+        *w[0].1.tx.borrow(),
+        vec![bcast.clone()],
+        "only the broadcast left"
+    );
+    assert_eq!(host(&w[0].0, a).stats.tx_frames, 2);
+    let crossed = w[1].2.take();
+    assert_eq!(crossed, vec![to_b, bcast]);
+    w[1].0.deliver_crossed(&crossed);
+    pump(&mut w[1].0, &mut pb, b, true);
+    assert_eq!(pb.frames, 5, "B got A's two frames");
+    assert!(
+        w[1].1.tx.borrow().is_empty(),
+        "nothing crossed went to the LAN again"
+    );
+    assert_eq!(w[1].0.stats.crossed_in, 5);
+    // B's MAC is worker 1's: A may not take it; once B leaves it is free.
+    pa.link.session_mut().cfg_request(CfgCode::SetMac, &mac_b);
+    pump(&mut w[0].0, &mut pa, a, true);
+    assert_eq!(mac(&w[0].0, a), mac_a);
+    w[1].0.remove_host(b, "test", None);
+    assert_eq!(*w[0].1.steering.borrow(), vec![(mac_a, 0)]);
+    pa.link.session_mut().cfg_request(CfgCode::SetMac, &mac_b);
+    pump(&mut w[0].0, &mut pa, a, true);
+    assert_eq!(mac(&w[0].0, a), mac_b);
+    // A LAN frame for nobody is filtered on the worker that read it, and crosses nowhere.
+    from_lan(&mut w[0].0, &nic0, [0x02, 9, 9, 9, 9, 9], 2);
+    assert_eq!(w[0].0.stats.lan_filtered, 2);
+    assert!(w[1].2.take().is_empty());
+}
+
+#[test]
+fn a_full_inbox_drops_and_counts_and_admission_spans_the_workers() {
+    let mut w = two_workers();
+    let (_b, _pb) = connect(&mut w[1].0, 2, false, 128);
+    let mac_b = w[1].0.hosts.values().next().map(|h| h.mac).unwrap();
+    let nic0 = w[0].1.clone();
+    // 64 KiB frames: the inbox holds INBOX_BYTES of them, nobody reads it.
+    let big = frame(mac_b, LAN_PEER, 60_000);
+    let n = crate::shard::INBOX_BYTES / big.len() + 5;
+    for _ in 0..n {
+        nic0.rx.borrow_mut().push_back(big.clone());
+        w[0].0.drive_lan();
+    }
+    let s = w[0].0.stats;
+    assert_eq!(s.crossed_out + s.cross_dropped, n as u64);
+    assert!(s.cross_dropped >= 5, "{s:?}");
+    assert_eq!(
+        w[0].0.cache.in_use(),
+        0,
+        "no buffer waits for the other worker"
+    );
+    // max_hosts counts the sessions of both workers.
+    let max = w[0].0.cfg.fabric.max_hosts as usize;
+    let admitted = (0..max).filter(|_| w[0].0.shard.admit(max)).count();
+    assert_eq!(admitted, max - 1, "worker 1's host holds one place");
+}

@@ -20,6 +20,12 @@ fn defaults() {
     assert!(i.lan.extra_source_macs.is_empty());
     assert_eq!(i.lan.set_mac, crate::SetMacPolicy::Prefix);
     assert_eq!(i.fabric.max_handshakes, 32);
+    assert_eq!(i.fabric.workers, 0);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(
+        i.fabric.worker_count(),
+        cores.min(i.fabric.max_hosts as usize)
+    );
     assert_eq!(i.pools, crate::Pools::default());
     assert_eq!(i.log.level, "info");
 }
@@ -27,7 +33,7 @@ fn defaults() {
 #[test]
 fn every_key_is_read() {
     let i = ioc(
-        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100\nmax_handshakes = 5",
+        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100\nmax_handshakes = 5\nworkers = 3",
         "promiscuous = \"off\"\nmac_base = \"06:11:22:33:44:55\"\nmtu = 9000\noffload = false\nextra_source_macs = [\"02:00:00:00:00:07\"]\nset_mac = \"any\"",
         "[log]\nlevel = \"warn\"",
     )
@@ -41,6 +47,8 @@ fn every_key_is_read() {
     assert_eq!(i.lan.mtu, Some(9000));
     assert!(!i.lan.offload);
     assert_eq!(i.fabric.max_handshakes, 5);
+    assert_eq!(i.fabric.workers, 3);
+    assert_eq!(i.fabric.worker_count(), 3);
     assert_eq!(i.lan.extra_source_macs, vec![MacAddr([2, 0, 0, 0, 0, 7])]);
     assert_eq!(i.lan.set_mac, crate::SetMacPolicy::Any);
     assert_eq!(i.log.level, "warn");
@@ -190,6 +198,7 @@ fn source_macs_and_set_mac_policy() {
     }
     parse_error(ioc("", "set_mac = \"sometimes\"", ""), &["sometimes"]);
     invalid(ioc("max_handshakes = 0", "", ""), "fabric.max_handshakes");
+    invalid(ioc("workers = 65", "", ""), "fabric.workers");
     let base = [0x02, 0x5d, 0, 0, 0, 0];
     let p = crate::SetMacPolicy::Prefix;
     assert!(p.allows([0x02, 0x5d, 0, 1, 2, 3], base));

@@ -9,6 +9,7 @@
 #![allow(unsafe_code)]
 
 pub mod eventfd;
+pub mod fanout;
 pub mod netdev;
 pub mod packet;
 pub mod shm;

@@ -17,6 +17,14 @@ const PACKET_MR_PROMISC: libc::c_ushort = 1;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const PACKET_AUXDATA: libc::c_int = 8;
+const PACKET_FANOUT: libc::c_int = 18;
+const PACKET_FANOUT_DATA: libc::c_int = 22;
+const PACKET_FANOUT_CBPF: u32 = 6;
+/// The group ignores frames sent on the interface, as [`PACKET_IGNORE_OUTGOING`] does for
+/// one socket (a socket in a group receives through the group's hook, not its own).
+const PACKET_FANOUT_FLAG_IGNORE_OUTGOING: u32 = 0x4000;
+/// The kernel picks an unused group id (for the group's first socket).
+const PACKET_FANOUT_FLAG_UNIQUEID: u32 = 0x2000;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
 const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 const ETH_P_ALL: u16 = 0x0003;
@@ -137,6 +145,44 @@ impl PacketSocket {
             PACKET_DROP_MEMBERSHIP
         };
         setsockopt(&self.fd, libc::SOL_PACKET, op, &mreq)
+    }
+
+    /// Joins a `PACKET_FANOUT` group steered by a classic BPF program (see
+    /// [`super::fanout`]): a new group with an id the kernel picks when `group` is `None`,
+    /// else the group named. Returns the group's id. Sockets are numbered in the order they
+    /// join; until a program is set, every frame goes to the first.
+    pub fn join_fanout(&self, group: Option<u16>) -> io::Result<u16> {
+        let flags = PACKET_FANOUT_FLAG_IGNORE_OUTGOING
+            | if group.is_none() {
+                PACKET_FANOUT_FLAG_UNIQUEID
+            } else {
+                0
+            };
+        let arg: u32 = u32::from(group.unwrap_or(0)) | ((PACKET_FANOUT_CBPF | flags) << 16);
+        setsockopt(&self.fd, libc::SOL_PACKET, PACKET_FANOUT, &arg)?;
+        let mut val: u32 = 0;
+        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+        // SAFETY: `val` and `len` are valid for writes of the sizes given.
+        cvt(unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_FANOUT,
+                (&mut val as *mut u32).cast(),
+                &mut len,
+            )
+        })?;
+        Ok(val as u16)
+    }
+
+    /// Sets the program of the fanout group this socket is in (for every socket of it).
+    pub fn set_fanout_program(&self, prog: &[super::fanout::Insn]) -> io::Result<()> {
+        let fprog = libc::sock_fprog {
+            len: u16::try_from(prog.len())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            filter: prog.as_ptr().cast_mut(),
+        };
+        setsockopt(&self.fd, libc::SOL_PACKET, PACKET_FANOUT_DATA, &fprog)
     }
 
     /// Receives one frame (virtio-net header first) as it was on the wire: a VLAN tag the
