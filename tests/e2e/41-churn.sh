@@ -10,8 +10,11 @@ json() { ctl_json "$T/ioc.sock" "$@"; }
 topo_up 2; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
-# A first round, so that lazily made buffers and allocator arenas exist before measuring.
+# A first round, with traffic both ways, so that lazily made buffers (every worker's LAN
+# batch, the good host's quota and pools) and allocator arenas exist before measuring.
+iperf sd-host 10.50.0.2 5310 -t 2 --bidir >/dev/null & warm=$!
 ip netns exec sd-host2 "$ROGUE" churn 10.200.0.2:7400 20 >/dev/null 2>&1
+wait $warm || fail "the warm-up iperf3 failed"
 fds0=$(fds "$IOC_PID"); rss0=$(rss_kib "$IOC_PID")
 iperf sd-host 10.50.0.2 5311 -t 20 --bidir >"$T/good.rate" & good=$!
 sleep 1
@@ -32,5 +35,6 @@ fds1=$(fds "$IOC_PID"); rss1=$(rss_kib "$IOC_PID")
 log "IOC: $fds0 -> $fds1 descriptors, $rss0 -> $rss1 KiB resident"
 assert_le "$fds1" "$fds0" "the IOC's descriptors grew"
 assert_le "$rss1" $((rss0 + 16384)) "the IOC's resident memory grew by more than 16 MiB"
+assert_le "$rss1" 65536 "the IOC's resident memory (KiB) is above 64 MiB"
 ping_ok sd-host 10.50.0.2
 pass "churn leaves the IOC as it was"
