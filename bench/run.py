@@ -29,6 +29,7 @@ BIN = os.environ.get("SPLITNET_BIN") or os.path.join(
     os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"), "release"
 )
 OUT = os.path.join(ROOT, "bench", "out")
+WORKERS = None  # the IOC's fabric.workers (--workers); None: the shipped configuration's
 NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
 procs = []
 
@@ -144,10 +145,21 @@ def host_config(queues):
     return path
 
 
+def ioc_config():
+    """The shipped IOC configuration, with `--workers` workers when given."""
+    src = os.path.join(ROOT, "systemd", "ioc.toml")
+    if WORKERS is None:
+        return src
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w.toml"
+    with open(src) as f, open(path, "w") as out:
+        out.write(f.read().replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n"))
+    return path
+
+
 def setup_splitnet(hosts=1, queues=1, drivers=None):
     """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver."""
     base(hosts, bridge_fabric=hosts > 1)
-    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ROOT}/systemd/ioc.toml"
+    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config()}"
        " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
     time.sleep(0.5)
     drivers = hosts if drivers is None else drivers
@@ -421,9 +433,13 @@ def main():
     ap.add_argument("--hosts", default="1,2,4,8")
     ap.add_argument("--queues", default="1,2", help="TAP queues of one host to compare (4 flows)")
     ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="the IOC's fabric.workers (default: the shipped ioc.toml's)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
                     help="skip the slow-consumer figure")
     a = ap.parse_args()
+    global WORKERS
+    WORKERS = a.workers
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
     for tool in ("iperf3", "ip", "ping", "sockperf") + (("openvpn",) if "openvpn" in a.only else ()):
