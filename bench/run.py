@@ -134,38 +134,52 @@ def wait_carrier(ns, timeout=10):
     raise RuntimeError(f"sd0 in {ns} has no carrier")
 
 
-def host_config(queues):
-    """The shipped host configuration, with `queues` TAP queues."""
+def host_config(queues, local=False):
+    """The shipped host configuration, with `queues` TAP queues, over the IOC's local
+    socket when `local`."""
     src = os.path.join(ROOT, "systemd", "host.toml")
-    if queues == 1:
+    if queues == 1 and not local:
         return src
-    path = f"/tmp/sd-bench-host-{queues}q.toml"
+    path = f"/tmp/sd-bench-host-{queues}q-{int(local)}.toml"
     with open(src) as f, open(path, "w") as out:
-        out.write(f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n"))
+        text = f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n")
+        if local:
+            text = text.replace('\nioc = "10.200.0.2:7400"\n', f'\nioc = "unix:{LOCAL_SOCKET}"\n')
+        out.write(text)
     return path
 
 
-def ioc_config():
-    """The shipped IOC configuration, with `--workers` workers when given."""
+LOCAL_SOCKET = "/tmp/sd-bench-fabric.sock"
+
+
+def ioc_config(local=False):
+    """The shipped IOC configuration, with `--workers` workers when given, and listening on
+    LOCAL_SOCKET too when `local`."""
     src = os.path.join(ROOT, "systemd", "ioc.toml")
-    if WORKERS is None:
+    if WORKERS is None and not local:
         return src
-    path = f"/tmp/sd-bench-ioc-{WORKERS}w.toml"
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{int(local)}.toml"
     with open(src) as f, open(path, "w") as out:
-        out.write(f.read().replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n"))
+        text = f.read()
+        if WORKERS is not None:
+            text = text.replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n")
+        if local:
+            text = text.replace("\n[lan]\n", f'\nlisten_local = "{LOCAL_SOCKET}"\n\n[lan]\n', 1)
+        out.write(text)
     return path
 
 
-def setup_splitnet(hosts=1, queues=1, drivers=None):
-    """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver."""
+def setup_splitnet(hosts=1, queues=1, drivers=None, local=False):
+    """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver,
+    over the IOC's local Unix socket when `local` (daemons on one machine)."""
     base(hosts, bridge_fabric=hosts > 1)
-    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config()}"
+    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config(local)}"
        " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
     time.sleep(0.5)
     drivers = hosts if drivers is None else drivers
     for k in range(1, drivers + 1):
         ns = host_ns(k)
-        bg(f"ip netns exec {ns} {BIN}/host-driver --config {host_config(queues)}"
+        bg(f"ip netns exec {ns} {BIN}/host-driver --config {host_config(queues, local)}"
            f" --control-socket /tmp/sd-bench-host{k}.sock", f"/tmp/sd-bench-host{k}.log")
         for _ in range(100):
             if sh(f"ip -n {ns} link show sd0", check=False):
@@ -292,10 +306,10 @@ def measure(name, setup, secs, runs):
         r[f"ping_{d}load_us"] = round(avg) if avg else None
         r[f"ping_{d}load_p99_us"] = round(p99) if p99 else None
         r[f"{d}load_gbps"] = round(gbps, 2) if gbps else None
-    if name == "splitnet":
+    if name.startswith("splitnet"):
         r["rss_kib"] = {p: rss(p) for p in ("ioc-driver", "host-driver")}
     cleanup()
-    print(f"  {name:<10} tx {r['tx_gbps']:>6} Gb/s  rx {r['rx_gbps']:>6} Gb/s  "
+    print(f"  {name:<14} tx {r['tx_gbps']:>6} Gb/s  rx {r['rx_gbps']:>6} Gb/s  "
           f"ping {r['ping_avg_us']} us (p99 {r['ping_p99_us']}), every 0.2 s {r['ping_idle_us']} us, "
           f"under upload {r['ping_upload_us']} us, under download {r['ping_download_us']} us, "
           f"TCP request/response one-way {r['rr_oneway_us']} us (p99 {r['rr_oneway_p99_us']})",
@@ -432,7 +446,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hosts", default="1,2,4,8")
     ap.add_argument("--queues", default="1,2", help="TAP queues of one host to compare (4 flows)")
-    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet")
+    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet,splitnet-local")
     ap.add_argument("--workers", type=int, default=None,
                     help="the IOC's fabric.workers (default: the shipped ioc.toml's)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
@@ -450,7 +464,8 @@ def main():
             sys.exit(f"missing {BIN}/{b}: run cargo build --release")
     os.makedirs(OUT, exist_ok=True)
     setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn,
-              "splitnet": setup_splitnet}
+              "splitnet": setup_splitnet,
+              "splitnet-local": lambda: setup_splitnet(local=True)}
     results = []
     try:
         print(f"== peers and splitnet: iperf3 {a.seconds}s x best of {a.runs}, ping 300 x 5 ms")
@@ -468,29 +483,33 @@ def main():
         cleanup()
     by = {r["mode"]: r for r in results}
     print()
-    print(f"{'mode':<10} {'tx Gb/s':>8} {'rx Gb/s':>8} {'ping us':>8} {'p99 us':>7} {'idle us':>8} "
+    print(f"{'mode':<14} {'tx Gb/s':>8} {'rx Gb/s':>8} {'ping us':>8} {'p99 us':>7} {'idle us':>8} "
           f"{'upload us':>10} {'download us':>12} {'rr 1-way us':>11} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}")
     for r in results:
-        print(f"{r['mode']:<10} {r['tx_gbps']:>8} {r['rx_gbps']:>8} {str(r['ping_avg_us']):>8} "
+        print(f"{r['mode']:<14} {r['tx_gbps']:>8} {r['rx_gbps']:>8} {str(r['ping_avg_us']):>8} "
               f"{str(r['ping_p99_us']):>7} {str(r['ping_idle_us']):>8} {str(r['ping_upload_us']):>10} "
               f"{str(r['ping_download_us']):>12} {str(r['rr_oneway_us']):>11} "
               f"{str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}")
     ratios = {}
+    # splitnet over TCP (two machines), and over the IOC's local socket (prefix "local_").
+    for mode, pre in (("splitnet", ""), ("splitnet-local", "local_")):
+        s = by.get(mode)
+        for peer in ("direct", "vxlan", "openvpn", "splitnet"):
+            p = by.get(peer)
+            if not s or peer == mode or not (p and p["tx_gbps"] and p["rx_gbps"]):
+                continue
+            ratios[f"{pre}tx_vs_{peer}"] = round(s["tx_gbps"] / p["tx_gbps"], 2)
+            ratios[f"{pre}rx_vs_{peer}"] = round(s["rx_gbps"] / p["rx_gbps"], 2)
+            for k in ("ping_avg_us", "ping_idle_us", "ping_upload_us", "ping_download_us",
+                      "rr_oneway_us"):
+                if p.get(k) and s.get(k):
+                    ratios[f"{pre}{k[:-3]}_vs_{peer}"] = round(s[k] / p[k], 2)
+            for d in ("tx", "rx"):
+                k = f"{d}_cpu_s_per_gb"
+                if p.get(k) and s.get(k):
+                    ratios[f"{pre}cpu_per_gb_{d}_vs_{peer}"] = round(s[k] / p[k], 2)
     s = by.get("splitnet")
     if s:
-        for peer in ("direct", "vxlan", "openvpn"):
-            p = by.get(peer)
-            if p and p["tx_gbps"] and p["rx_gbps"]:
-                ratios[f"tx_vs_{peer}"] = round(s["tx_gbps"] / p["tx_gbps"], 2)
-                ratios[f"rx_vs_{peer}"] = round(s["rx_gbps"] / p["rx_gbps"], 2)
-                for k in ("ping_avg_us", "ping_idle_us", "ping_upload_us", "ping_download_us",
-                          "rr_oneway_us"):
-                    if p.get(k) and s.get(k):
-                        ratios[f"{k[:-3]}_vs_{peer}"] = round(s[k] / p[k], 2)
-                for d in ("tx", "rx"):
-                    k = f"{d}_cpu_s_per_gb"
-                    if p.get(k) and s.get(k):
-                        ratios[f"cpu_per_gb_{d}_vs_{peer}"] = round(s[k] / p[k], 2)
         if scaling and scaling[0]["tx_gbps"]:
             last = scaling[-1]
             ratios[f"agg_{last['hosts']}h_vs_1h_tx"] = round(last["tx_gbps"] / scaling[0]["tx_gbps"], 2)

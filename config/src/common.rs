@@ -62,6 +62,51 @@ impl<'de> Deserialize<'de> for MacAddr {
     }
 }
 
+/// Where the IOC's fabric listens, as a host dials it: `ADDRESS:PORT` over TCP (another
+/// machine), or `unix:PATH`, a Unix stream socket (daemons on one machine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FabricAddr {
+    /// TCP.
+    Tcp(std::net::SocketAddr),
+    /// A Unix stream socket's path.
+    Unix(std::path::PathBuf),
+}
+
+impl FromStr for FabricAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<FabricAddr, String> {
+        match s.strip_prefix("unix:") {
+            Some(path) if path.starts_with('/') && path.len() < 108 => {
+                Ok(FabricAddr::Unix(path.into()))
+            }
+            Some(path) => Err(format!(
+                "unix:{path}: an absolute path of at most 107 bytes is required"
+            )),
+            None => s
+                .parse()
+                .map(FabricAddr::Tcp)
+                .map_err(|_| format!("{s}: not ADDRESS:PORT or unix:PATH")),
+        }
+    }
+}
+
+impl fmt::Display for FabricAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FabricAddr::Tcp(a) => a.fmt(f),
+            FabricAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FabricAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FabricAddr, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// One receive pool: element size and count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

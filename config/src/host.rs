@@ -1,9 +1,10 @@
 //! host.toml: the host driver's configuration.
 
-use crate::common::{ifname, keepalive, range, unicast, Control, Log, MacAddr, Metrics, Pools};
+use crate::common::{
+    ifname, keepalive, range, unicast, Control, FabricAddr, Log, MacAddr, Metrics, Pools,
+};
 use crate::error::Invalid;
 use serde::Deserialize;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 /// The whole host.toml.
@@ -33,8 +34,9 @@ pub struct HostConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostFabric {
-    /// IOC address; both channels connect here.
-    pub ioc: SocketAddr,
+    /// IOC address (`ADDRESS:PORT`, or `unix:PATH` for an IOC on this machine); both
+    /// channels connect here.
+    pub ioc: FabricAddr,
     /// Keepalive interval (ms).
     #[serde(default = "default_interval")]
     pub keepalive_interval_ms: u64,
@@ -131,11 +133,13 @@ impl HostConfig {
             f.reconnect_min_ms,
             600_000,
         )?;
-        if f.ioc.port() == 0 || f.ioc.ip().is_unspecified() {
-            return Err(Invalid::new(
-                "fabric.ioc",
-                format!("{} is not a connectable address", f.ioc),
-            ));
+        if let FabricAddr::Tcp(a) = f.ioc {
+            if a.port() == 0 || a.ip().is_unspecified() {
+                return Err(Invalid::new(
+                    "fabric.ioc",
+                    format!("{a} is not a connectable address"),
+                ));
+            }
         }
         ifname("interface.name", &self.interface.name)?;
         if let Some(mac) = self.interface.mac {

@@ -50,6 +50,10 @@ pub struct IocFabric {
     /// Connections allowed in their handshake at once; more are closed at once.
     #[serde(default = "default_max_handshakes")]
     pub max_handshakes: u32,
+    /// A Unix stream socket hosts on this machine may connect to as well (`unix:PATH` in
+    /// their `fabric.ioc`); none unless set.
+    #[serde(default)]
+    pub listen_local: Option<std::path::PathBuf>,
     /// Worker threads the sessions are spread over; 0 (the default): one per core, at
     /// most `max_hosts`.
     #[serde(default)]
@@ -175,6 +179,18 @@ impl IocConfig {
         range("fabric.max_hosts", f.max_hosts.into(), 1, 64)?;
         range("fabric.max_handshakes", f.max_handshakes.into(), 1, 1024)?;
         range("fabric.workers", f.workers.into(), 0, 64)?;
+        if let Some(p) = &f.listen_local {
+            let bytes = p.as_os_str().len();
+            if !p.is_absolute() || bytes > 107 {
+                return Err(Invalid::new(
+                    "fabric.listen_local",
+                    format!(
+                        "{}: an absolute path of at most 107 bytes is required",
+                        p.display()
+                    ),
+                ));
+            }
+        }
         keepalive(f.keepalive_interval_ms, f.keepalive_timeout_ms)?;
         range(
             "fabric.handshake_timeout_ms",

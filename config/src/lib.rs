@@ -12,7 +12,7 @@ mod ioc;
 #[cfg(test)]
 mod tests;
 
-pub use common::{Control, Log, MacAddr, Metrics, PoolConfig, Pools};
+pub use common::{Control, FabricAddr, Log, MacAddr, Metrics, PoolConfig, Pools};
 pub use error::ConfigError;
 pub use host::{HostConfig, HostFabric, Interface};
 pub use ioc::{IocConfig, IocFabric, Lan, Promiscuous, SetMacPolicy};

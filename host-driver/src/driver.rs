@@ -6,19 +6,19 @@
 //! the configuration. The queues connect, and reconnect, together: when one ends, all do.
 
 use crate::snapshot::Snapshot;
-use splitnet_config::HostConfig;
+use splitnet_config::{FabricAddr, HostConfig};
 use splitnet_control::report::{offload_names, Counters, Interface};
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
 };
-use splitnet_messaging::fabric::{self, TcpLink};
+use splitnet_messaging::fabric::{self, FabricChannel, FabricLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::sys::tap::{Offloads, Tap};
 use splitnet_messaging::vnet;
-use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Message, Queue};
+use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, HelloReply, Message, Queue};
 use std::cell::RefCell;
 use std::io;
 use std::path::PathBuf;
@@ -204,7 +204,7 @@ fn queue_thread(
         let mut int = signal(SignalKind::interrupt())?;
         let tap_ready = fabric::Ready::new(&*tap)?;
         let timeout = cfg.fabric.keepalive_timeout();
-        let (ctrl, data, _) = fabric::connect(cfg.fabric.ioc, node_id, queue, first, timeout)
+        let (ctrl, data, _) = connect(&cfg.fabric.ioc, node_id, queue, first, timeout)
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
         let mut conn = Conn::new(&cfg, queue, &tap, &tap_ready, ctrl, data, None)?;
@@ -297,7 +297,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         let node_id = cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name));
         let connect = async {
             let timeout = cfg.fabric.keepalive_timeout();
-            let (ctrl, data, reply) = fabric::connect(cfg.fabric.ioc, node_id, queue, 0, timeout)
+            let (ctrl, data, reply) = connect(&cfg.fabric.ioc, node_id, queue, 0, timeout)
                 .await
                 .map_err(|e| format!("IOC {} unreachable: {e}", cfg.fabric.ioc))?;
             // The further queues join the first queue's session before any frame moves.
@@ -439,6 +439,25 @@ fn session_config(cfg: &HostConfig) -> SessionConfig {
     }
 }
 
+/// Opens both channels of `queue`'s session to the IOC at `ioc` (TCP, or its local Unix
+/// socket) and completes the handshake (see [`fabric::connect`]).
+async fn connect(
+    ioc: &FabricAddr,
+    node_id: u64,
+    queue: Queue,
+    first: u64,
+    timeout: Duration,
+) -> Result<(FabricChannel, FabricChannel, HelloReply), fabric::FabricError> {
+    match ioc {
+        FabricAddr::Tcp(a) => {
+            fabric::connect(|| fabric::dial_tcp(*a), node_id, queue, first, timeout).await
+        }
+        FabricAddr::Unix(p) => {
+            fabric::connect(|| fabric::dial_unix(p), node_id, queue, first, timeout).await
+        }
+    }
+}
+
 /// The STATUS= line: peer, carrier and throughput, refreshed every few seconds.
 struct StatusLine {
     at: Instant,
@@ -495,7 +514,7 @@ struct Conn<'a> {
     name: String,
     peer: String,
     mac_override: Option<[u8; 6]>,
-    tl: TcpLink,
+    tl: FabricLink,
     reg: Registry,
     cache: SendBufCache,
     held: Option<SendBuf>,
@@ -538,8 +557,8 @@ impl<'a> Conn<'a> {
         queue: Queue,
         tap: &'a Tap,
         tap_ready: &'a fabric::Ready,
-        ctrl: fabric::TcpChannel,
-        data: fabric::TcpChannel,
+        ctrl: fabric::FabricChannel,
+        data: fabric::FabricChannel,
         snap: Option<Rc<RefCell<Snapshot>>>,
     ) -> io::Result<Conn<'a>> {
         // Offloads as configured, again for each IOC (the last one may have refused them);
@@ -554,7 +573,7 @@ impl<'a> Conn<'a> {
         session
             .start(&mut reg)
             .map_err(|e| io::Error::other(format!("cannot register pools: {e}")))?;
-        let mut tl = TcpLink::new(session, ctrl, data)?;
+        let mut tl = FabricLink::new(session, ctrl, data)?;
         let s = tl.link.session_mut();
         if queue.is_first() {
             match cfg.interface.mac {
@@ -629,7 +648,7 @@ impl<'a> Conn<'a> {
             );
             let pending = self.tl.link.pending() > 0;
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
-            let TcpLink { ready, link } = &mut self.tl;
+            let FabricLink { ready, link } = &mut self.tl;
             let mut rx_seen = false;
             let step: Result<(), String> = tokio::select! {
                 r = stop.wait() => match r {
@@ -725,7 +744,7 @@ impl<'a> Conn<'a> {
     }
 
     fn poll_lane(
-        link: &mut splitnet_messaging::endpoint::Link<fabric::TcpChannel>,
+        link: &mut splitnet_messaging::endpoint::Link<fabric::FabricChannel>,
         reg: &mut Registry,
         tap: &Tap,
         rx_dropped: &mut u64,
@@ -1134,7 +1153,7 @@ impl<'a> Conn<'a> {
             if self.tl.link.flush().is_err() {
                 break;
             }
-            let TcpLink { ready, link } = &mut self.tl;
+            let FabricLink { ready, link } = &mut self.tl;
             let r = tokio::select! {
                 g = ready.ctrl.readable() => g.map(|g| (Lane::Control, g)),
                 g = ready.data.readable() => g.map(|g| (Lane::Data, g)),

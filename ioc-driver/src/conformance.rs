@@ -326,7 +326,7 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut Ioc)) -> SocketAddr {
             tx.send(listener.local_addr().unwrap()).unwrap();
             loop {
                 let (sock, peer) = listener.accept().await.unwrap();
-                acceptor.accept(sock, peer);
+                acceptor.accept(sock.into_std().unwrap().into(), peer.to_string());
             }
         });
     });
@@ -724,7 +724,7 @@ fn h9_host_answers_an_unusable_reply_with_goodbye() {
         .build()
         .unwrap();
     let r = rt.block_on(splitnet_messaging::fabric::connect(
-        addr,
+        || splitnet_messaging::fabric::dial_tcp(addr),
         7,
         splitnet_messaging::wire::Queue::SINGLE,
         0,

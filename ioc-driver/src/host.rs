@@ -6,7 +6,7 @@
 //! a full socket of its own is waited on by its own task only.
 
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
-use splitnet_messaging::fabric::TcpChannel;
+use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
 use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::vnet;
@@ -135,7 +135,7 @@ pub struct Host {
     /// Offload features it uses.
     pub features: u64,
     /// Its link; `None` only while its own frames are being forwarded.
-    pub link: Option<Link<TcpChannel>>,
+    pub link: Option<Link<FabricChannel>>,
     /// Wakes its task when another path found its socket full (the task then waits for
     /// the socket to drain) or removed it.
     pub wake: Rc<Notify>,
@@ -156,7 +156,7 @@ pub struct Host {
     /// (its receive ring: at most [`BACKLOG`] frames, beyond which frames are dropped).
     pub backlog: VecDeque<SendBuf>,
     /// Its fabric address.
-    pub peer: std::net::SocketAddr,
+    pub peer: String,
     /// When it connected.
     pub since: Instant,
 }
@@ -170,10 +170,10 @@ impl Host {
         node_id: u64,
         queue: Queue,
         first: u64,
-        link: Link<TcpChannel>,
+        link: Link<FabricChannel>,
         quota: usize,
         keepalive: Keepalive,
-        peer: std::net::SocketAddr,
+        peer: String,
     ) -> Host {
         Host {
             session,

@@ -14,7 +14,7 @@ use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Link, LinkError, LinkEvent, PoolGetOutcome, PoolSpec,
     SessionConfig, TargetConfig,
 };
-use splitnet_messaging::fabric::TcpChannel;
+use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{Registry, SendBufCache};
 use splitnet_messaging::service::notify;
 use splitnet_messaging::wire::{self, features, fmt_mac, CfgCode, ErrorCode, Queue, Stats};
@@ -276,8 +276,8 @@ impl Ioc {
         node_id: u64,
         queue: Queue,
         first_token: u64,
-        mut link: Link<TcpChannel>,
-        peer: std::net::SocketAddr,
+        mut link: Link<FabricChannel>,
+        peer: String,
     ) -> Option<Rc<Notify>> {
         let (first, mac, mtu, features) = if queue.is_first() {
             (session, self.assign_mac(node_id), self.mtu, 0)
@@ -312,7 +312,15 @@ impl Ioc {
             Instant::now(),
         );
         let mut host = Host::new(
-            session, token, node_id, queue, first, link, self.quota, keepalive, peer,
+            session,
+            token,
+            node_id,
+            queue,
+            first,
+            link,
+            self.quota,
+            keepalive,
+            peer.clone(),
         );
         host.mac = mac;
         host.mtu = mtu;

@@ -9,14 +9,13 @@ use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
 use crate::worker::{Cmd, NicFactory, Spec, Worker};
 use splitnet_config::{IocConfig, Promiscuous};
-use splitnet_messaging::fabric::{self, Ready, TcpChannel};
+use splitnet_messaging::fabric::{self, FabricChannel, Ready, Stream};
 use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::service::{self, notify, Introspect};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
 use splitnet_messaging::wire::{self, fmt_mac, ErrorCode, Hello, Role};
 use std::cell::{Cell, RefCell};
 use std::io;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -46,6 +45,14 @@ pub enum StartError {
     Listen {
         /// Address.
         addr: std::net::SocketAddr,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The local fabric socket could not be bound.
+    #[error("cannot listen on {}: {source}", path.display())]
+    ListenLocal {
+        /// Socket path.
+        path: PathBuf,
         /// Cause.
         source: io::Error,
     },
@@ -138,7 +145,7 @@ impl Cluster {
     }
 
     /// Sends a connection to the worker its Hello names, or refuses it.
-    fn dispatch(&mut self, ch: TcpChannel, hello: Hello, version: u16, peer: SocketAddr) {
+    fn dispatch(&mut self, ch: FabricChannel, hello: Hello, version: u16, peer: String) {
         let timeout = self.cfg.fabric.handshake_timeout();
         let refuse = |ch, status: ErrorCode, why: &'static str| {
             warn!(%peer, ?status, "connection refused: {why}");
@@ -167,7 +174,7 @@ impl Cluster {
             ch: Box::new(ch),
             hello,
             version,
-            peer,
+            peer: peer.clone(),
         };
         if let Err(mpsc::error::SendError(Cmd::Connection { ch, .. })) = w.cmds.send(cmd) {
             self.failures += 1;
@@ -260,6 +267,15 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
             addr: listen,
             source,
         })?;
+    let local = match &cfg.fabric.listen_local {
+        Some(path) => Some(
+            listen_local(path).map_err(|source| StartError::ListenLocal {
+                path: path.clone(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
     let metrics_addr = cfg.metrics.listen;
     let cluster = Cluster::start(
         cfg,
@@ -285,15 +301,22 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     let acceptor = Acceptor::new(cluster.clone());
     loop {
         tokio::select! {
-            a = listener.accept() => match a {
-                Ok((sock, peer)) => acceptor.accept(sock, peer),
+            a = listener.accept() => match a.and_then(|(s, peer)| Ok((s.into_std()?, peer))) {
+                Ok((sock, peer)) => acceptor.accept(sock.into(), peer.to_string()),
                 Err(e) => warn!("accept failed: {e}"),
+            },
+            a = accept_local(local.as_ref()) => match a {
+                Ok((sock, peer)) => acceptor.accept(sock, peer),
+                Err(e) => warn!("accept failed on the local fabric socket: {e}"),
             },
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
     }
     link_task.abort();
+    if let Some((_, path)) = &local {
+        let _ = std::fs::remove_file(path);
+    }
     notify::stopping();
     info!("shutting down: flushing pools with every host");
     let workers = cluster.borrow_mut().stop();
@@ -303,6 +326,47 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     }
     info!("stopped");
     Ok(())
+}
+
+/// Binds the local fabric socket at `path` (a socket left by an earlier run is replaced),
+/// for hosts on this machine. Any local user may connect (mode 0666): the protocol's
+/// checks, not the file's mode, stand between hosts, as on the TCP address.
+fn listen_local(path: &std::path::Path) -> io::Result<(tokio::net::UnixListener, PathBuf)> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            ))
+        }
+        Err(_) => {}
+    }
+    let l = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    info!(path = %path.display(), "local fabric socket");
+    Ok((l, path.to_path_buf()))
+}
+
+/// The next connection on the local fabric socket (never, without one), and its peer as
+/// logs show it: the socket's path and the peer's process.
+async fn accept_local(
+    local: Option<&(tokio::net::UnixListener, PathBuf)>,
+) -> io::Result<(Stream, String)> {
+    let Some((l, path)) = local else {
+        return std::future::pending().await;
+    };
+    let (s, _) = l.accept().await?;
+    let pid = s.peer_cred().ok().and_then(|c| c.pid());
+    let peer = match pid {
+        Some(pid) => format!("unix:{} (pid {pid})", path.display()),
+        None => format!("unix:{}", path.display()),
+    };
+    Ok((Stream::Unix(s.into_std()?), peer))
 }
 
 /// Takes new fabric connections: reads each one's Hello in a task of its own (at most
@@ -326,7 +390,7 @@ impl Acceptor {
     }
 
     /// Takes one new connection.
-    pub fn accept(&self, sock: tokio::net::TcpStream, peer: SocketAddr) {
+    pub fn accept(&self, sock: Stream, peer: String) {
         let (max, timeout) = {
             let c = self.cluster.borrow();
             (
@@ -341,10 +405,6 @@ impl Acceptor {
             }
             return;
         }
-        let sock = match sock.into_std() {
-            Ok(s) => s,
-            Err(e) => return warn!(%peer, "cannot take the connection: {e}"),
-        };
         self.handshakes.set(self.handshakes.get() + 1);
         let guard = InHandshake(self.handshakes.clone());
         let cluster = self.cluster.clone();

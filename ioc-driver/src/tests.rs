@@ -6,7 +6,7 @@ use crate::ioc::Ioc;
 use crate::nic::fake::FakeNic;
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
-use splitnet_messaging::fabric::TcpChannel;
+use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{DomainId, Registry, SendBufCache};
 use splitnet_messaging::testing;
 use splitnet_messaging::vnet::{VnetHdr, VNET_HDR_LEN};
@@ -48,13 +48,13 @@ fn pair(small: bool) -> (TcpStream, TcpStream) {
     (a, b)
 }
 
-fn channel(s: TcpStream, domain: u32) -> TcpChannel {
-    StreamChannel::new(s, DomainId(domain), wire::MAX_MESSAGE_LEN)
+fn channel(s: TcpStream, domain: u32) -> FabricChannel {
+    StreamChannel::new(s.into(), DomainId(domain), wire::MAX_MESSAGE_LEN)
 }
 
 /// The host's end of a session, driven by the test.
 struct Peer {
-    link: Link<TcpChannel>,
+    link: Link<FabricChannel>,
     reg: Registry,
     frames: u64,
     events: Vec<LinkEvent>,
@@ -104,7 +104,7 @@ fn connect(ioc: &mut Ioc, node_id: u64, small: bool, send_data_max: usize) -> (u
         channel(ictrl, session as u32),
         channel(idata, session as u32),
     );
-    let peer_addr = "127.0.0.1:1".parse().unwrap();
+    let peer_addr = "127.0.0.1:1".to_string();
     ioc.add_host(session, token, node_id, Queue::SINGLE, 0, link, peer_addr)
         .unwrap();
     let mut reg = Registry::new(64 << 20);

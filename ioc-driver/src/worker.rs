@@ -12,12 +12,11 @@ use crate::report::Snapshot;
 use crate::shard::{Crossing, InboxRx, Shard};
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::Session;
-use splitnet_messaging::fabric::{self, Ready, TcpChannel, TcpLink};
+use splitnet_messaging::fabric::{self, FabricChannel, FabricLink, Ready};
 use splitnet_messaging::memory::DomainId;
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Hello, Queue};
 use std::cell::RefCell;
 use std::io;
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,7 +34,7 @@ const INBOX_BATCH: usize = 64;
 /// A control channel waiting for its data channel.
 #[derive(Debug)]
 pub struct Waiting {
-    ch: TcpChannel,
+    ch: FabricChannel,
     session: u64,
     node_id: u64,
     queue: Queue,
@@ -50,13 +49,13 @@ pub enum Cmd {
     /// data channel or further queue naming a session of this worker.
     Connection {
         /// The channel, its Hello taken.
-        ch: Box<TcpChannel>,
+        ch: Box<FabricChannel>,
         /// The Hello.
         hello: Hello,
         /// The protocol version agreed.
         version: u16,
-        /// The peer's address.
-        peer: SocketAddr,
+        /// The peer's address (`ADDRESS:PORT`, or `unix:PATH (pid N)`).
+        peer: String,
     },
     /// The NIC's link state changed.
     Link(bool),
@@ -201,10 +200,10 @@ async fn run(
 /// Completes the handshake of a connection the main thread read the Hello of.
 async fn handshake(
     ioc: Rc<RefCell<Ioc>>,
-    mut ch: TcpChannel,
+    mut ch: FabricChannel,
     hello: Hello,
     version: u16,
-    peer: SocketAddr,
+    peer: String,
 ) {
     let timeout = ioc.borrow().cfg.fabric.handshake_timeout();
     let refuse = |ch, status: ErrorCode, why: &str| {
@@ -295,7 +294,7 @@ async fn handshake(
     }
     // The reply goes first on the data channel, ahead of anything posted to the host later.
     fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
-    let tl = match TcpLink::new(s, w.ch, ch) {
+    let tl = match FabricLink::new(s, w.ch, ch) {
         Ok(tl) => tl,
         Err(e) => {
             warn!(%peer, "cannot register the host's sockets: {e}");
@@ -303,10 +302,16 @@ async fn handshake(
             return;
         }
     };
-    let TcpLink { ready, link } = tl;
-    let added = ioc
-        .borrow_mut()
-        .add_host(session, token, w.node_id, w.queue, w.first, link, peer);
+    let FabricLink { ready, link } = tl;
+    let added = ioc.borrow_mut().add_host(
+        session,
+        token,
+        w.node_id,
+        w.queue,
+        w.first,
+        link,
+        peer.clone(),
+    );
     match added {
         Some(wake) => hosts::serve(ioc, session, ready, wake).await,
         None => {

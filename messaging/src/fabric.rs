@@ -1,8 +1,9 @@
-//! The tokio shell around the sans-IO core: TCP channels, readiness and the handshake.
+//! The tokio shell around the sans-IO core: stream channels, readiness and the handshake.
 //!
-//! A [`TcpLink`] owns a [`Link`] over two non-blocking TCP sockets (channel 0, control, and
-//! channel 1, data) and their registrations with the tokio reactor. The daemons wait on
-//! [`TcpLink::ready`] and then drive the link until the sockets would block; nothing here
+//! A [`FabricLink`] owns a [`Link`] over two non-blocking stream sockets (channel 0,
+//! control, and channel 1, data: TCP between machines, Unix stream sockets between daemons
+//! on one machine) and their registrations with the tokio reactor. The daemons wait on
+//! [`FabricLink::ready`] and then drive the link until the sockets would block; nothing here
 //! buffers or copies frames.
 
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel};
@@ -10,16 +11,99 @@ use crate::endpoint::handshake::{self, HandshakeError};
 use crate::endpoint::{Lane, Link, Session};
 use crate::memory::{DomainId, Registry};
 use crate::wire::{self, ErrorCode, Hello, HelloReply, Queue, Role};
-use std::io;
+use std::future::Future;
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::Duration;
 use thiserror::Error;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::io::Interest;
 
-/// A channel over a non-blocking TCP socket.
-pub type TcpChannel = StreamChannel<TcpStream>;
+/// A fabric connection's socket: TCP, or a Unix stream socket (same bytes either way).
+#[derive(Debug)]
+pub enum Stream {
+    /// Between machines.
+    Tcp(TcpStream),
+    /// Between daemons on one machine.
+    Unix(UnixStream),
+}
+
+impl From<TcpStream> for Stream {
+    fn from(s: TcpStream) -> Stream {
+        Stream::Tcp(s)
+    }
+}
+
+impl From<UnixStream> for Stream {
+    fn from(s: UnixStream) -> Stream {
+        Stream::Unix(s)
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read_vectored(bufs),
+            Stream::Unix(s) => s.read_vectored(bufs),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsFd for Stream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
+/// A channel over a non-blocking fabric socket.
+pub type FabricChannel = StreamChannel<Stream>;
+
+/// Opens a TCP connection to `addr`.
+pub async fn dial_tcp(addr: SocketAddr) -> io::Result<Stream> {
+    Ok(Stream::Tcp(
+        tokio::net::TcpStream::connect(addr).await?.into_std()?,
+    ))
+}
+
+/// Opens a Unix stream connection to the socket at `path`.
+pub async fn dial_unix(path: &Path) -> io::Result<Stream> {
+    Ok(Stream::Unix(
+        tokio::net::UnixStream::connect(path).await?.into_std()?,
+    ))
+}
 
 /// Why setting up a fabric connection failed.
 #[derive(Debug, Error)]
@@ -73,14 +157,19 @@ impl Ready {
     }
 }
 
-fn prepare(sock: &TcpStream) -> io::Result<()> {
-    sock.set_nodelay(true)?;
-    sock.set_nonblocking(true)
+fn prepare(sock: &Stream) -> io::Result<()> {
+    match sock {
+        Stream::Tcp(s) => {
+            s.set_nodelay(true)?;
+            s.set_nonblocking(true)
+        }
+        Stream::Unix(s) => s.set_nonblocking(true),
+    }
 }
 
 /// A channel for a new connection; its domain is set, and RDMA writes are accepted, once
-/// the handshake has named the session ([`TcpLink::new`]).
-fn channel(sock: TcpStream, max_send: usize) -> io::Result<TcpChannel> {
+/// the handshake has named the session ([`FabricLink::new`]).
+fn channel(sock: Stream, max_send: usize) -> io::Result<FabricChannel> {
     prepare(&sock)?;
     let mut ch = StreamChannel::new(sock, DomainId(0), max_send);
     ch.set_writes_allowed(false);
@@ -92,7 +181,7 @@ fn channel(sock: TcpStream, max_send: usize) -> io::Result<TcpChannel> {
 const HELLO_MAX: usize = 256;
 
 /// Writes everything posted on `ch`, within `timeout`.
-pub async fn flush(ch: &mut TcpChannel, timeout: Duration) -> Result<(), FabricError> {
+pub async fn flush(ch: &mut FabricChannel, timeout: Duration) -> Result<(), FabricError> {
     let ready = Ready::new(ch.stream())?;
     let work = async {
         loop {
@@ -110,7 +199,10 @@ pub async fn flush(ch: &mut TcpChannel, timeout: Duration) -> Result<(), FabricE
 
 /// Waits for the next message on `ch`, within `timeout`. The channel keeps whatever was
 /// read ahead, so nothing that follows the message is lost.
-pub async fn recv_message(ch: &mut TcpChannel, timeout: Duration) -> Result<Vec<u8>, FabricError> {
+pub async fn recv_message(
+    ch: &mut FabricChannel,
+    timeout: Duration,
+) -> Result<Vec<u8>, FabricError> {
     let ready = Ready::new(ch.stream())?;
     let mut reg = Registry::new(0);
     let work = async {
@@ -128,22 +220,28 @@ pub async fn recv_message(ch: &mut TcpChannel, timeout: Duration) -> Result<Vec<
         .map_err(|_| FabricError::Timeout(timeout))?
 }
 
-/// The connecting side: opens both channels of `queue`'s session to `addr` and completes
-/// the handshake. A further queue (index above 0) names `first`, the session of the host's
-/// first queue, which it joins; the first queue passes 0.
-pub async fn connect(
-    addr: SocketAddr,
+/// The connecting side: opens both channels of `queue`'s session with `dial` (see
+/// [`dial_tcp`], [`dial_unix`]) and completes the handshake. A further queue (index above
+/// 0) names `first`, the session of the host's first queue, which it joins; the first queue
+/// passes 0.
+pub async fn connect<D, F>(
+    dial: D,
     node_id: u64,
     queue: Queue,
     first: u64,
     timeout: Duration,
-) -> Result<(TcpChannel, TcpChannel, HelloReply), FabricError> {
+) -> Result<(FabricChannel, FabricChannel, HelloReply), FabricError>
+where
+    D: Fn() -> F,
+    F: Future<Output = io::Result<Stream>>,
+{
     let max = wire::MAX_MESSAGE_LEN as u32;
+    let dial = &dial;
     let open = |channel_no: u8, session: u64| async move {
-        let s = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr))
+        let s = tokio::time::timeout(timeout, dial())
             .await
             .map_err(|_| FabricError::Timeout(timeout))??;
-        let mut ch = channel(s.into_std()?, wire::MAX_MESSAGE_LEN)?;
+        let mut ch = channel(s, wire::MAX_MESSAGE_LEN)?;
         let hello = handshake::hello(Role::Host, channel_no, queue, session, node_id, max);
         ch.post(Op::Send, &[], Payload::Bytes(hello));
         flush(&mut ch, timeout).await?;
@@ -170,7 +268,7 @@ pub async fn connect(
 }
 
 /// Sends Goodbye with `code` on a channel whose handshake failed, and closes it.
-async fn goodbye(mut ch: TcpChannel, code: ErrorCode, timeout: Duration) {
+async fn goodbye(mut ch: FabricChannel, code: ErrorCode, timeout: Duration) {
     let mut msg = Vec::new();
     wire::Message::Goodbye(wire::Goodbye { code }).emit(0, &mut msg);
     ch.post(Op::Send, &[], Payload::Bytes(msg));
@@ -186,9 +284,9 @@ async fn goodbye(mut ch: TcpChannel, code: ErrorCode, timeout: Duration) {
 /// and this side's highest version, and closed. A timeout or a transport failure closes it
 /// without an answer.
 pub async fn accept_hello(
-    sock: TcpStream,
+    sock: Stream,
     timeout: Duration,
-) -> Result<(TcpChannel, Hello, u16), FabricError> {
+) -> Result<(FabricChannel, Hello, u16), FabricError> {
     let mut ch = channel(sock, HELLO_MAX)?;
     let status = match recv_message(&mut ch, timeout).await {
         Ok(bytes) => match handshake::accept_hello(&bytes) {
@@ -210,13 +308,13 @@ pub async fn accept_hello(
 
 /// The listening side: queues a HelloReply on `ch` (sent by the next flush, ahead of
 /// anything posted after it).
-pub fn post_reply(ch: &mut TcpChannel, version: u16, status: ErrorCode, session: u64) {
+pub fn post_reply(ch: &mut FabricChannel, version: u16, status: ErrorCode, session: u64) {
     let msg = handshake::reply(version, status, session, wire::MAX_MESSAGE_LEN as u32);
     ch.post(Op::Send, &[], Payload::Bytes(msg));
 }
 
 /// The listening side: refuses a connection with `status` and closes it.
-pub async fn refuse(mut ch: TcpChannel, version: u16, status: ErrorCode, timeout: Duration) {
+pub async fn refuse(mut ch: FabricChannel, version: u16, status: ErrorCode, timeout: Duration) {
     post_reply(&mut ch, version, status, 0);
     let _ = flush(&mut ch, timeout).await;
 }
@@ -240,23 +338,23 @@ impl LinkReady {
     }
 }
 
-/// A connected peer over TCP: its link and the readiness of its two sockets.
+/// A connected peer: its link and the readiness of its two sockets.
 #[derive(Debug)]
-pub struct TcpLink {
+pub struct FabricLink {
     /// Reactor registrations.
     pub ready: LinkReady,
     /// The link.
-    pub link: Link<TcpChannel>,
+    pub link: Link<FabricChannel>,
 }
 
-impl TcpLink {
+impl FabricLink {
     /// Wraps two handshaken channels: the data channel now carries writes by `session`'s
     /// domain; the control channel carries none.
     pub fn new(
         session: Session,
-        mut ctrl: TcpChannel,
-        mut data: TcpChannel,
-    ) -> io::Result<TcpLink> {
+        mut ctrl: FabricChannel,
+        mut data: FabricChannel,
+    ) -> io::Result<FabricLink> {
         let d = session.domain();
         ctrl.set_domain(d);
         data.set_domain(d);
@@ -265,7 +363,7 @@ impl TcpLink {
             ctrl: Ready::new(ctrl.stream())?,
             data: Ready::new(data.stream())?,
         };
-        Ok(TcpLink {
+        Ok(FabricLink {
             ready,
             link: Link::new(session, ctrl, data),
         })

@@ -2,7 +2,7 @@
 //! once: every byte exact, none lost, every credit back at the end.
 
 use splitnet_messaging::endpoint::{Lane, LinkEvent, Posted, Session};
-use splitnet_messaging::fabric::{self, TcpLink};
+use splitnet_messaging::fabric::{self, FabricLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::testing::config;
 use splitnet_messaging::wire::{self, ErrorCode, MAX_MESSAGE_LEN};
@@ -42,7 +42,7 @@ fn check(dir: u64, expect_seq: u64, frame: &[u8]) {
 }
 
 struct Side {
-    tl: TcpLink,
+    tl: FabricLink,
     reg: Registry,
     cache: SendBufCache,
     dir_out: u64,
@@ -93,7 +93,7 @@ impl Side {
             if self.done() {
                 return self;
             }
-            let TcpLink { ready, link } = &mut self.tl;
+            let FabricLink { ready, link } = &mut self.tl;
             let pending = link.pending() > 0;
             let (lane, mut guard) = tokio::select! {
                 g = ready.ctrl.readable() => (Some(Lane::Control), g.unwrap()),
@@ -137,7 +137,7 @@ impl Side {
     }
 }
 
-fn side(tl: TcpLink, reg: Registry, dir_out: u64) -> Side {
+fn side(tl: FabricLink, reg: Registry, dir_out: u64) -> Side {
     Side {
         tl,
         reg,
@@ -157,19 +157,56 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A listening socket of either transport.
+enum Listener {
+    Tcp(TcpListener),
+    Unix(std::os::unix::net::UnixListener, std::path::PathBuf),
+}
+
+impl Listener {
+    fn accept(&self) -> fabric::Stream {
+        match self {
+            Listener::Tcp(l) => l.accept().unwrap().0.into(),
+            Listener::Unix(l, _) => l.accept().unwrap().0.into(),
+        }
+    }
+}
+
 #[test]
 fn hundred_thousand_frames_each_way_over_tcp() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
+    exchange(Listener::Tcp(TcpListener::bind("127.0.0.1:0").unwrap()));
+}
+
+#[test]
+fn hundred_thousand_frames_each_way_over_a_unix_socket() {
+    let dir = std::env::temp_dir().join(format!("splitnet-fabric-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("fabric.sock");
+    let _ = std::fs::remove_file(&path);
+    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    exchange(Listener::Unix(l, path));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Both sides of a session over `listener`'s transport move [`FRAMES`] frames each way.
+fn exchange(listener: Listener) {
+    let tcp = match &listener {
+        Listener::Tcp(l) => Some(l.local_addr().unwrap()),
+        Listener::Unix(..) => None,
+    };
+    let path = match &listener {
+        Listener::Unix(_, p) => Some(p.clone()),
+        Listener::Tcp(_) => None,
+    };
     // Both sides advertise enough large elements that idata and BufferRDMAIndicate both occur.
     let server = std::thread::spawn(move || {
         rt().block_on(async {
-            let (c, _) = listener.accept().unwrap();
+            let c = listener.accept();
             let (mut c, hello, v) = fabric::accept_hello(c, TIMEOUT).await.unwrap();
             assert_eq!(hello.session, 0);
             fabric::post_reply(&mut c, v, ErrorCode::Ok, 1);
             fabric::flush(&mut c, TIMEOUT).await.unwrap();
-            let (d, _) = listener.accept().unwrap();
+            let d = listener.accept();
             let (mut d, hello, v) = fabric::accept_hello(d, TIMEOUT).await.unwrap();
             assert_eq!((hello.session, hello.channel), (1, 1));
             // Posted first: the link's first flush sends it ahead of any frame.
@@ -177,20 +214,27 @@ fn hundred_thousand_frames_each_way_over_tcp() {
             let mut reg = Registry::new(1 << 30);
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
-            let tl = TcpLink::new(s, c, d).unwrap();
+            let tl = FabricLink::new(s, c, d).unwrap();
             side(tl, reg, 0).run().await
         })
     });
     let client = std::thread::spawn(move || {
         rt().block_on(async {
-            let (c, d, reply) = fabric::connect(addr, 42, wire::Queue::SINGLE, 0, TIMEOUT)
+            let dial = || async {
+                match (tcp, &path) {
+                    (Some(a), _) => fabric::dial_tcp(a).await,
+                    (None, Some(p)) => fabric::dial_unix(p).await,
+                    (None, None) => unreachable!("a listener has an address"),
+                }
+            };
+            let (c, d, reply) = fabric::connect(dial, 42, wire::Queue::SINGLE, 0, TIMEOUT)
                 .await
                 .unwrap();
             assert_eq!(reply.session, 1);
             let mut reg = Registry::new(1 << 30);
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
-            let tl = TcpLink::new(s, c, d).unwrap();
+            let tl = FabricLink::new(s, c, d).unwrap();
             side(tl, reg, 1).run().await
         })
     });

@@ -1,7 +1,7 @@
 //! host.toml: defaults and every rule of `[fabric]` and `[interface]`.
 
 use super::{err, host, host_text, invalid, parse_error, P};
-use crate::MacAddr;
+use crate::{FabricAddr, MacAddr};
 use std::time::Duration;
 
 #[test]
@@ -62,7 +62,19 @@ fn ioc_address() {
     invalid(host_text("[fabric]\nioc = \"0.0.0.0:7400\""), "fabric.ioc");
     invalid(host_text("[fabric]\nioc = \"10.0.0.1:0\""), "fabric.ioc");
     let h = host_text("[fabric]\nioc = \"[fd00::2]:7400\"").unwrap();
-    assert!(h.fabric.ioc.is_ipv6());
+    assert!(matches!(h.fabric.ioc, FabricAddr::Tcp(a) if a.is_ipv6()));
+    let h = host_text("[fabric]\nioc = \"unix:/run/ioc-driver/fabric.sock\"").unwrap();
+    assert_eq!(
+        h.fabric.ioc,
+        FabricAddr::Unix("/run/ioc-driver/fabric.sock".into())
+    );
+    assert_eq!(h.fabric.ioc.to_string(), "unix:/run/ioc-driver/fabric.sock");
+    parse_error(
+        host_text("[fabric]\nioc = \"unix:fabric.sock\""),
+        &["ioc", "absolute"],
+    );
+    let long = format!("[fabric]\nioc = \"unix:/{}\"", "x".repeat(107));
+    parse_error(host_text(&long), &["ioc", "107 bytes"]);
 }
 
 #[test]

@@ -21,6 +21,7 @@ fn defaults() {
     assert_eq!(i.lan.set_mac, crate::SetMacPolicy::Prefix);
     assert_eq!(i.fabric.max_handshakes, 32);
     assert_eq!(i.fabric.workers, 0);
+    assert_eq!(i.fabric.listen_local, None);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert_eq!(
         i.fabric.worker_count(),
@@ -33,7 +34,7 @@ fn defaults() {
 #[test]
 fn every_key_is_read() {
     let i = ioc(
-        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100\nmax_handshakes = 5\nworkers = 3",
+        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100\nmax_handshakes = 5\nworkers = 3\nlisten_local = \"/run/ioc-driver/fabric.sock\"",
         "promiscuous = \"off\"\nmac_base = \"06:11:22:33:44:55\"\nmtu = 9000\noffload = false\nextra_source_macs = [\"02:00:00:00:00:07\"]\nset_mac = \"any\"",
         "[log]\nlevel = \"warn\"",
     )
@@ -49,6 +50,10 @@ fn every_key_is_read() {
     assert_eq!(i.fabric.max_handshakes, 5);
     assert_eq!(i.fabric.workers, 3);
     assert_eq!(i.fabric.worker_count(), 3);
+    assert_eq!(
+        i.fabric.listen_local.as_deref(),
+        Some(std::path::Path::new("/run/ioc-driver/fabric.sock"))
+    );
     assert_eq!(i.lan.extra_source_macs, vec![MacAddr([2, 0, 0, 0, 0, 7])]);
     assert_eq!(i.lan.set_mac, crate::SetMacPolicy::Any);
     assert_eq!(i.log.level, "warn");
@@ -199,6 +204,10 @@ fn source_macs_and_set_mac_policy() {
     parse_error(ioc("", "set_mac = \"sometimes\"", ""), &["sometimes"]);
     invalid(ioc("max_handshakes = 0", "", ""), "fabric.max_handshakes");
     invalid(ioc("workers = 65", "", ""), "fabric.workers");
+    invalid(
+        ioc("listen_local = \"fabric.sock\"", "", ""),
+        "fabric.listen_local",
+    );
     let base = [0x02, 0x5d, 0, 0, 0, 0];
     let p = crate::SetMacPolicy::Prefix;
     assert!(p.allows([0x02, 0x5d, 0, 1, 2, 3], base));
