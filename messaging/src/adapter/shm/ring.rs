@@ -21,11 +21,13 @@
 //! | 12     | `max_record` | creator    | largest record payload in bytes |
 //! | 16-63  | reserved     | creator    | zero |
 //! | 64     | `head`       | producer   | bytes ever published (own cache line, 64-127) |
+//! | 72     | `space`      | producer   | space request: `tail + 1` armed, even = not armed |
 //! | 128    | `tail`       | consumer   | bytes ever consumed (own cache line, 128-191) |
 //! | 132    | `wake`       | consumer   | doorbell request: `tail + 1` armed, even = not armed |
 //! | 192    | data area    | producer   | `data_size` bytes of records |
 //!
-//! The creator writes the header and zeroes `head`, `tail` and `wake` ([`RingConfig::init`]).
+//! The creator writes the header and zeroes `head`, `space`, `tail` and `wake`
+//! ([`RingConfig::init`]).
 //! Both sides learn `data_size` and `max_record` out of band (from their configuration or a
 //! handshake) and only compare the header against them when attaching: the values actually
 //! used are private copies, never re-read.
@@ -66,6 +68,15 @@
 //! wake-up is lost; and only the first publication after the consumer armed rings the bell.
 //! A woken consumer clears `wake` ([`Consumer::wake`]).
 //!
+//! The other way, a producer that found the ring full and wants to sleep until the consumer
+//! frees space stores `space = tail | 1` (the tail it last saw), issues a sequentially
+//! consistent fence, and loads `tail` again: if it moved, it clears `space` and retries.
+//! After consuming, the consumer issues a sequentially consistent fence, loads `space`, and
+//! rings the producer's doorbell if `space` is armed and its event index lies in the range
+//! of tails it moved across since it last looked ([`Consumer::space_requested`]). Same
+//! fences, same argument: no wake-up is lost. A woken producer clears `space`
+//! ([`Producer::wake_space`]).
+//!
 //! # What cuts a peer off
 //!
 //! The consumer refuses ([`RingError`]) a `head` that is not a multiple of 8 or more than
@@ -88,7 +99,7 @@ pub const KIND_PAD: u32 = 0;
 /// The header's `magic` value: the bytes `SNRG` read as a little-endian `u32`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SNRG");
 /// The layout version described in this module.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The smallest data area.
 pub const MIN_DATA_SIZE: u32 = 64;
 /// The largest data area (so `head - tail` comparisons never overflow).
@@ -99,6 +110,7 @@ const OFF_VERSION: usize = 4;
 const OFF_DATA_SIZE: usize = 8;
 const OFF_MAX_RECORD: usize = 12;
 const OFF_HEAD: usize = 64;
+const OFF_SPACE: usize = 72;
 const OFF_TAIL: usize = 128;
 const OFF_WAKE: usize = 132;
 const ARMED: u32 = 1;
@@ -429,6 +441,39 @@ impl<M: SharedMem> Producer<M> {
         })
     }
 
+    /// Asks the consumer to ring the doorbell once it frees space (after a push found the
+    /// ring full). Returns `true` if the caller may now sleep until the doorbell rings,
+    /// `false` if space was freed meanwhile (the request is withdrawn: push again).
+    pub fn prepare_wait_space(&mut self) -> bool {
+        if self.broken.is_some() || self.arm_space().is_err() {
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        if self.recheck_space() {
+            true
+        } else {
+            self.wake_space();
+            false
+        }
+    }
+
+    /// Stores the space request at the tail last seen.
+    pub(super) fn arm_space(&self) -> Result<(), RingError> {
+        Ok(self.mem.store_u32(OFF_SPACE, self.tail | ARMED)?)
+    }
+
+    /// `true` if the consumer has not moved since the tail last seen (reloaded and checked).
+    pub(super) fn recheck_space(&mut self) -> bool {
+        let seen = self.tail;
+        matches!(self.reload_tail(), Ok(()) if self.tail == seen)
+    }
+
+    /// Withdraws the space request (after the doorbell rang, or when giving up sleeping).
+    pub fn wake_space(&mut self) {
+        // Cannot fail: the region's length was checked when attaching.
+        let _ = self.mem.store_u32(OFF_SPACE, self.tail);
+    }
+
     /// Free bytes as far as the producer knows (the consumer may have freed more).
     pub fn free(&self) -> u32 {
         self.cfg.data_size - self.head.wrapping_sub(self.tail)
@@ -492,6 +537,8 @@ pub struct Consumer<M> {
     cfg: RingConfig,
     /// Bytes consumed (the value of `tail` in shared memory).
     tail: u32,
+    /// `tail` when [`Consumer::space_requested`] last looked.
+    space_checked: u32,
     /// The producer's head as last loaded and checked.
     head: u32,
     broken: Option<RingError>,
@@ -510,6 +557,7 @@ impl<M: SharedMem> Consumer<M> {
             mem,
             cfg,
             tail,
+            space_checked: tail,
             head: tail,
             broken: None,
         })
@@ -544,6 +592,20 @@ impl<M: SharedMem> Consumer<M> {
                 self.wake();
                 false
             }
+        }
+    }
+
+    /// Whether the producer asked for a doorbell when space is freed, and the records
+    /// consumed since the last call freed it: the caller then rings the producer's doorbell.
+    pub fn space_requested(&mut self) -> bool {
+        if self.tail == self.space_checked {
+            return false;
+        }
+        fence(Ordering::SeqCst);
+        let old = std::mem::replace(&mut self.space_checked, self.tail);
+        match self.mem.load_u32(OFF_SPACE) {
+            Ok(space) => space & ARMED != 0 && need_event(space & !ARMED, self.tail, old),
+            Err(_) => false,
         }
     }
 

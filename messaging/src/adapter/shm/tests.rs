@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 const OFF_HEAD: usize = 64;
 const OFF_TAIL: usize = 128;
 const OFF_WAKE: usize = 132;
+const OFF_SPACE: usize = 72;
 
 fn cfg(data: u32, max_record: u32) -> RingConfig {
     RingConfig::new(data, max_record, 3).unwrap()
@@ -233,6 +234,130 @@ fn doorbell_is_requested_once_per_sleep() {
     assert_eq!(p.publish(), Ok(Pushed { notify: false }), "nothing staged");
     assert_eq!(c.pop(&mut buf), Ok(Some(Record { kind: 1, len: 1 })));
     assert_eq!(c.pop(&mut buf), Ok(Some(Record { kind: 2, len: 1 })));
+}
+
+#[test]
+fn space_doorbell_is_requested_once_when_a_full_ring_drains() {
+    let (mut p, mut c) = ring(cfg(256, 100), 0);
+    let mut buf = Vec::new();
+    assert!(!c.space_requested(), "nothing consumed");
+    for _ in 0..4 {
+        let _ = p.push(1, &[&[1; 56]]).unwrap();
+    }
+    assert_eq!(p.push(1, &[]), Err(PushError::Full));
+    assert!(p.prepare_wait_space());
+    assert_eq!(
+        c.memory().load_u32(OFF_SPACE).unwrap(),
+        1,
+        "armed at tail 0"
+    );
+    assert!(c.pop(&mut buf).unwrap().is_some());
+    assert!(c.space_requested(), "the first consumption rings");
+    assert!(c.pop(&mut buf).unwrap().is_some());
+    assert!(!c.space_requested(), "already rung");
+    p.wake_space();
+    assert_eq!(c.memory().load_u32(OFF_SPACE).unwrap() & 1, 0, "withdrawn");
+    // Space freed before the producer looked again: it does not sleep.
+    let _ = p.push(1, &[&[2; 56]]).unwrap();
+    let _ = p.push(1, &[&[3; 56]]).unwrap();
+    assert_eq!(p.push(1, &[]), Err(PushError::Full));
+    assert!(c.pop(&mut buf).unwrap().is_some());
+    assert!(!p.prepare_wait_space(), "the consumer moved meanwhile");
+    assert_eq!(c.memory().load_u32(OFF_SPACE).unwrap() & 1, 0, "withdrawn");
+    assert!(!c.space_requested(), "not armed when it consumed");
+}
+
+/// The space doorbell's interleavings: the producer pushes `n` records of `size` into a
+/// 256-byte ring, and when it is full (a push that reloaded `tail`) arms `space`, then
+/// (fence) loads `tail` again, then sleeps; the consumer pops (storing `tail`), then (fence) loads `space`, and rings. Each
+/// step is one shared-memory access, chosen by `choices` (`true`: the producer), then
+/// round-robin. Returns an error if the producer ends up asleep before the consumer has
+/// emptied the ring.
+fn space_model(choices: &[bool], n: usize, size: usize, recheck: bool) -> Result<(), String> {
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum P {
+        Pushing,
+        Full,
+        Armed,
+        Sleeping,
+    }
+    let (mut p, mut c) = ring(cfg(256, 100), 0);
+    let mut buf = Vec::new();
+    let (mut pushed, mut popped, mut doorbell) = (0usize, 0usize, false);
+    let (mut state, mut check) = (P::Pushing, false);
+    let mut choice = choices.iter().copied();
+    let mut turn = false;
+    for _ in 0..10_000 {
+        let prod_can = pushed < n && (state != P::Sleeping || doorbell);
+        let cons_can = check || popped < pushed;
+        if !prod_can && !cons_can {
+            return if pushed == n && popped == n {
+                Ok(())
+            } else {
+                Err(format!("lost wake-up: {pushed} of {n} pushed, asleep"))
+            };
+        }
+        let producer = match (prod_can, cons_can) {
+            (true, true) => choice.next().unwrap_or_else(|| {
+                turn = !turn;
+                turn
+            }),
+            (p_, _) => p_,
+        };
+        if producer {
+            match state {
+                P::Pushing => match p.push(1, &[&payload(pushed as u64, size)]) {
+                    Ok(_) => pushed += 1,
+                    Err(PushError::Full) => state = P::Full,
+                    Err(e) => return Err(e.to_string()),
+                },
+                P::Full => {
+                    p.arm_space().map_err(|e| e.to_string())?;
+                    state = if recheck { P::Armed } else { P::Sleeping };
+                }
+                P::Armed => {
+                    if p.recheck_space() {
+                        state = P::Sleeping;
+                    } else {
+                        p.wake_space();
+                        state = P::Pushing;
+                    }
+                }
+                P::Sleeping => {
+                    doorbell = false;
+                    p.wake_space();
+                    state = P::Pushing;
+                }
+            }
+        } else if check {
+            check = false;
+            if c.space_requested() {
+                doorbell = true;
+            }
+        } else {
+            c.pop(&mut buf).map_err(|e| e.to_string())?;
+            popped += 1;
+            check = true;
+        }
+    }
+    Err("no quiescence".into())
+}
+
+#[test]
+fn space_model_never_loses_a_wake_up_exhaustively() {
+    for bits in 0u32..1 << 16 {
+        let choices: Vec<bool> = (0..16).map(|i| bits >> i & 1 == 1).collect();
+        space_model(&choices, 7, 56, true).unwrap();
+    }
+}
+
+#[test]
+fn space_model_catches_a_missing_recheck() {
+    let found = (0u32..1 << 12).any(|bits| {
+        let choices: Vec<bool> = (0..12).map(|i| bits >> i & 1 == 1).collect();
+        space_model(&choices, 6, 56, false).is_err()
+    });
+    assert!(found, "sleeping without the recheck not caught");
 }
 
 /// Each malformed ring is refused with its error, which then sticks.
