@@ -49,9 +49,17 @@ pub struct HostFabric {
     /// Longest reconnect delay (ms).
     #[serde(default = "default_reconnect_max")]
     pub reconnect_max_ms: u64,
+    /// With `ioc = "unix:PATH"`: the data channel over shared memory (the default) rather
+    /// than over the socket.
+    #[serde(default = "yes")]
+    pub shared_memory: bool,
     /// Stable identity of this host; `None` (key absent or 0) derives one at run time.
     #[serde(default)]
     pub node_id: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 pub(crate) fn default_interval() -> u64 {

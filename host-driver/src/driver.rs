@@ -6,13 +6,13 @@
 //! the configuration. The queues connect, and reconnect, together: when one ends, all do.
 
 use crate::snapshot::Snapshot;
-use splitnet_config::{FabricAddr, HostConfig};
+use splitnet_config::{FabricAddr, HostConfig, HostFabric};
 use splitnet_control::report::{offload_names, Counters, Interface};
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
 };
-use splitnet_messaging::fabric::{self, FabricChannel, FabricLink};
+use splitnet_messaging::fabric::{self, DataPath, FabricChannel, FabricLink, StreamConn};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
@@ -204,7 +204,7 @@ fn queue_thread(
         let mut int = signal(SignalKind::interrupt())?;
         let tap_ready = fabric::Ready::new(&*tap)?;
         let timeout = cfg.fabric.keepalive_timeout();
-        let (ctrl, data, _) = connect(&cfg.fabric.ioc, node_id, queue, first, timeout)
+        let (ctrl, data, _) = connect(&cfg.fabric, node_id, queue, first, timeout)
             .await
             .map_err(|e| io::Error::other(e.to_string()))?;
         let mut conn = Conn::new(&cfg, queue, &tap, &tap_ready, ctrl, data, None)?;
@@ -297,7 +297,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         let node_id = cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name));
         let connect = async {
             let timeout = cfg.fabric.keepalive_timeout();
-            let (ctrl, data, reply) = connect(&cfg.fabric.ioc, node_id, queue, 0, timeout)
+            let (ctrl, data, reply) = connect(&cfg.fabric, node_id, queue, 0, timeout)
                 .await
                 .map_err(|e| format!("IOC {} unreachable: {e}", cfg.fabric.ioc))?;
             // The further queues join the first queue's session before any frame moves.
@@ -442,18 +442,32 @@ fn session_config(cfg: &HostConfig) -> SessionConfig {
 /// Opens both channels of `queue`'s session to the IOC at `ioc` (TCP, or its local Unix
 /// socket) and completes the handshake (see [`fabric::connect`]).
 async fn connect(
-    ioc: &FabricAddr,
+    cfg: &HostFabric,
     node_id: u64,
     queue: Queue,
     first: u64,
     timeout: Duration,
-) -> Result<(FabricChannel, FabricChannel, HelloReply), fabric::FabricError> {
-    match ioc {
+) -> Result<(StreamConn, FabricChannel, HelloReply), fabric::FabricError> {
+    match &cfg.ioc {
         FabricAddr::Tcp(a) => {
-            fabric::connect(|| fabric::dial_tcp(*a), node_id, queue, first, timeout).await
+            let dial = || fabric::dial_tcp(*a);
+            fabric::connect(dial, DataPath::Stream, node_id, queue, first, timeout).await
         }
         FabricAddr::Unix(p) => {
-            fabric::connect(|| fabric::dial_unix(p), node_id, queue, first, timeout).await
+            let path = if cfg.shared_memory {
+                DataPath::Shm
+            } else {
+                DataPath::Stream
+            };
+            fabric::connect(
+                || fabric::dial_unix(p),
+                path,
+                node_id,
+                queue,
+                first,
+                timeout,
+            )
+            .await
         }
     }
 }
@@ -557,7 +571,7 @@ impl<'a> Conn<'a> {
         queue: Queue,
         tap: &'a Tap,
         tap_ready: &'a fabric::Ready,
-        ctrl: fabric::FabricChannel,
+        ctrl: StreamConn,
         data: fabric::FabricChannel,
         snap: Option<Rc<RefCell<Snapshot>>>,
     ) -> io::Result<Conn<'a>> {
@@ -648,7 +662,10 @@ impl<'a> Conn<'a> {
             );
             let pending = self.tl.link.pending() > 0;
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
+            // Shared memory: ask for the doorbell; records may be waiting already.
+            let sleep = self.tl.link.prepare_sleep(Lane::Data);
             let FabricLink { ready, link } = &mut self.tl;
+            let data_writable = ready.data_writable();
             let mut rx_seen = false;
             let step: Result<(), String> = tokio::select! {
                 r = stop.wait() => match r {
@@ -668,11 +685,16 @@ impl<'a> Conn<'a> {
                     Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, Some(g), &mut events) }
                     Err(e) => Err(e.to_string()),
                 },
-                g = ready.data.readable() => match g {
-                    Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, Some(g), &mut events) }
+                g = ready.data.readable(), if sleep => match g {
+                    Ok(g) => { link.wake(Lane::Data); rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, Some(g), &mut events) }
                     Err(e) => Err(e.to_string()),
                 },
-                g = ready.data.writable(), if pending => match g {
+                _ = std::future::ready(()), if !sleep => {
+                    rx_seen = true;
+                    Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, None, &mut events)
+                }
+                _ = ready.peer_gone() => Err("the IOC's shared-memory data channel closed".into()),
+                g = ready.data.writable(), if pending && data_writable => match g {
                     Ok(mut g) => match link.flush() {
                         Ok(true) => Ok(()),
                         Ok(false) => { g.clear_ready(); Ok(()) }
@@ -1153,12 +1175,15 @@ impl<'a> Conn<'a> {
             if self.tl.link.flush().is_err() {
                 break;
             }
+            let sleep = self.tl.link.prepare_sleep(Lane::Data);
             let FabricLink { ready, link } = &mut self.tl;
             let r = tokio::select! {
-                g = ready.ctrl.readable() => g.map(|g| (Lane::Control, g)),
-                g = ready.data.readable() => g.map(|g| (Lane::Data, g)),
+                g = ready.ctrl.readable() => g.map(|g| (Lane::Control, Some(g))),
+                g = ready.data.readable(), if sleep => g.map(|g| (Lane::Data, Some(g))),
+                _ = std::future::ready(()), if !sleep => Ok((Lane::Data, None)),
                 _ = tokio::time::sleep_until(deadline) => break,
             };
+            link.wake(Lane::Data);
             let Ok((lane, g)) = r else { break };
             let mut drop_frames = 0u64;
             if Self::poll_lane(
@@ -1167,7 +1192,7 @@ impl<'a> Conn<'a> {
                 self.tap,
                 &mut drop_frames,
                 lane,
-                Some(g),
+                g,
                 &mut events,
             )
             .is_err()

@@ -725,6 +725,7 @@ fn h9_host_answers_an_unusable_reply_with_goodbye() {
         .unwrap();
     let r = rt.block_on(splitnet_messaging::fabric::connect(
         || splitnet_messaging::fabric::dial_tcp(addr),
+        splitnet_messaging::fabric::DataPath::Stream,
         7,
         splitnet_messaging::wire::Queue::SINGLE,
         0,

@@ -17,22 +17,44 @@ use tokio::sync::Notify;
 /// else writes to it, so a host that stops reading costs the IOC no work at all.
 pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: Rc<Notify>) {
     let end = loop {
-        let (pending, deadline) = {
-            let ioc = ioc.borrow();
-            match ioc.hosts.get(&session) {
-                Some(h) => (h.pending() > 0, h.keepalive.deadline()),
+        let (pending, deadline, sleep) = {
+            let mut ioc = ioc.borrow_mut();
+            match ioc.hosts.get_mut(&session) {
+                Some(h) => {
+                    // Shared memory: ask for the doorbell; records may be waiting already.
+                    let sleep = h.link.as_mut().is_none_or(|l| l.prepare_sleep(Lane::Data));
+                    (h.pending() > 0, h.keepalive.deadline(), sleep)
+                }
                 None => return,
             }
         };
         let deadline = tokio::time::Instant::from_std(deadline);
+        let data_writable = ready.data_writable();
         let step = tokio::select! {
             g = ready.ctrl.readable() => g.map(|g| (Some(Lane::Control), Some(g))),
-            g = ready.data.readable() => g.map(|g| (Some(Lane::Data), Some(g))),
-            g = ready.data.writable(), if pending => g.map(|g| (None, Some(g))),
+            g = ready.data.readable(), if sleep => g.map(|g| (Some(Lane::Data), Some(g))),
+            _ = std::future::ready(()), if !sleep => Ok((Some(Lane::Data), None)),
+            g = ready.data.writable(), if pending && data_writable => g.map(|g| (None, Some(g))),
             g = ready.ctrl.writable(), if pending => g.map(|g| (None, Some(g))),
             _ = wake.notified() => Ok((None, None)),
             _ = tokio::time::sleep_until(deadline) => Ok((None, None)),
+            _ = ready.peer_gone() => {
+                // A host that leaves says Goodbye on the control channel first.
+                let why = match ioc.borrow_mut().drive_host(session, Lane::Control) {
+                    Err(HostEnd::Closed(why)) => why,
+                    _ => "its shared-memory data channel closed".into(),
+                };
+                break Err(HostEnd::Closed(why));
+            }
         };
+        if let Some(l) = ioc
+            .borrow_mut()
+            .hosts
+            .get_mut(&session)
+            .and_then(|h| h.link.as_mut())
+        {
+            l.wake(Lane::Data);
+        }
         let (lane, guard) = match step {
             Ok(s) => s,
             Err(e) => break Err(HostEnd::Closed(format!("socket error: {e}"))),

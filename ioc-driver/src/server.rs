@@ -9,7 +9,7 @@ use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
 use crate::worker::{Cmd, NicFactory, Spec, Worker};
 use splitnet_config::{IocConfig, Promiscuous};
-use splitnet_messaging::fabric::{self, FabricChannel, Ready, Stream};
+use splitnet_messaging::fabric::{self, Ready, Stream, StreamConn};
 use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::service::{self, notify, Introspect};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
@@ -145,7 +145,7 @@ impl Cluster {
     }
 
     /// Sends a connection to the worker its Hello names, or refuses it.
-    fn dispatch(&mut self, ch: FabricChannel, hello: Hello, version: u16, peer: String) {
+    fn dispatch(&mut self, ch: StreamConn, hello: Hello, version: u16, peer: String) {
         let timeout = self.cfg.fabric.handshake_timeout();
         let refuse = |ch, status: ErrorCode, why: &'static str| {
             warn!(%peer, ?status, "connection refused: {why}");
@@ -318,7 +318,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
         let _ = std::fs::remove_file(path);
     }
     notify::stopping();
-    info!("shutting down: flushing pools with every host");
+    info!("shutting down");
     let workers = cluster.borrow_mut().stop();
     let joined = tokio::task::spawn_blocking(move || workers.into_iter().for_each(Worker::join));
     if joined.await.is_err() {

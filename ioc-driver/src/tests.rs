@@ -49,7 +49,7 @@ fn pair(small: bool) -> (TcpStream, TcpStream) {
 }
 
 fn channel(s: TcpStream, domain: u32) -> FabricChannel {
-    StreamChannel::new(s.into(), DomainId(domain), wire::MAX_MESSAGE_LEN)
+    StreamChannel::new(s.into(), DomainId(domain), wire::MAX_MESSAGE_LEN).into()
 }
 
 /// The host's end of a session, driven by the test.

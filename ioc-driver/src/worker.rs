@@ -12,7 +12,7 @@ use crate::report::Snapshot;
 use crate::shard::{Crossing, InboxRx, Shard};
 use splitnet_config::IocConfig;
 use splitnet_messaging::endpoint::Session;
-use splitnet_messaging::fabric::{self, FabricChannel, FabricLink, Ready};
+use splitnet_messaging::fabric::{self, FabricChannel, FabricLink, Ready, StreamConn};
 use splitnet_messaging::memory::DomainId;
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Hello, Queue};
 use std::cell::RefCell;
@@ -34,7 +34,7 @@ const INBOX_BATCH: usize = 64;
 /// A control channel waiting for its data channel.
 #[derive(Debug)]
 pub struct Waiting {
-    ch: FabricChannel,
+    ch: StreamConn,
     session: u64,
     node_id: u64,
     queue: Queue,
@@ -49,7 +49,7 @@ pub enum Cmd {
     /// data channel or further queue naming a session of this worker.
     Connection {
         /// The channel, its Hello taken.
-        ch: Box<FabricChannel>,
+        ch: Box<StreamConn>,
         /// The Hello.
         hello: Hello,
         /// The protocol version agreed.
@@ -200,7 +200,7 @@ async fn run(
 /// Completes the handshake of a connection the main thread read the Hello of.
 async fn handshake(
     ioc: Rc<RefCell<Ioc>>,
-    mut ch: FabricChannel,
+    mut ch: StreamConn,
     hello: Hello,
     version: u16,
     peer: String,
@@ -270,6 +270,11 @@ async fn handshake(
         }
         return;
     }
+    // A data channel over shared memory needs the local socket.
+    let shm = hello.channel == fabric::shm::SHM_CHANNEL;
+    if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
+        return refuse(ch, ErrorCode::Refused, "shared memory asked for over TCP").await;
+    }
     // A data channel joins the control channel whose token it names, from the same node.
     let joined = {
         let mut st = ioc.borrow_mut();
@@ -294,7 +299,20 @@ async fn handshake(
     }
     // The reply goes first on the data channel, ahead of anything posted to the host later.
     fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
-    let tl = match FabricLink::new(s, w.ch, ch) {
+    let data = if shm {
+        match shm_data(ch, domain, timeout).await {
+            Ok(t) => FabricChannel::Shm(Box::new(t)),
+            Err(e) => {
+                ioc.borrow_mut().stats.handshake_failures += 1;
+                warn!(%peer, session, "shared memory refused: {e}");
+                ioc.borrow_mut().free_domain(domain);
+                return;
+            }
+        }
+    } else {
+        FabricChannel::Stream(ch)
+    };
+    let tl = match FabricLink::new(s, w.ch, data) {
         Ok(tl) => tl,
         Err(e) => {
             warn!(%peer, "cannot register the host's sockets: {e}");
@@ -303,6 +321,11 @@ async fn handshake(
         }
     };
     let FabricLink { ready, link } = tl;
+    let peer = if shm {
+        format!("{peer}, shared memory")
+    } else {
+        peer
+    };
     let added = ioc.borrow_mut().add_host(
         session,
         token,
@@ -318,6 +341,20 @@ async fn handshake(
             warn!(%peer, session, "the host's first queue left while this queue connected; closed")
         }
     }
+}
+
+/// Sends the HelloReply of a shared-memory data channel, then takes the host's rings and
+/// doorbell over the socket ([`fabric::shm::accept`]).
+async fn shm_data(
+    mut ch: StreamConn,
+    domain: DomainId,
+    timeout: Duration,
+) -> Result<fabric::shm::ShmTransport, fabric::FabricError> {
+    fabric::flush(&mut ch, timeout).await?;
+    let fabric::Stream::Unix(sock) = ch.into_stream() else {
+        return Err(fabric::FabricError::Shm("not a Unix socket".into()));
+    };
+    fabric::shm::accept(sock, domain, wire::MAX_MESSAGE_LEN, timeout).await
 }
 
 /// Moves frames from the NIC to the hosts.

@@ -2,7 +2,7 @@
 //! once: every byte exact, none lost, every credit back at the end.
 
 use splitnet_messaging::endpoint::{Lane, LinkEvent, Posted, Session};
-use splitnet_messaging::fabric::{self, FabricLink};
+use splitnet_messaging::fabric::{self, DataPath, FabricLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::testing::config;
 use splitnet_messaging::wire::{self, ErrorCode, MAX_MESSAGE_LEN};
@@ -95,15 +95,22 @@ impl Side {
             }
             let FabricLink { ready, link } = &mut self.tl;
             let pending = link.pending() > 0;
-            let (lane, mut guard) = tokio::select! {
-                g = ready.ctrl.readable() => (Some(Lane::Control), g.unwrap()),
-                g = ready.data.readable() => (Some(Lane::Data), g.unwrap()),
-                g = ready.data.writable(), if pending => (None, g.unwrap()),
-                g = ready.ctrl.writable(), if pending => (None, g.unwrap()),
+            // Shared memory: ask for the doorbell first; records may be there already.
+            let sleep = link.prepare_sleep(Lane::Data);
+            let (lane, guard) = tokio::select! {
+                g = ready.ctrl.readable() => (Some(Lane::Control), Some(g.unwrap())),
+                g = ready.data.readable(), if sleep => (Some(Lane::Data), Some(g.unwrap())),
+                _ = std::future::ready(()), if !sleep => (Some(Lane::Data), None),
+                g = ready.data.writable(), if pending && ready.data_writable() => (None, Some(g.unwrap())),
+                g = ready.ctrl.writable(), if pending => (None, Some(g.unwrap())),
+                r = ready.peer_gone() => panic!("peer gone: {r:?}"),
             };
+            link.wake(Lane::Data);
             let Some(lane) = lane else {
                 if !link.flush().expect("flush") {
-                    guard.clear_ready();
+                    if let Some(mut g) = guard {
+                        g.clear_ready();
+                    }
                 }
                 continue;
             };
@@ -120,7 +127,11 @@ impl Side {
             );
             match more {
                 Ok(true) => {}
-                Ok(false) => guard.clear_ready(),
+                Ok(false) => {
+                    if let Some(mut g) = guard {
+                        g.clear_ready()
+                    }
+                }
                 Err(e) => {
                     // The peer may close once it has everything; then so must we.
                     if self.received == FRAMES && self.sent == FRAMES {
@@ -174,22 +185,40 @@ impl Listener {
 
 #[test]
 fn hundred_thousand_frames_each_way_over_tcp() {
-    exchange(Listener::Tcp(TcpListener::bind("127.0.0.1:0").unwrap()));
+    exchange(
+        Listener::Tcp(TcpListener::bind("127.0.0.1:0").unwrap()),
+        DataPath::Stream,
+    );
 }
 
-#[test]
-fn hundred_thousand_frames_each_way_over_a_unix_socket() {
-    let dir = std::env::temp_dir().join(format!("splitnet-fabric-{}", std::process::id()));
+/// A Unix socket for a test named `name`, in a directory of its own.
+fn unix_listener(name: &str) -> (Listener, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("splitnet-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("fabric.sock");
     let _ = std::fs::remove_file(&path);
     let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    exchange(Listener::Unix(l, path));
+    (Listener::Unix(l, path), dir)
+}
+
+#[test]
+fn hundred_thousand_frames_each_way_over_a_unix_socket() {
+    let (l, dir) = unix_listener("unix");
+    exchange(l, DataPath::Stream);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Both sides of a session over `listener`'s transport move [`FRAMES`] frames each way.
-fn exchange(listener: Listener) {
+#[cfg(feature = "sys")]
+#[test]
+fn hundred_thousand_frames_each_way_over_shared_memory() {
+    let (l, dir) = unix_listener("shm");
+    exchange(l, DataPath::Shm);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Both sides of a session over `listener`'s transport, the data channel over `path`, move
+/// [`FRAMES`] frames each way.
+fn exchange(listener: Listener, path_kind: DataPath) {
     let tcp = match &listener {
         Listener::Tcp(l) => Some(l.local_addr().unwrap()),
         Listener::Unix(..) => None,
@@ -208,9 +237,29 @@ fn exchange(listener: Listener) {
             fabric::flush(&mut c, TIMEOUT).await.unwrap();
             let d = listener.accept();
             let (mut d, hello, v) = fabric::accept_hello(d, TIMEOUT).await.unwrap();
-            assert_eq!((hello.session, hello.channel), (1, 1));
             // Posted first: the link's first flush sends it ahead of any frame.
             fabric::post_reply(&mut d, v, ErrorCode::Ok, 1);
+            let d: fabric::FabricChannel = match path_kind {
+                DataPath::Stream => {
+                    assert_eq!((hello.session, hello.channel), (1, 1));
+                    d.into()
+                }
+                #[cfg(feature = "sys")]
+                DataPath::Shm => {
+                    assert_eq!(
+                        (hello.session, hello.channel),
+                        (1, fabric::shm::SHM_CHANNEL)
+                    );
+                    fabric::flush(&mut d, TIMEOUT).await.unwrap();
+                    let fabric::Stream::Unix(sock) = d.into_stream() else {
+                        panic!("not a Unix socket")
+                    };
+                    let t = fabric::shm::accept(sock, DomainId(1), MAX_MESSAGE_LEN, TIMEOUT)
+                        .await
+                        .unwrap();
+                    fabric::FabricChannel::Shm(Box::new(t))
+                }
+            };
             let mut reg = Registry::new(1 << 30);
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
@@ -227,9 +276,10 @@ fn exchange(listener: Listener) {
                     (None, None) => unreachable!("a listener has an address"),
                 }
             };
-            let (c, d, reply) = fabric::connect(dial, 42, wire::Queue::SINGLE, 0, TIMEOUT)
-                .await
-                .unwrap();
+            let (c, d, reply) =
+                fabric::connect(dial, path_kind, 42, wire::Queue::SINGLE, 0, TIMEOUT)
+                    .await
+                    .unwrap();
             assert_eq!(reply.session, 1);
             let mut reg = Registry::new(1 << 30);
             let mut s = Session::new(DomainId(1), config(128));

@@ -1,48 +1,66 @@
 #!/usr/bin/env bash
-# A host on the IOC's machine connects over the IOC's local Unix socket (fabric.listen_local,
-# fabric.ioc = "unix:PATH") while another host uses TCP: both reach the LAN and each other,
-# the IOC shows where each came from, a killed IOC leaves a stale socket its successor
-# replaces (the local host reconnects by itself), and a graceful stop removes the socket.
+# Hosts on the IOC's machine connect over the IOC's local Unix socket (fabric.listen_local,
+# fabric.ioc = "unix:PATH"): host 1 with its data channel in shared memory (the default),
+# host 3 with it on the socket (fabric.shared_memory = false), host 2 over TCP beside them.
+# All reach the LAN and each other; the IOC shows how each came; a killed IOC leaves a stale
+# socket its successor replaces (the local hosts reconnect by themselves, shared memory
+# again); a graceful stop removes the socket; a file in the way stops the start.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip ping iperf3 python3 ss; need_daemons
 sock=$T/run/fabric.sock
 sed "s|^listen = .*|&\nlisten_local = \"$sock\"|" "$IOC_CONF" >"$T/ioc.toml"
-sed "s|^ioc = .*|ioc = \"unix:$sock\"|" "$HOST_CONF" >"$T/host-local.toml"
+sed "s|^ioc = .*|ioc = \"unix:$sock\"|" "$HOST_CONF" >"$T/host-shm.toml"
+sed "s|^ioc = .*|ioc = \"unix:$sock\"\nshared_memory = false|" "$HOST_CONF" >"$T/host-unix.toml"
 grep -q "^listen_local = \"$sock\"" "$T/ioc.toml" || fail "could not set listen_local"
-grep -q "^ioc = \"unix:$sock\"" "$T/host-local.toml" || fail "could not set fabric.ioc"
+grep -q "^shared_memory = false" "$T/host-unix.toml" || fail "could not set shared_memory"
 IOC_CONF=$T/ioc.toml
-topo_up 2; start_ioc
+topo_up 3; start_ioc
 [ -S "$sock" ] || fail "no socket at $sock"
-HOST_CONF=$T/host-local.toml start_host 1; start_host 2
-wait_carrier sd-host up 10; wait_carrier sd-host2 up 10
+HOST_CONF=$T/host-shm.toml start_host 1; start_host 2; HOST_CONF=$T/host-unix.toml start_host 3
+wait_carrier sd-host up 10; wait_carrier sd-host2 up 10; wait_carrier sd-host3 up 10
 json() { ctl_json "$T/ioc.sock" "$@"; }
-addrs=$(json hosts "' '.join(sorted(h['address'] for h in d['hosts']['hosts']))")
+addrs=$(json hosts "' | '.join(sorted(h['address'] for h in d['hosts']['hosts']))")
 log "the IOC's hosts: $addrs"
-assert_match "$addrs" "^10\.200\.0\.12:[0-9]+ unix:$sock \(pid ${HOST_PID[1]}\)$" "hosts' addresses"
+assert_match "$addrs" "^10\.200\.0\.12:[0-9]+ \| unix:$sock \(pid ${HOST_PID[1]}\), shared memory \| unix:$sock \(pid ${HOST_PID[3]}\)$" "hosts' addresses"
+memfds=$(find "/proc/${HOST_PID[1]}/fd" -lname '*memfd:splitnet*' | wc -l)
+assert_eq "$memfds" 2 "host 1's ring memfds"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host fd50::2 -6
 ping_ok sd-host 10.50.0.3
 ping_ok sd-host2 fd50::1 -6
-up=$(iperf sd-host 10.50.0.2 5291 -t 3) || fail "iperf3 over the local socket: $up"
-down=$(iperf sd-host 10.50.0.2 5292 -t 3 -R) || fail "iperf3 -R over the local socket: $down"
-assert_positive "$up" "throughput to the LAN over the local socket"
-assert_positive "$down" "throughput from the LAN over the local socket"
-log "over the local socket: $up Gb/s to the LAN, $down Gb/s from it"
-# kill -9: the socket file stays behind; the next IOC replaces it and the host comes back.
+ping_ok sd-host3 10.50.0.1
+for k in 1 3; do
+    ns=$(host_ns $k)
+    up=$(iperf "$ns" 10.50.0.2 529$k -t 3) || fail "iperf3 from host $k: $up"
+    down=$(iperf "$ns" 10.50.0.2 529$((k + 5)) -t 3 -R) || fail "iperf3 -R to host $k: $down"
+    assert_positive "$up" "host $k's throughput to the LAN"
+    assert_positive "$down" "host $k's throughput from the LAN"
+    log "host $k: $up Gb/s to the LAN, $down Gb/s from it"
+done
+# kill -9: the socket file stays behind; the next IOC replaces it and the hosts come back.
 hp=${HOST_PID[1]}
 stop_ioc KILL
 [ -S "$sock" ] || fail "the killed IOC's socket file is gone (nothing to replace)"
 wait_carrier sd-host down 2
 start_ioc
 wait_carrier sd-host up 5; log "carrier back ${WAITED_MS} ms after the IOC's restart"
+wait_carrier sd-host3 up 5
 ping_ok sd-host 10.50.0.2
+ping_ok sd-host3 10.50.0.1
 assert_eq "${HOST_PID[1]}" "$hp" "host-driver's pid (never restarted)"
-# Something that is not a socket in the way: the IOC refuses to start, and says why.
+assert_match "$(json hosts "' '.join(h['address'] for h in d['hosts']['hosts'])")" "shared memory" "shared memory after the restart"
+# A graceful stop of a shared-memory host: the IOC sees it leave (Goodbye), nothing else.
+stop_host 1 TERM
+assert_eq "$STOP_RC" 0 "host 1's exit status after SIGTERM"
+eventually 5 [ "$(json status "d['status']['fabric']['hosts']")" = 2 ] || fail "host 1 still listed"
+assert_grep "$T/ioc.log" "host removed: host disconnected \(ShuttingDown\)" "the IOC's reason for host 1's leaving"
+ping_ok sd-host3 10.50.0.2
 stop_ioc TERM
 assert_eq "$STOP_RC" 0 "the IOC's exit status after SIGTERM"
 [ -e "$sock" ] && fail "a graceful stop left $sock behind"
+# Something that is not a socket in the way: the IOC refuses to start, and says why.
 echo "not a socket" >"$sock"
 ip netns exec sd-ioc "$BIN/ioc-driver" --config "$IOC_CONF" >"$T/blocked.log" 2>&1 && fail "the IOC started over a regular file"
 assert_grep "$T/blocked.log" "cannot listen on $sock: .*not a socket" "the start-up error"
 [ -f "$sock" ] || fail "the IOC removed a file that was not its socket"
-pass "a host on the IOC's machine over the local socket, beside a host over TCP"
+pass "hosts on the IOC's machine over shared memory and the local socket, beside a host over TCP"

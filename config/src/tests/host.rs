@@ -69,6 +69,9 @@ fn ioc_address() {
         FabricAddr::Unix("/run/ioc-driver/fabric.sock".into())
     );
     assert_eq!(h.fabric.ioc.to_string(), "unix:/run/ioc-driver/fabric.sock");
+    assert!(h.fabric.shared_memory, "shared memory by default");
+    let h = host_text("[fabric]\nioc = \"unix:/run/x.sock\"\nshared_memory = false").unwrap();
+    assert!(!h.fabric.shared_memory);
     parse_error(
         host_text("[fabric]\nioc = \"unix:fabric.sock\""),
         &["ioc", "absolute"],

@@ -56,6 +56,14 @@ pub trait Channel {
     /// Tears the queue pair down: aborts a write in progress and drops what is queued; the
     /// send buffers of dropped operations come back through [`Channel::reclaim`].
     fn close(&mut self, reg: &mut Registry);
+    /// Before the caller sleeps on the channel's readiness: asks to be woken by what the
+    /// peer does next. `false`: something may be waiting already, poll again instead. A
+    /// socket needs no asking (it is always `true`).
+    fn prepare_sleep(&mut self) -> bool {
+        true
+    }
+    /// After the caller woke up: withdraws what [`Channel::prepare_sleep`] asked.
+    fn wake(&mut self) {}
 }
 
 /// A [`Channel`] over a non-blocking byte stream (a TCP socket, an in-process pipe).

@@ -180,6 +180,23 @@ impl<C: Channel> Link<C> {
         }
     }
 
+    /// Before sleeping on `lane`'s readiness ([`Channel::prepare_sleep`]): `false` when it
+    /// should be polled again first.
+    pub fn prepare_sleep(&mut self, lane: Lane) -> bool {
+        match lane {
+            Lane::Control => self.ctrl.prepare_sleep(),
+            Lane::Data => self.data.prepare_sleep(),
+        }
+    }
+
+    /// After waking on `lane` ([`Channel::wake`]).
+    pub fn wake(&mut self, lane: Lane) {
+        match lane {
+            Lane::Control => self.ctrl.wake(),
+            Lane::Data => self.data.wake(),
+        }
+    }
+
     /// The control channel, mutably (tests inject raw operations through it).
     pub fn control_channel_mut(&mut self) -> &mut C {
         &mut self.ctrl

@@ -7,6 +7,8 @@
 //! buffers or copies frames.
 
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel};
+#[cfg(feature = "sys")]
+pub mod shm;
 use crate::endpoint::handshake::{self, HandshakeError};
 use crate::endpoint::{Lane, Link, Session};
 use crate::memory::{DomainId, Registry};
@@ -88,8 +90,90 @@ impl AsFd for Stream {
     }
 }
 
-/// A channel over a non-blocking fabric socket.
-pub type FabricChannel = StreamChannel<Stream>;
+/// A channel over a non-blocking fabric socket: the handshake, the control channel, and the
+/// data channel unless it uses shared memory.
+pub type StreamConn = StreamChannel<Stream>;
+
+/// A link's channel: over its socket, or (a data channel between daemons on one machine)
+/// over shared memory.
+#[derive(Debug)]
+// The socket channel is the common case and stays inline; the rarer shared-memory one is boxed.
+#[allow(clippy::large_enum_variant)]
+pub enum FabricChannel {
+    /// Over the connection's socket.
+    Stream(StreamConn),
+    /// Over shared-memory rings.
+    #[cfg(feature = "sys")]
+    Shm(Box<shm::ShmTransport>),
+}
+
+impl From<StreamConn> for FabricChannel {
+    fn from(c: StreamConn) -> FabricChannel {
+        FabricChannel::Stream(c)
+    }
+}
+
+/// Forwards a [`Channel`] call to whichever transport the channel is.
+macro_rules! each {
+    ($self:expr, $c:ident => $e:expr) => {
+        match $self {
+            FabricChannel::Stream($c) => $e,
+            #[cfg(feature = "sys")]
+            FabricChannel::Shm($c) => $e,
+        }
+    };
+}
+
+impl Channel for FabricChannel {
+    fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
+        each!(self, c => c.post(op, prefix, payload))
+    }
+    fn flush(&mut self) -> Result<bool, ChannelError> {
+        each!(self, c => c.flush())
+    }
+    fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
+        each!(self, c => c.poll_recv(reg))
+    }
+    fn received(&self) -> &[u8] {
+        each!(self, c => c.received())
+    }
+    fn reclaim(&mut self, cache: &mut crate::memory::SendBufCache) {
+        each!(self, c => c.reclaim(cache))
+    }
+    fn pending(&self) -> usize {
+        each!(self, c => c.pending())
+    }
+    fn held_buffers(&self) -> usize {
+        each!(self, c => c.held_buffers())
+    }
+    fn set_writes_allowed(&mut self, allowed: bool) {
+        each!(self, c => c.set_writes_allowed(allowed))
+    }
+    fn close(&mut self, reg: &mut Registry) {
+        each!(self, c => c.close(reg))
+    }
+    fn prepare_sleep(&mut self) -> bool {
+        each!(self, c => c.prepare_sleep())
+    }
+    fn wake(&mut self) {
+        each!(self, c => c.wake())
+    }
+}
+
+impl FabricChannel {
+    fn set_domain(&mut self, domain: DomainId) {
+        each!(self, c => c.set_domain(domain))
+    }
+
+    /// What the caller waits on for this channel's progress: its socket, or the doorbell.
+    fn readiness(&self) -> io::Result<Ready> {
+        match self {
+            FabricChannel::Stream(c) => Ready::new(c.stream()),
+            #[cfg(feature = "sys")]
+            FabricChannel::Shm(t) => Ready::new(t.bell()),
+        }
+    }
+}
 
 /// Opens a TCP connection to `addr`.
 pub async fn dial_tcp(addr: SocketAddr) -> io::Result<Stream> {
@@ -120,6 +204,9 @@ pub enum FabricError {
     /// The peer did not answer in time.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The shared-memory set-up failed.
+    #[error("shared memory: {0}")]
+    Shm(String),
     /// An RDMA write arrived before the handshake finished.
     #[error("RDMA write during the handshake")]
     EarlyWrite,
@@ -169,7 +256,7 @@ fn prepare(sock: &Stream) -> io::Result<()> {
 
 /// A channel for a new connection; its domain is set, and RDMA writes are accepted, once
 /// the handshake has named the session ([`FabricLink::new`]).
-fn channel(sock: Stream, max_send: usize) -> io::Result<FabricChannel> {
+fn channel(sock: Stream, max_send: usize) -> io::Result<StreamConn> {
     prepare(&sock)?;
     let mut ch = StreamChannel::new(sock, DomainId(0), max_send);
     ch.set_writes_allowed(false);
@@ -181,7 +268,7 @@ fn channel(sock: Stream, max_send: usize) -> io::Result<FabricChannel> {
 const HELLO_MAX: usize = 256;
 
 /// Writes everything posted on `ch`, within `timeout`.
-pub async fn flush(ch: &mut FabricChannel, timeout: Duration) -> Result<(), FabricError> {
+pub async fn flush(ch: &mut StreamConn, timeout: Duration) -> Result<(), FabricError> {
     let ready = Ready::new(ch.stream())?;
     let work = async {
         loop {
@@ -199,10 +286,7 @@ pub async fn flush(ch: &mut FabricChannel, timeout: Duration) -> Result<(), Fabr
 
 /// Waits for the next message on `ch`, within `timeout`. The channel keeps whatever was
 /// read ahead, so nothing that follows the message is lost.
-pub async fn recv_message(
-    ch: &mut FabricChannel,
-    timeout: Duration,
-) -> Result<Vec<u8>, FabricError> {
+pub async fn recv_message(ch: &mut StreamConn, timeout: Duration) -> Result<Vec<u8>, FabricError> {
     let ready = Ready::new(ch.stream())?;
     let mut reg = Registry::new(0);
     let work = async {
@@ -220,17 +304,29 @@ pub async fn recv_message(
         .map_err(|_| FabricError::Timeout(timeout))?
 }
 
+/// How a host's data channel travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPath {
+    /// On its connection, like the control channel.
+    Stream,
+    /// Over shared memory set up on its connection (a Unix socket to the IOC's
+    /// `fabric.listen_local`: see [`shm`]).
+    #[cfg(feature = "sys")]
+    Shm,
+}
+
 /// The connecting side: opens both channels of `queue`'s session with `dial` (see
-/// [`dial_tcp`], [`dial_unix`]) and completes the handshake. A further queue (index above
-/// 0) names `first`, the session of the host's first queue, which it joins; the first queue
-/// passes 0.
+/// [`dial_tcp`], [`dial_unix`]) and completes the handshake, the data channel over `path`.
+/// A further queue (index above 0) names `first`, the session of the host's first queue,
+/// which it joins; the first queue passes 0.
 pub async fn connect<D, F>(
     dial: D,
+    path: DataPath,
     node_id: u64,
     queue: Queue,
     first: u64,
     timeout: Duration,
-) -> Result<(FabricChannel, FabricChannel, HelloReply), FabricError>
+) -> Result<(StreamConn, FabricChannel, HelloReply), FabricError>
 where
     D: Fn() -> F,
     F: Future<Output = io::Result<Stream>>,
@@ -258,17 +354,33 @@ where
         }
     };
     let (ctrl, r) = open(wire::CONTROL_CHANNEL, first).await?;
-    let (data, r2) = open(1, r.session).await?;
+    let channel_no = match path {
+        DataPath::Stream => 1,
+        #[cfg(feature = "sys")]
+        DataPath::Shm => shm::SHM_CHANNEL,
+    };
+    let (data, r2) = open(channel_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
         goodbye(data, ErrorCode::Malformed, timeout).await;
         goodbye(ctrl, ErrorCode::Malformed, timeout).await;
         return Err(HandshakeError::Unexpected("the data channel's HelloReply to match").into());
     }
+    let data = match path {
+        DataPath::Stream => FabricChannel::Stream(data),
+        #[cfg(feature = "sys")]
+        DataPath::Shm => {
+            let Stream::Unix(sock) = data.into_stream() else {
+                return Err(FabricError::Shm("shared memory needs a Unix socket".into()));
+            };
+            let max = wire::MAX_MESSAGE_LEN;
+            FabricChannel::Shm(Box::new(shm::offer(sock, DomainId(0), max, timeout).await?))
+        }
+    };
     Ok((ctrl, data, r))
 }
 
 /// Sends Goodbye with `code` on a channel whose handshake failed, and closes it.
-async fn goodbye(mut ch: FabricChannel, code: ErrorCode, timeout: Duration) {
+async fn goodbye(mut ch: StreamConn, code: ErrorCode, timeout: Duration) {
     let mut msg = Vec::new();
     wire::Message::Goodbye(wire::Goodbye { code }).emit(0, &mut msg);
     ch.post(Op::Send, &[], Payload::Bytes(msg));
@@ -286,7 +398,7 @@ async fn goodbye(mut ch: FabricChannel, code: ErrorCode, timeout: Duration) {
 pub async fn accept_hello(
     sock: Stream,
     timeout: Duration,
-) -> Result<(FabricChannel, Hello, u16), FabricError> {
+) -> Result<(StreamConn, Hello, u16), FabricError> {
     let mut ch = channel(sock, HELLO_MAX)?;
     let status = match recv_message(&mut ch, timeout).await {
         Ok(bytes) => match handshake::accept_hello(&bytes) {
@@ -308,27 +420,45 @@ pub async fn accept_hello(
 
 /// The listening side: queues a HelloReply on `ch` (sent by the next flush, ahead of
 /// anything posted after it).
-pub fn post_reply(ch: &mut FabricChannel, version: u16, status: ErrorCode, session: u64) {
+pub fn post_reply(ch: &mut StreamConn, version: u16, status: ErrorCode, session: u64) {
     let msg = handshake::reply(version, status, session, wire::MAX_MESSAGE_LEN as u32);
     ch.post(Op::Send, &[], Payload::Bytes(msg));
 }
 
 /// The listening side: refuses a connection with `status` and closes it.
-pub async fn refuse(mut ch: FabricChannel, version: u16, status: ErrorCode, timeout: Duration) {
+pub async fn refuse(mut ch: StreamConn, version: u16, status: ErrorCode, timeout: Duration) {
     post_reply(&mut ch, version, status, 0);
     let _ = flush(&mut ch, timeout).await;
 }
 
-/// Readiness of a link's two sockets.
+/// Readiness of a link's two channels.
 #[derive(Debug)]
 pub struct LinkReady {
     /// Channel 0.
     pub ctrl: Ready,
-    /// Channel 1.
+    /// Channel 1: its socket, or for shared memory this side's doorbell (rung for records
+    /// and for room alike: never wait for it to be writable).
     pub data: Ready,
+    /// For shared memory, the set-up socket, readable once the peer has gone.
+    pub peer: Option<Ready>,
 }
 
 impl LinkReady {
+    /// Whether waiting for the data channel to be writable makes sense (a socket), rather
+    /// than for its doorbell (shared memory).
+    pub fn data_writable(&self) -> bool {
+        self.peer.is_none()
+    }
+
+    /// Completes when the peer of a shared-memory channel has gone (its set-up socket
+    /// reached end of stream, or carried anything at all); never for sockets.
+    pub async fn peer_gone(&self) -> io::Result<()> {
+        match &self.peer {
+            Some(p) => p.readable().await.map(|_| ()),
+            None => std::future::pending().await,
+        }
+    }
+
     /// Readiness of a lane's socket.
     pub fn lane(&self, lane: Lane) -> &Ready {
         match lane {
@@ -352,20 +482,26 @@ impl FabricLink {
     /// domain; the control channel carries none.
     pub fn new(
         session: Session,
-        mut ctrl: FabricChannel,
-        mut data: FabricChannel,
+        mut ctrl: StreamConn,
+        data: impl Into<FabricChannel>,
     ) -> io::Result<FabricLink> {
+        let mut data = data.into();
         let d = session.domain();
         ctrl.set_domain(d);
         data.set_domain(d);
         data.set_writes_allowed(true);
         let ready = LinkReady {
             ctrl: Ready::new(ctrl.stream())?,
-            data: Ready::new(data.stream())?,
+            data: data.readiness()?,
+            peer: match &data {
+                FabricChannel::Stream(_) => None,
+                #[cfg(feature = "sys")]
+                FabricChannel::Shm(t) => Some(Ready::new(t.socket())?),
+            },
         };
         Ok(FabricLink {
             ready,
-            link: Link::new(session, ctrl, data),
+            link: Link::new(session, FabricChannel::Stream(ctrl), data),
         })
     }
 }
