@@ -15,93 +15,19 @@
 //! doorbell it created and rings the peer's when the peer asked to be woken. The socket
 //! carries nothing more: its end of stream says that the peer is gone.
 
+pub use crate::adapter::shm::setup::SHM_CHANNEL;
+
 use super::{FabricError, Ready};
-use crate::adapter::shm::{ring_config, Consumer, Producer, RingConfig, ShmChannel};
+use crate::adapter::shm::setup::{Setup, ACK, MAX_PAYLOAD, RING_DATA};
+use crate::adapter::shm::{Consumer, Producer, RingConfig, ShmChannel};
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
 use crate::memory::{DomainId, Registry, SendBufCache};
 use crate::sys::eventfd::EventFd;
 use crate::sys::shm::{recv_fds, send_fds, Mapping, Memfd};
-use crate::wire;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
-
-/// The channel number a Hello names for a data channel over shared memory (local socket
-/// only).
-pub const SHM_CHANNEL: u8 = 2;
-/// The set-up message's magic: the bytes `SNSH`.
-pub const MAGIC: [u8; 4] = *b"SNSH";
-/// The set-up layout version.
-pub const VERSION: u16 = 1;
-/// The IOC's answer to an accepted set-up.
-pub const ACK: [u8; 4] = *b"SNOK";
-/// Each ring's data area as a host sets it up: 2 MiB (about 30 largest frames, 1,400 of
-/// 1,500 bytes).
-pub const RING_DATA: u32 = 2 << 20;
-/// The smallest and largest data areas the IOC accepts (it maps two per host).
-pub const RING_DATA_RANGE: (u32, u32) = (256 << 10, 8 << 20);
-/// Largest operation payload a ring carries: a SendData or a frame's RDMA write.
-pub const MAX_PAYLOAD: u32 = wire::MAX_MESSAGE_LEN as u32;
-
-/// What the host proposes: the rings' geometry (both rings alike).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Setup {
-    /// Each ring's data area in bytes.
-    pub data_size: u32,
-    /// Largest record payload (an operation header and its payload).
-    pub max_payload: u32,
-}
-
-impl Setup {
-    /// Its 16 bytes: magic, version (u16), reserved (u16), data size, largest payload, all
-    /// big-endian.
-    pub fn emit(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[..4].copy_from_slice(&MAGIC);
-        b[4..6].copy_from_slice(&VERSION.to_be_bytes());
-        b[8..12].copy_from_slice(&self.data_size.to_be_bytes());
-        b[12..16].copy_from_slice(&self.max_payload.to_be_bytes());
-        b
-    }
-
-    /// Parses and checks a set-up against the IOC's limits.
-    pub fn parse(b: &[u8]) -> Result<Setup, String> {
-        let b: &[u8; 16] = b
-            .try_into()
-            .map_err(|_| format!("set-up of {} bytes, not 16", b.len()))?;
-        if b[..4] != MAGIC {
-            return Err("not a shared-memory set-up".into());
-        }
-        let version = u16::from_be_bytes([b[4], b[5]]);
-        if version != VERSION || b[6..8] != [0, 0] {
-            return Err(format!(
-                "set-up version {version} (this side speaks {VERSION})"
-            ));
-        }
-        let data_size = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
-        let max_payload = u32::from_be_bytes([b[12], b[13], b[14], b[15]]);
-        let (lo, hi) = RING_DATA_RANGE;
-        if !data_size.is_power_of_two() || !(lo..=hi).contains(&data_size) {
-            return Err(format!(
-                "ring of {data_size} bytes (a power of two from {lo} to {hi})"
-            ));
-        }
-        if max_payload != MAX_PAYLOAD {
-            return Err(format!(
-                "records of {max_payload} bytes (not {MAX_PAYLOAD})"
-            ));
-        }
-        Ok(Setup {
-            data_size,
-            max_payload,
-        })
-    }
-
-    fn ring(&self) -> Result<RingConfig, FabricError> {
-        ring_config(self.data_size, self.max_payload).map_err(|e| FabricError::Shm(e.to_string()))
-    }
-}
 
 /// A data channel over shared-memory rings, with its doorbells and the socket that
 /// outlives the set-up as a sign of life.
@@ -194,6 +120,10 @@ impl Channel for ShmTransport {
     }
 }
 
+fn ring(setup: &Setup) -> Result<RingConfig, FabricError> {
+    setup.ring().map_err(|e| FabricError::Shm(e.to_string()))
+}
+
 /// Waits (within `timeout`) for one message with descriptors on `sock`.
 async fn recv_setup(
     sock: &UnixStream,
@@ -239,7 +169,7 @@ pub async fn offer(
         data_size: RING_DATA,
         max_payload: MAX_PAYLOAD,
     };
-    let cfg = setup.ring()?;
+    let cfg = ring(&setup)?;
     let (tx_fd, tx_map) = new_ring(cfg, c"splitnet-host-to-ioc")?;
     let (rx_fd, rx_map) = new_ring(cfg, c"splitnet-ioc-to-host")?;
     let bell = EventFd::new()?;
@@ -283,13 +213,13 @@ pub async fn accept(
 ) -> Result<ShmTransport, FabricError> {
     let mut buf = [0u8; 16];
     let (n, fds) = recv_setup(&sock, &mut buf, 3, timeout).await?;
-    let setup = Setup::parse(&buf[..n]).map_err(FabricError::Shm)?;
+    let setup = Setup::parse(&buf[..n]).map_err(|e| FabricError::Shm(e.to_string()))?;
     let Ok::<[_; 3], _>([rx_fd, tx_fd, peer]) = fds.try_into() else {
         return Err(FabricError::Shm(
             "the set-up needs three descriptors".into(),
         ));
     };
-    let cfg = setup.ring()?;
+    let cfg = ring(&setup)?;
     let verify = |fd| -> Result<Mapping, FabricError> {
         let m = Memfd::verify(fd, cfg.region_len()).map_err(|e| FabricError::Shm(e.to_string()))?;
         Ok(m.map()?)

@@ -7,6 +7,7 @@
 //!   doorbell suppression, hardened against a hostile peer.
 //! * [`channel`]: a [`crate::adapter::Channel`] over two rings, with the checks of the TCP
 //!   path.
+//! * [`setup`]: what a host proposes when it sets up shared memory with the IOC.
 //! * [`spin`]: how long a consumer polls before it sleeps (adaptive, halt-polling style).
 //!
 //! All are sans-IO: the doorbell itself (an `eventfd`, `sys::eventfd` with the `sys` feature)
@@ -15,6 +16,7 @@
 pub mod channel;
 pub mod mem;
 pub mod ring;
+pub mod setup;
 pub mod spin;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -1,0 +1,140 @@
+//! The shared-memory set-up a host sends the IOC over the local socket (sans-IO: its bytes
+//! and checks; `fabric::shm` passes it with the descriptors).
+
+use super::channel::ring_config;
+use super::ring::{ConfigError, RingConfig};
+use crate::wire;
+use thiserror::Error;
+
+/// Why a set-up is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum SetupError {
+    /// Not 16 bytes.
+    #[error("set-up of {0} bytes, not 16")]
+    Length(usize),
+    /// Not a set-up.
+    #[error("not a shared-memory set-up")]
+    Magic,
+    /// Another layout version, or reserved bytes set.
+    #[error("set-up version {0} (this side speaks {VERSION})")]
+    Version(u16),
+    /// A ring size outside [`RING_DATA_RANGE`] or not a power of two.
+    #[error("rings of {0} bytes (a power of two from {lo} to {hi})", lo = RING_DATA_RANGE.0, hi = RING_DATA_RANGE.1)]
+    DataSize(u32),
+    /// Records of another size than [`MAX_PAYLOAD`].
+    #[error("records of {0} bytes (not {MAX_PAYLOAD})")]
+    MaxPayload(u32),
+}
+
+/// The channel number a Hello names for a data channel over shared memory (local socket
+/// only).
+pub const SHM_CHANNEL: u8 = 2;
+/// The set-up message's magic: the bytes `SNSH`.
+pub const MAGIC: [u8; 4] = *b"SNSH";
+/// The set-up layout version.
+pub const VERSION: u16 = 1;
+/// The IOC's answer to an accepted set-up.
+pub const ACK: [u8; 4] = *b"SNOK";
+/// Each ring's data area as a host sets it up: 2 MiB (about 30 largest frames, 1,400 of
+/// 1,500 bytes).
+pub const RING_DATA: u32 = 2 << 20;
+/// The smallest and largest data areas the IOC accepts (it maps two per host).
+pub const RING_DATA_RANGE: (u32, u32) = (256 << 10, 8 << 20);
+/// Largest operation payload a ring carries: a SendData or a frame's RDMA write.
+pub const MAX_PAYLOAD: u32 = wire::MAX_MESSAGE_LEN as u32;
+
+/// What the host proposes: the rings' geometry (both rings alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setup {
+    /// Each ring's data area in bytes.
+    pub data_size: u32,
+    /// Largest record payload (an operation header and its payload).
+    pub max_payload: u32,
+}
+
+impl Setup {
+    /// Its 16 bytes: magic, version (u16), reserved (u16), data size, largest payload, all
+    /// big-endian.
+    pub fn emit(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_be_bytes());
+        b[8..12].copy_from_slice(&self.data_size.to_be_bytes());
+        b[12..16].copy_from_slice(&self.max_payload.to_be_bytes());
+        b
+    }
+
+    /// Parses and checks a set-up against the IOC's limits.
+    pub fn parse(b: &[u8]) -> Result<Setup, SetupError> {
+        let b: &[u8; 16] = b.try_into().map_err(|_| SetupError::Length(b.len()))?;
+        if b[..4] != MAGIC {
+            return Err(SetupError::Magic);
+        }
+        let version = u16::from_be_bytes([b[4], b[5]]);
+        if version != VERSION || b[6..8] != [0, 0] {
+            return Err(SetupError::Version(version));
+        }
+        let data_size = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
+        let max_payload = u32::from_be_bytes([b[12], b[13], b[14], b[15]]);
+        let (lo, hi) = RING_DATA_RANGE;
+        if !data_size.is_power_of_two() || !(lo..=hi).contains(&data_size) {
+            return Err(SetupError::DataSize(data_size));
+        }
+        if max_payload != MAX_PAYLOAD {
+            return Err(SetupError::MaxPayload(max_payload));
+        }
+        Ok(Setup {
+            data_size,
+            max_payload,
+        })
+    }
+
+    /// The rings' configuration.
+    pub fn ring(&self) -> Result<RingConfig, ConfigError> {
+        ring_config(self.data_size, self.max_payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_hosts_set_up_is_accepted_and_each_field_checked() {
+        let good = Setup {
+            data_size: RING_DATA,
+            max_payload: MAX_PAYLOAD,
+        };
+        let b = good.emit();
+        assert_eq!(Setup::parse(&b), Ok(good));
+        assert!(good.ring().is_ok());
+        assert_eq!(Setup::parse(&b[..15]), Err(SetupError::Length(15)));
+        let with = |at: usize, v: &[u8]| {
+            let mut x = b;
+            x[at..at + v.len()].copy_from_slice(v);
+            Setup::parse(&x)
+        };
+        assert_eq!(with(0, b"SNSX"), Err(SetupError::Magic));
+        assert_eq!(with(4, &2u16.to_be_bytes()), Err(SetupError::Version(2)));
+        assert_eq!(with(6, &[0, 1]), Err(SetupError::Version(1)));
+        for bad in [0u32, 3 << 20, RING_DATA_RANGE.0 / 2, RING_DATA_RANGE.1 * 2] {
+            assert_eq!(with(8, &bad.to_be_bytes()), Err(SetupError::DataSize(bad)));
+        }
+        assert_eq!(
+            with(12, &7u32.to_be_bytes()),
+            Err(SetupError::MaxPayload(7))
+        );
+    }
+
+    proptest! {
+        /// Whatever the bytes: an error, or a set-up whose rings can be built.
+        #[test]
+        fn any_bytes_parse_to_an_error_or_usable_rings(b in proptest::collection::vec(any::<u8>(), 0..24)) {
+            if let Ok(s) = Setup::parse(&b) {
+                prop_assert!(s.ring().is_ok());
+                prop_assert_eq!(&s.emit()[..], &b[..]);
+            }
+        }
+    }
+}
