@@ -134,17 +134,19 @@ def wait_carrier(ns, timeout=10):
     raise RuntimeError(f"sd0 in {ns} has no carrier")
 
 
-def host_config(queues, local=False):
-    """The shipped host configuration, with `queues` TAP queues, over the IOC's local
-    socket when `local`."""
+def host_config(queues, local=None):
+    """The shipped host configuration, with `queues` TAP queues; `local`: over the IOC's
+    local socket, the data channel in shared memory ("shm") or on the socket ("unix")."""
     src = os.path.join(ROOT, "systemd", "host.toml")
     if queues == 1 and not local:
         return src
-    path = f"/tmp/sd-bench-host-{queues}q-{int(local)}.toml"
+    path = f"/tmp/sd-bench-host-{queues}q-{local}.toml"
     with open(src) as f, open(path, "w") as out:
         text = f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n")
         if local:
-            text = text.replace('\nioc = "10.200.0.2:7400"\n', f'\nioc = "unix:{LOCAL_SOCKET}"\n')
+            shm = "true" if local == "shm" else "false"
+            text = text.replace('\nioc = "10.200.0.2:7400"\n',
+                                f'\nioc = "unix:{LOCAL_SOCKET}"\nshared_memory = {shm}\n')
         out.write(text)
     return path
 
@@ -169,11 +171,11 @@ def ioc_config(local=False):
     return path
 
 
-def setup_splitnet(hosts=1, queues=1, drivers=None, local=False):
-    """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver,
-    over the IOC's local Unix socket when `local` (daemons on one machine)."""
+def setup_splitnet(hosts=1, queues=1, drivers=None, local=None):
+    """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver;
+    `local` ("shm", "unix"): over the IOC's local Unix socket (daemons on one machine)."""
     base(hosts, bridge_fabric=hosts > 1)
-    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config(local)}"
+    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config(local is not None)}"
        " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
     time.sleep(0.5)
     drivers = hosts if drivers is None else drivers
@@ -446,7 +448,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hosts", default="1,2,4,8")
     ap.add_argument("--queues", default="1,2", help="TAP queues of one host to compare (4 flows)")
-    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet,splitnet-local")
+    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet,splitnet-shm,splitnet-unix")
     ap.add_argument("--workers", type=int, default=None,
                     help="the IOC's fabric.workers (default: the shipped ioc.toml's)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
@@ -465,7 +467,8 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn,
               "splitnet": setup_splitnet,
-              "splitnet-local": lambda: setup_splitnet(local=True)}
+              "splitnet-shm": lambda: setup_splitnet(local="shm"),
+              "splitnet-unix": lambda: setup_splitnet(local="unix")}
     results = []
     try:
         print(f"== peers and splitnet: iperf3 {a.seconds}s x best of {a.runs}, ping 300 x 5 ms")
@@ -491,8 +494,9 @@ def main():
               f"{str(r['ping_download_us']):>12} {str(r['rr_oneway_us']):>11} "
               f"{str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}")
     ratios = {}
-    # splitnet over TCP (two machines), and over the IOC's local socket (prefix "local_").
-    for mode, pre in (("splitnet", ""), ("splitnet-local", "local_")):
+    # splitnet over TCP (two machines); on one machine over shared memory ("shm_") and over
+    # the IOC's local socket ("unix_").
+    for mode, pre in (("splitnet", ""), ("splitnet-shm", "shm_"), ("splitnet-unix", "unix_")):
         s = by.get(mode)
         for peer in ("direct", "vxlan", "openvpn", "splitnet"):
             p = by.get(peer)
