@@ -38,8 +38,9 @@ pub const ACK: [u8; 4] = *b"SNOK";
 /// Each ring's data area as a host sets it up: 2 MiB (about 30 largest frames, 1,400 of
 /// 1,500 bytes).
 pub const RING_DATA: u32 = 2 << 20;
-/// The smallest and largest data areas the IOC accepts (it maps two per host).
-pub const RING_DATA_RANGE: (u32, u32) = (256 << 10, 8 << 20);
+/// The smallest and largest data areas the IOC accepts: it maps two per host, so a host
+/// costs it at most 4 MiB of ring memory.
+pub const RING_DATA_RANGE: (u32, u32) = (256 << 10, 2 << 20);
 /// Largest operation payload a ring carries: a SendData or a frame's RDMA write.
 pub const MAX_PAYLOAD: u32 = wire::MAX_MESSAGE_LEN as u32;
 
