@@ -22,8 +22,9 @@ json() { ctl_json "$T/ioc.sock" "$@"; }
 addrs=$(json hosts "' | '.join(sorted(h['address'] for h in d['hosts']['hosts']))")
 log "the IOC's hosts: $addrs"
 assert_match "$addrs" "^10\.200\.0\.12:[0-9]+ \| unix:$sock \(pid ${HOST_PID[1]}\), shared memory \| unix:$sock \(pid ${HOST_PID[3]}\)$" "hosts' addresses"
-memfds=$(find "/proc/${HOST_PID[1]}/fd" -lname '*memfd:splitnet*' | wc -l)
-assert_eq "$memfds" 2 "host 1's ring memfds"
+# The rings are mapped in both daemons.
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 2 "host 1's ring mappings"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 2 "the IOC's ring mappings"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host fd50::2 -6
 ping_ok sd-host 10.50.0.3
@@ -54,6 +55,7 @@ stop_host 1 TERM
 assert_eq "$STOP_RC" 0 "host 1's exit status after SIGTERM"
 eventually 5 [ "$(json status "d['status']['fabric']['hosts']")" = 2 ] || fail "host 1 still listed"
 assert_grep "$T/ioc.log" "host removed: host disconnected \(ShuttingDown\)" "the IOC's reason for host 1's leaving"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 0 "the IOC's ring mappings after host 1 left"
 ping_ok sd-host3 10.50.0.2
 stop_ioc TERM
 assert_eq "$STOP_RC" 0 "the IOC's exit status after SIGTERM"
