@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The demo: builds splitnet, brings up the reference topology (host, IOC and LAN namespaces
 # joined by veth pairs), starts ioc-driver and host-driver with the example configs, configures
-# sd0, pings the LAN peer 5 times and runs iperf3 for 3 s each way through sd0, then stops the
-# daemons and removes the topology, printing every step. It needs root: from a root shell it
+# sd0, pings the LAN peer 5 times and runs iperf3 for 3 s each way through sd0, then does it
+# again with host-driver on the IOC's local socket and its data channel in shared memory (as
+# daemons on one machine would), then stops the daemons and removes the topology, printing
+# every step. It needs root: from a root shell it
 # runs as it is; otherwise it runs itself again with sudo. What it lacks it installs first
 # (tests/setup.sh: Debian packages with apt-get); the build runs as the calling user.
 set -u
@@ -33,7 +35,10 @@ cat <<'TXT'
    sd-lan   lan1 10.50.0.2/24 fd50::2/64   (a machine on the LAN)
 TXT
 
-say "3. ioc-driver in sd-ioc: listens on 10.200.0.2:7400, owns lan0 (AF_PACKET)"
+say "3. ioc-driver in sd-ioc: listens on 10.200.0.2:7400 (and a local socket), owns lan0 (AF_PACKET)"
+sed "s|^listen = .*|&\nlisten_local = \"$T/fabric.sock\"|" "$IOC_CONF" >"$T/ioc.toml"
+IOC_CONF=$T/ioc.toml
+echo "   (the example ioc.toml, with listen_local = \"$T/fabric.sock\" for step 6c)"
 echo "   + ip netns exec sd-ioc $BIN/ioc-driver --config $IOC_CONF --control-socket $T/ioc.sock  (log: $T/ioc.log)"
 start_ioc
 echo "   listening; lan0: $(ip -n sd-ioc -br link show lan0)"
@@ -66,6 +71,19 @@ echo "   + splitnetctl -s $T/host1.sock status"
 "$BIN/splitnetctl" -s "$T/host1.sock" status | sed 's/^/     /'
 echo "   + splitnetctl -s $T/ioc.sock hosts"
 "$BIN/splitnetctl" -s "$T/ioc.sock" hosts | sed 's/^/     /'
+
+say "6c. the same host as if on the IOC's machine: its data channel in shared memory"
+sed "s|^ioc = .*|ioc = \"unix:$T/fabric.sock\"|" "$HOST_CONF" >"$T/host-shm.toml"
+echo "   + restart host-driver with fabric.ioc = \"unix:$T/fabric.sock\" (sd0 stays)"
+stop_host 1
+HOST_CONF=$T/host-shm.toml start_host 1
+wait_carrier sd-host up 10
+"$BIN/splitnetctl" -s "$T/ioc.sock" hosts | sed 's/^/     /'
+ip netns exec sd-host ping -c 3 -i 0.2 -W 2 10.50.0.2 | tail -n 2 | sed 's/^/     /'
+[ "${PIPESTATUS[0]}" = 0 ] || fail "ping 10.50.0.2 over shared memory"
+tx=$(iperf sd-host 10.50.0.2 5203 -t 3) || fail "iperf3 host -> LAN over shared memory: $tx"
+rx=$(iperf sd-host 10.50.0.2 5204 -t 3 -R) || fail "iperf3 LAN -> host over shared memory: $rx"
+echo "     over shared memory: host -> LAN $tx Gb/s, LAN -> host $rx Gb/s"
 
 say "7. stop both daemons (SIGTERM: buffer pools flushed with the peer, exit 0)"
 stop_host 1; echo "   host-driver exited with status $STOP_RC; sd0 stays for the next host-driver, carrier off, addresses kept:"

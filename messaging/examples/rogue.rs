@@ -5,8 +5,9 @@
 //! `rogue ioc ADDR` listens at ADDR like an IOC and attacks each host-driver connection in
 //! turn. `rogue slow ADDR SECONDS` is a host that keeps its session alive (keepalives, a
 //! GetStats a second) but never reads its data channel; it prints its MAC, then whether the
-//! IOC kept it. `rogue churn ADDR N` connects and vanishes N times. Exit status 0 when every
-//! attack was refused as expected.
+//! IOC kept it. `rogue churn ADDR N` connects and vanishes N times. `rogue shm PATH` connects
+//! to the IOC's local socket with its data channel in shared memory, then corrupts its ring
+//! and rings the IOC's doorbell. Exit status 0 when every attack was refused as expected.
 //!
 //! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
 
@@ -18,7 +19,10 @@ use splitnet_messaging::memory::{DomainId, Handle, Registry};
 use splitnet_messaging::wire::{
     self, CfgCode, CfgRequest, Idata, Message, PoolEntry, PoolGet, PoolRun, Queue, Role,
 };
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 type Ch = StreamChannel<TcpStream>;
@@ -31,7 +35,7 @@ fn chan(s: TcpStream) -> Ch {
     StreamChannel::new(s, DomainId(0), wire::MAX_MESSAGE_LEN)
 }
 
-fn send(ch: &mut Ch, msg: Vec<u8>) {
+fn send<S: Read + Write>(ch: &mut StreamChannel<S>, msg: Vec<u8>) {
     ch.post(Op::Send, &[], Payload::Bytes(msg));
     let _ = ch.flush();
 }
@@ -43,7 +47,7 @@ fn msg(m: &Message<'_>) -> Vec<u8> {
 }
 
 /// Next message within `WAIT`, or None.
-fn recv(ch: &mut Ch, reg: &mut Registry) -> Option<Vec<u8>> {
+fn recv<S: Read + Write>(ch: &mut StreamChannel<S>, reg: &mut Registry) -> Option<Vec<u8>> {
     let end = Instant::now() + WAIT;
     while Instant::now() < end {
         match ch.poll_recv(reg) {
@@ -650,6 +654,81 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
     missed
 }
 
+/// A host over the IOC's local socket at `path` with its data channel in shared memory
+/// (docs/protocol.md section 9) that, once connected, publishes a ring index the ring
+/// refuses and rings the IOC's doorbell: the IOC must end the session (the set-up socket
+/// reaches its end).
+fn shm_scribble(path: &str) -> Vec<&'static str> {
+    use splitnet_messaging::adapter::shm::setup::{Setup, MAX_PAYLOAD, RING_DATA, SHM_CHANNEL};
+    use splitnet_messaging::adapter::shm::SharedMem;
+    use splitnet_messaging::sys::{eventfd::EventFd, shm};
+    let run = || -> Result<bool, String> {
+        let uch = |s: UnixStream| {
+            s.set_read_timeout(Some(Duration::from_millis(50))).ok();
+            StreamChannel::new(s, DomainId(0), wire::MAX_MESSAGE_LEN)
+        };
+        let mut reg = Registry::new(0);
+        let mut ctrl = uch(UnixStream::connect(path).map_err(|e| e.to_string())?);
+        send(
+            &mut ctrl,
+            handshake::hello(Role::Host, 0, Queue::SINGLE, 0, 0x5c1, 70_000),
+        );
+        let r = recv(&mut ctrl, &mut reg).ok_or("no HelloReply")?;
+        let r = handshake::accept_reply(&r).map_err(|e| e.to_string())?;
+        let mut data = uch(UnixStream::connect(path).map_err(|e| e.to_string())?);
+        let hello = handshake::hello(
+            Role::Host,
+            SHM_CHANNEL,
+            Queue::SINGLE,
+            r.session,
+            0x5c1,
+            70_000,
+        );
+        send(&mut data, hello);
+        recv(&mut data, &mut reg).ok_or("no data HelloReply")?;
+        let sock = data.into_stream();
+        sock.set_read_timeout(Some(WAIT))
+            .map_err(|e| e.to_string())?;
+        let setup = Setup {
+            data_size: RING_DATA,
+            max_payload: MAX_PAYLOAD,
+        };
+        let cfg = setup.ring().map_err(|e| e.to_string())?;
+        let ring = |name| -> Result<(shm::Memfd, shm::Mapping), String> {
+            let fd = shm::Memfd::create(name, cfg.region_len()).map_err(|e| e.to_string())?;
+            let map = fd.map().map_err(|e| e.to_string())?;
+            cfg.init(&map).map_err(|e| e.to_string())?;
+            Ok((fd, map))
+        };
+        let (to_ioc, to_ioc_map) = ring(c"rogue-to-ioc")?;
+        let (from_ioc, _from_ioc_map) = ring(c"rogue-from-ioc")?;
+        let bell = EventFd::new().map_err(|e| e.to_string())?;
+        let fds = [to_ioc.as_fd(), from_ioc.as_fd(), bell.as_fd()];
+        shm::send_fds(&sock, &setup.emit(), &fds).map_err(|e| e.to_string())?;
+        let mut ack = [0u8; 4];
+        let (n, mut got) = shm::recv_fds(&sock, &mut ack, 1).map_err(|e| e.to_string())?;
+        if n != 4 || got.len() != 1 {
+            return Err("no ACK from the IOC".into());
+        }
+        let ioc_bell = EventFd::from_fd(got.remove(0));
+        std::thread::sleep(Duration::from_millis(300));
+        // `head` of the ring to the IOC (offset 64): not a multiple of 8.
+        to_ioc_map.store_u32(64, 3).map_err(|e| e.to_string())?;
+        ioc_bell.ring().map_err(|e| e.to_string())?;
+        let mut b = [0u8; 1];
+        Ok(matches!((&sock).read(&mut b), Ok(0)))
+    };
+    let mut missed = Vec::new();
+    match run() {
+        Ok(refused) => verdict(&mut missed, "shm-bad-ring-index", refused, "session ended"),
+        Err(e) => {
+            println!("shm-bad-ring-index: could not set up: {e}");
+            missed.push("shm-bad-ring-index");
+        }
+    }
+    missed
+}
+
 fn number(arg: Option<&String>, default: u64) -> u64 {
     arg.and_then(|a| a.parse().ok()).unwrap_or(default)
 }
@@ -661,9 +740,10 @@ fn main() {
         (Some("ioc"), Some(addr)) => attack_host(addr, 4),
         (Some("slow"), Some(addr)) => slow_host(addr, number(args.get(3), 20)),
         (Some("churn"), Some(addr)) => churn(addr, number(args.get(3), 100) as usize),
+        (Some("shm"), Some(path)) => shm_scribble(path),
         _ => {
             eprintln!(
-                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N"
+                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET"
             );
             std::process::exit(2);
         }

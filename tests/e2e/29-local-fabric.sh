@@ -2,11 +2,12 @@
 # Hosts on the IOC's machine connect over the IOC's local Unix socket (fabric.listen_local,
 # fabric.ioc = "unix:PATH"): host 1 with its data channel in shared memory (the default),
 # host 3 with it on the socket (fabric.shared_memory = false), host 2 over TCP beside them.
-# All reach the LAN and each other; the IOC shows how each came; a killed IOC leaves a stale
+# All reach the LAN and each other; the IOC shows how each came; a rogue host that corrupts
+# its ring is cut off alone; a killed IOC leaves a stale
 # socket its successor replaces (the local hosts reconnect by themselves, shared memory
 # again); a graceful stop removes the socket; a file in the way stops the start.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tool ip ping iperf3 python3 ss; need_daemons
+need_root; need_tool ip ping iperf3 python3 ss; need_daemons; need_rogue
 sock=$T/run/fabric.sock
 sed "s|^listen = .*|&\nlisten_local = \"$sock\"|" "$IOC_CONF" >"$T/ioc.toml"
 sed "s|^ioc = .*|ioc = \"unix:$sock\"|" "$HOST_CONF" >"$T/host-shm.toml"
@@ -38,6 +39,14 @@ for k in 1 3; do
     assert_positive "$down" "host $k's throughput from the LAN"
     log "host $k: $up Gb/s to the LAN, $down Gb/s from it"
 done
+# A rogue host over shared memory publishes a ring index its ring refuses: that session
+# ends, and the other hosts go on.
+ip netns exec sd-host "$ROGUE" shm "$sock" >"$T/rogue.out" 2>&1 || fail "rogue shm: $(cat "$T/rogue.out")"
+log "rogue: $(cat "$T/rogue.out")"
+assert_grep "$T/ioc.log" "shared-memory ring" "the IOC's reason for ending the rogue's session"
+ping_ok sd-host 10.50.0.2
+ping_ok sd-host3 10.50.0.2
+assert_eq "$(json status "d['status']['fabric']['hosts']")" 3 "hosts after the rogue"
 # kill -9: the socket file stays behind; the next IOC replaces it and the hosts come back.
 hp=${HOST_PID[1]}
 stop_ioc KILL
