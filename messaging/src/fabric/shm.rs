@@ -120,8 +120,29 @@ impl Channel for ShmTransport {
     }
 }
 
+/// A set-up failure, said as what went wrong.
+fn shm_err(e: impl std::fmt::Display) -> FabricError {
+    FabricError::Shm(e.to_string())
+}
+
 fn ring(setup: &Setup) -> Result<RingConfig, FabricError> {
-    setup.ring().map_err(|e| FabricError::Shm(e.to_string()))
+    setup.ring().map_err(shm_err)
+}
+
+/// The channel producing into `tx` and consuming `rx`, once both rings' headers check.
+fn attach(
+    tx: Mapping,
+    rx: Mapping,
+    cfg: RingConfig,
+    domain: DomainId,
+    max_send: usize,
+) -> Result<ShmChannel<Mapping>, FabricError> {
+    Ok(ShmChannel::new(
+        Producer::attach(tx, cfg).map_err(shm_err)?,
+        Consumer::attach(rx, cfg).map_err(shm_err)?,
+        domain,
+        max_send,
+    ))
 }
 
 /// Waits (within `timeout`) for one message with descriptors on `sock`.
@@ -150,10 +171,9 @@ async fn recv_setup(
 
 /// A new ring of `cfg` in a sealed `memfd`, initialised, and its mapping.
 fn new_ring(cfg: RingConfig, name: &std::ffi::CStr) -> Result<(Memfd, Mapping), FabricError> {
-    let fd = Memfd::create(name, cfg.region_len()).map_err(|e| FabricError::Shm(e.to_string()))?;
+    let fd = Memfd::create(name, cfg.region_len()).map_err(shm_err)?;
     let map = fd.map()?;
-    cfg.init(&map)
-        .map_err(|e| FabricError::Shm(e.to_string()))?;
+    cfg.init(&map).map_err(shm_err)?;
     Ok((fd, map))
 }
 
@@ -187,13 +207,7 @@ pub async fn offer(
         return Err(FabricError::Shm("the IOC refused the shared memory".into()));
     }
     let peer = EventFd::from_fd(fds.remove(0));
-    let map_err = |e: crate::adapter::shm::RingError| FabricError::Shm(e.to_string());
-    let ch = ShmChannel::new(
-        Producer::attach(tx_map, cfg).map_err(map_err)?,
-        Consumer::attach(rx_map, cfg).map_err(map_err)?,
-        domain,
-        max_send,
-    );
+    let ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
     Ok(ShmTransport {
         ch,
         bell,
@@ -213,7 +227,7 @@ pub async fn accept(
 ) -> Result<ShmTransport, FabricError> {
     let mut buf = [0u8; 16];
     let (n, fds) = recv_setup(&sock, &mut buf, 3, timeout).await?;
-    let setup = Setup::parse(&buf[..n]).map_err(|e| FabricError::Shm(e.to_string()))?;
+    let setup = Setup::parse(&buf[..n]).map_err(shm_err)?;
     let Ok::<[_; 3], _>([rx_fd, tx_fd, peer]) = fds.try_into() else {
         return Err(FabricError::Shm(
             "the set-up needs three descriptors".into(),
@@ -221,17 +235,11 @@ pub async fn accept(
     };
     let cfg = ring(&setup)?;
     let verify = |fd| -> Result<Mapping, FabricError> {
-        let m = Memfd::verify(fd, cfg.region_len()).map_err(|e| FabricError::Shm(e.to_string()))?;
+        let m = Memfd::verify(fd, cfg.region_len()).map_err(shm_err)?;
         Ok(m.map()?)
     };
     let (rx_map, tx_map) = (verify(rx_fd)?, verify(tx_fd)?);
-    let map_err = |e: crate::adapter::shm::RingError| FabricError::Shm(e.to_string());
-    let ch = ShmChannel::new(
-        Producer::attach(tx_map, cfg).map_err(map_err)?,
-        Consumer::attach(rx_map, cfg).map_err(map_err)?,
-        domain,
-        max_send,
-    );
+    let ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
     let bell = EventFd::new()?;
     send_fds(&sock, &ACK, &[bell.as_fd()])?;
     Ok(ShmTransport {
