@@ -7,10 +7,14 @@ use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::testing::config;
 use splitnet_messaging::wire::{self, ErrorCode, MAX_MESSAGE_LEN};
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const FRAMES: u64 = 100_000;
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// Longer than any wait of a working exchange: the test fails instead of hanging.
+const STALL: Duration = Duration::from_secs(10);
 
 /// Deterministic frame `seq` of a direction: a length (log-uniform 60..=65535, every 997th
 /// frame 65,536..=65,600 so it must take the BufferRDMAIndicate path) and a byte pattern.
@@ -50,6 +54,10 @@ struct Side {
     sent: u64,
     received: u64,
     held: Option<SendBuf>,
+    /// This side has sent and received everything.
+    finished: bool,
+    /// How many sides have.
+    both: Arc<AtomicUsize>,
 }
 
 impl Side {
@@ -90,7 +98,13 @@ impl Side {
             }
             self.tl.link.flush().expect("flush");
             self.tl.link.reclaim(&mut self.cache);
-            if self.done() {
+            // Done once both sides are: a side that stopped reading early could leave the
+            // other's last credit updates unsent (a Unix socket buffers little).
+            if self.done() && !self.finished {
+                self.finished = true;
+                self.both.fetch_add(1, Ordering::SeqCst);
+            }
+            if self.both.load(Ordering::SeqCst) == 2 {
                 return self;
             }
             let FabricLink { ready, link } = &mut self.tl;
@@ -103,10 +117,21 @@ impl Side {
                 _ = std::future::ready(()), if !sleep => (Some(Lane::Data), None),
                 g = ready.data.writable(), if pending && ready.data_writable() => (None, Some(g.unwrap())),
                 g = ready.ctrl.writable(), if pending => (None, Some(g.unwrap())),
-                r = ready.peer_gone() => panic!("peer gone: {r:?}"),
+                r = ready.peer_gone(), if !self.finished => panic!("peer gone: {r:?}"),
+                // Finished: look again soon whether the other side is too.
+                _ = tokio::time::sleep(Duration::from_millis(5)), if self.finished => (None, None),
+                _ = tokio::time::sleep(STALL) => panic!(
+                    "side {} stalled: sent {}, received {}, credits in use {}, pending {} (ctrl {}), data sleep {sleep}",
+                    self.dir_out, self.sent, self.received,
+                    link.session().initiator().in_use(), link.pending(),
+                    link.pending_on(Lane::Control),
+                ),
             };
             link.wake(Lane::Data);
             let Some(lane) = lane else {
+                if guard.is_none() {
+                    continue;
+                }
                 if !link.flush().expect("flush") {
                     if let Some(mut g) = guard {
                         g.clear_ready();
@@ -148,7 +173,7 @@ impl Side {
     }
 }
 
-fn side(tl: FabricLink, reg: Registry, dir_out: u64) -> Side {
+fn side(tl: FabricLink, reg: Registry, dir_out: u64, both: Arc<AtomicUsize>) -> Side {
     Side {
         tl,
         reg,
@@ -158,6 +183,8 @@ fn side(tl: FabricLink, reg: Registry, dir_out: u64) -> Side {
         sent: 0,
         received: 0,
         held: None,
+        finished: false,
+        both,
     }
 }
 
@@ -227,6 +254,8 @@ fn exchange(listener: Listener, path_kind: DataPath) {
         Listener::Unix(_, p) => Some(p.clone()),
         Listener::Tcp(_) => None,
     };
+    let both_a = Arc::new(AtomicUsize::new(0));
+    let both_b = both_a.clone();
     // Both sides advertise enough large elements that idata and BufferRDMAIndicate both occur.
     let server = std::thread::spawn(move || {
         rt().block_on(async {
@@ -264,7 +293,7 @@ fn exchange(listener: Listener, path_kind: DataPath) {
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
             let tl = FabricLink::new(s, c, d).unwrap();
-            side(tl, reg, 0).run().await
+            side(tl, reg, 0, both_a).run().await
         })
     });
     let client = std::thread::spawn(move || {
@@ -285,7 +314,7 @@ fn exchange(listener: Listener, path_kind: DataPath) {
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
             let tl = FabricLink::new(s, c, d).unwrap();
-            side(tl, reg, 1).run().await
+            side(tl, reg, 1, both_b).run().await
         })
     });
     let a = server.join().expect("server side");
