@@ -92,15 +92,23 @@ pub struct TxPolicy<'a> {
 }
 
 /// Hands `frame` to each worker of `to`, counting what crossed and what a full inbox
-/// dropped.
-fn cross(shard: &Shard, to: impl IntoIterator<Item = usize>, frame: &[u8], stats: &mut IocStats) {
+/// dropped; returns how many workers it was for.
+fn cross(
+    shard: &Shard,
+    to: impl IntoIterator<Item = usize>,
+    frame: &[u8],
+    stats: &mut IocStats,
+) -> usize {
+    let mut n = 0;
     for w in to {
+        n += 1;
         if shard.cross(w, frame) {
             stats.crossed_out += 1;
         } else {
             stats.cross_dropped += 1;
         }
     }
+    n
 }
 
 /// Forwards one frame a host's session (`from`) wrote into the IOC's pool, if it passes
@@ -151,7 +159,9 @@ pub fn from_host(
     match owner.and_then(|s| hosts.get_mut(&s)) {
         Some(to) => deliver_copy(to, frame, cache),
         None => match elsewhere {
-            Some(w) => cross(policy.shard, [w], frame, stats),
+            Some(w) => {
+                cross(policy.shard, [w], frame, stats);
+            }
             None => return lan.send(from, frame, nic, hosts, stats),
         },
     }
@@ -215,26 +225,28 @@ impl Ioc {
                 continue;
             }
             let group = vnet::is_group(&dst);
-            let elsewhere = if group {
-                shard.others().collect()
-            } else {
-                match shard.owner(&dst) {
-                    Some(w) => vec![w],
-                    None => shard.promisc_others(),
-                }
-            };
+            // A unicast frame for another worker's host goes there alone.
+            if let Some(w) = (!group).then(|| shard.owner(&dst)).flatten() {
+                cross(shard, [w], frame, stats);
+                cache.put(buf);
+                continue;
+            }
+            // Group frames go to every host, frames for no host to the promiscuous ones: here,
+            // and on the other workers that have such hosts.
             let to = if group {
                 targets(hosts, frame, flow_keys, |_| true)
-            } else if elsewhere.is_empty() {
-                targets(hosts, frame, flow_keys, |h| h.promisc)
             } else {
-                Vec::new()
+                targets(hosts, frame, flow_keys, |h| h.promisc)
             };
-            if to.is_empty() && elsewhere.is_empty() && !group {
+            let crossed = if group {
+                cross(shard, shard.others(), frame, stats)
+            } else {
+                cross(shard, shard.promisc_others().iter().copied(), frame, stats)
+            };
+            if to.is_empty() && crossed == 0 && !group {
                 stats.lan_filtered += 1;
             }
             deliver_all(&to, hosts, frame, cache);
-            cross(shard, elsewhere, frame, stats);
             cache.put(buf);
         }
         self.kick_hosts();

@@ -197,11 +197,8 @@ impl Shard {
     }
 
     /// The other workers with a promiscuous host (they want frames for unknown MACs).
-    pub fn promisc_others(&self) -> Vec<usize> {
-        if self.count() == 1 {
-            return Vec::new();
-        }
-        self.view().promisc.clone()
+    pub fn promisc_others(&self) -> std::cell::Ref<'_, [usize]> {
+        std::cell::Ref::map(self.view(), |v| v.promisc.as_slice())
     }
 
     /// Hands a copy of `frame` to worker `to`; false (nothing sent) when its inbox is full
@@ -367,7 +364,7 @@ mod tests {
         set[1].0.release_mac(&nic, m2);
         assert_eq!(set[0].0.owner(&m2), None);
         set[1].0.set_promisc(true);
-        assert_eq!(set[0].0.promisc_others(), vec![1]);
+        assert_eq!(*set[0].0.promisc_others(), [1]);
         assert!(set[1].0.promisc_others().is_empty());
     }
 

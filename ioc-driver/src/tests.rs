@@ -633,3 +633,26 @@ fn a_full_inbox_drops_and_counts_and_admission_spans_the_workers() {
     let admitted = (0..max).filter(|_| w[0].0.shard.admit(max)).count();
     assert_eq!(admitted, max - 1, "worker 1's host holds one place");
 }
+
+#[test]
+fn a_frame_for_no_host_reaches_the_promiscuous_hosts_of_every_worker() {
+    let mut w = two_workers();
+    let (a, mut pa) = connect(&mut w[0].0, 1, false, 128);
+    let (b, mut pb) = connect(&mut w[1].0, 2, false, 128);
+    for (i, (s, p)) in [(a, &mut pa), (b, &mut pb)].into_iter().enumerate() {
+        p.link.session_mut().cfg_request(CfgCode::SetPromisc, &[1]);
+        pump(&mut w[i].0, p, s, true);
+        assert!(host(&w[i].0, s).promisc);
+    }
+    // Read by worker 0: its own promiscuous host gets it, and worker 1's through the inbox.
+    let nic0 = w[0].1.clone();
+    from_lan(&mut w[0].0, &nic0, [0x02, 9, 9, 9, 9, 9], 2);
+    pump(&mut w[0].0, &mut pa, a, true);
+    assert_eq!(pa.frames, 2, "worker 0's promiscuous host");
+    let crossed = w[1].2.take();
+    assert_eq!(crossed.len(), 2);
+    w[1].0.deliver_crossed(&crossed);
+    pump(&mut w[1].0, &mut pb, b, true);
+    assert_eq!(pb.frames, 2, "worker 1's promiscuous host");
+    assert_eq!(w[0].0.stats.lan_filtered, 0);
+}
