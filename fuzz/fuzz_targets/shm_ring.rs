@@ -6,7 +6,9 @@
 //! - no panic, whatever the shared bytes;
 //! - every record returned has a known kind and at most `max_record` bytes, all copied into
 //!   the caller's buffer, whose capacity never exceeds `max_record`;
-//! - an error sticks: the consumer keeps returning it.
+//! - an error sticks: the consumer keeps returning it;
+//! - a record held by `peek` keeps its kind and length whatever the peer scribbles, reads
+//!   inside it succeed (unless the ring broke) and reads outside it fail.
 #![no_main]
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
@@ -16,6 +18,9 @@ use splitnet_messaging::adapter::shm::{Consumer, HeapShared, Producer, RingConfi
 #[derive(Debug, Arbitrary)]
 enum Action {
     Pop,
+    Peek,
+    Read { at: u16, len: u16 },
+    Consume,
     PrepareSleep,
     Wake,
     Push { kind: u8, len: u16 },
@@ -49,10 +54,15 @@ fuzz_target!(|input: Input| {
     };
     let mut p = Producer::attach(mem.clone(), cfg).ok();
     let mut buf = Vec::new();
+    let mut held = None;
+    let mut scratch = vec![0u8; max_record as usize + 8];
     let payload = vec![0xa5u8; max_record as usize + 8];
     for action in input.actions.into_iter().take(256) {
         match action {
-            Action::Pop => match c.pop(&mut buf) {
+            Action::Pop => match {
+                held = None;
+                c.pop(&mut buf)
+            } {
                 Ok(Some(r)) => {
                     assert!((1..=max_kind).contains(&r.kind));
                     assert!(r.len <= max_record as usize);
@@ -64,6 +74,33 @@ fuzz_target!(|input: Input| {
                     assert_eq!(c.pop(&mut buf), Err(e));
                 }
             },
+            Action::Peek => match c.peek() {
+                Ok(Some(r)) => {
+                    assert!((1..=max_kind).contains(&r.kind));
+                    assert!(r.len <= max_record as usize);
+                    assert!(held.is_none_or(|h| h == r), "a held record never changes");
+                    held = Some(r);
+                }
+                Ok(None) => assert!(held.is_none()),
+                Err(e) => {
+                    held = None;
+                    assert_eq!(c.peek(), Err(e));
+                }
+            },
+            Action::Read { at, len } => {
+                let (at, len) = (usize::from(at), usize::from(len).min(scratch.len()));
+                let r = c.read(at, &mut scratch[..len]);
+                match held {
+                    Some(h) if at + len <= h.len => assert!(r.is_ok()),
+                    _ => assert!(r.is_err()),
+                }
+            }
+            Action::Consume => {
+                if c.consume().is_err() {
+                    assert!(c.peek().is_err());
+                }
+                held = None;
+            }
             Action::PrepareSleep => {
                 let _ = c.prepare_sleep();
             }

@@ -10,7 +10,7 @@
 //! Plain `libc` calls: the handful needed do not justify another dependency.
 
 use super::{cvt, cvt_size};
-use crate::adapter::shm::SharedMem;
+use crate::adapter::shm::{MemError, SharedMem};
 use std::ffi::CStr;
 use std::io;
 use std::mem::size_of;
@@ -167,7 +167,7 @@ impl AsFd for Memfd {
     }
 }
 
-/// A shared mapping of a [`Memfd`], accessed only as atomic words.
+/// A shared mapping of a [`Memfd`], accessed as atomic words and by byte copies.
 ///
 /// Unmapped on drop. Several mappings of the same file (in this process or others) see
 /// each other's writes.
@@ -178,9 +178,11 @@ pub struct Mapping {
 }
 
 // SAFETY: the mapping is only ever accessed through `&AtomicU32` (see `words`), which is
-// `Sync`; the pointer is owned by this value alone and unmapped once, in `drop`.
+// `Sync`, and by the byte copies of `read` and `write`, which are sound under the same
+// conditions (see there); the pointer is owned by this value alone and unmapped once, in
+// `drop`.
 unsafe impl Send for Mapping {}
-// SAFETY: as above: shared access only performs atomic operations.
+// SAFETY: as above.
 unsafe impl Sync for Mapping {}
 
 impl SharedMem for Mapping {
@@ -199,11 +201,42 @@ impl SharedMem for Mapping {
         //   a racing write by the peer, atomic or not (the hardware makes aligned 4-byte
         //   accesses single-copy atomic), can only change which `u32` we read, and every
         //   bit pattern is a valid `u32`. No non-atomic reference (`&[u8]`) to this memory
-        //   is ever created: record bytes are copied word by word into private buffers.
-        // - Two mappings of one file alias each other at different addresses; because all
-        //   accesses are atomic, the compiler never assumes a value stays put, so the
-        //   aliasing is invisible to it.
+        //   is ever created: record bytes are copied by `read` and `write` through raw
+        //   pointers into and out of private buffers.
+        // - Two mappings of one file alias each other at different addresses; because every
+        //   access is atomic or a raw-pointer copy, the compiler never assumes a value stays
+        //   put, so the aliasing is invisible to it.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len / 4) }
+    }
+
+    /// Copies with `memcpy`, as rust-vmm's vm-memory copies guest memory.
+    fn read(&self, off: usize, buf: &mut [u8]) -> Result<(), MemError> {
+        MemError::check(off, buf.len(), self.len)?;
+        // SAFETY: `off..off + buf.len()` lies inside the mapping (checked above; every page
+        // is backed, see `words`), and `buf` is private memory, so the two do not overlap.
+        // A correct peer never writes these bytes while we copy them: the ring's
+        // `Release`/`Acquire` index words order the copy after its writes and before its
+        // reuse of the space, so there is no data race. A rogue peer's racing writes can
+        // only make the copied bytes arbitrary; `u8` has no invalid values, and the ring
+        // parses what it copies from the private copy only, never re-reading shared memory.
+        unsafe {
+            let src = self.ptr.as_ptr().cast::<u8>().add(off);
+            ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len());
+        }
+        Ok(())
+    }
+
+    /// Copies with `memcpy`: exactly the bytes `off..off + data.len()` are written.
+    fn write(&self, off: usize, data: &[u8]) -> Result<(), MemError> {
+        MemError::check(off, data.len(), self.len)?;
+        // SAFETY: as in `read`. The words are `UnsafeCell`s (atomics) reached through a
+        // pointer we own, so writing them through it is allowed; bytes outside the range,
+        // including the rest of a partly covered word, are not touched.
+        unsafe {
+            let dst = self.ptr.as_ptr().cast::<u8>().add(off);
+            ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len());
+        }
+        Ok(())
     }
 }
 
@@ -352,7 +385,7 @@ pub fn recv_fds(
 mod tests {
     use super::*;
     use crate::adapter::shm::tests::{payload, transfer};
-    use crate::adapter::shm::{Consumer, Producer, Record, RingConfig};
+    use crate::adapter::shm::{Consumer, HeapShared, Producer, Record, RingConfig};
     use std::io::Read;
 
     fn ring_cfg() -> RingConfig {
@@ -422,6 +455,34 @@ mod tests {
             let _ = p.push(2, &[&payload(i, len)]).unwrap();
             assert_eq!(c.pop(&mut buf).unwrap(), Some(Record { kind: 2, len }));
             assert_eq!(buf, payload(i, len));
+        }
+    }
+
+    proptest::proptest! {
+        /// The `memcpy` copies of a mapping behave exactly like the word-at-a-time copies
+        /// of `HeapShared`: same bytes, same bounds errors, neighbours of a partly covered
+        /// word untouched, and the other mapping of the file sees every byte.
+        #[test]
+        fn mapping_copies_match_the_word_copies(ops in proptest::collection::vec(
+            (0usize..4200, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+             proptest::prelude::any::<bool>()), 1..30)
+        ) {
+            let fd = Memfd::create(c"copies", 4096).unwrap();
+            let (m, other) = (fd.map().unwrap(), fd.map().unwrap());
+            let model = HeapShared::new(4096);
+            for (off, data, is_write) in ops {
+                if is_write {
+                    proptest::prop_assert_eq!(m.write(off, &data), model.write(off, &data));
+                } else {
+                    let (mut got, mut want) = (vec![0u8; data.len()], vec![0u8; data.len()]);
+                    proptest::prop_assert_eq!(m.read(off, &mut got), model.read(off, &mut want));
+                    proptest::prop_assert_eq!(got, want);
+                }
+            }
+            let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+            other.read(0, &mut a).unwrap();
+            model.read(0, &mut b).unwrap();
+            proptest::prop_assert_eq!(a, b);
         }
     }
 

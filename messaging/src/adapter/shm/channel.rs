@@ -2,11 +2,12 @@
 //!
 //! Each operation travels as one ring record of kind [`KIND_OP`]: the 32-byte operation
 //! header of the TCP framing ([`OpHeader`]) followed by its payload. The consumer copies the
-//! record out of shared memory once ([`Consumer::pop`]), parses the header from that copy,
-//! and places an RDMA write through the [`Registry`] with exactly the checks of the TCP path
-//! (domain, handle, grant, bounds), so a peer that rewrites shared memory afterwards changes
-//! nothing that was checked. A ring the peer corrupted ([`ShmError`]) ends the channel, and
-//! only this peer's.
+//! header out of shared memory once ([`Consumer::peek`], [`Consumer::read`]), parses it from
+//! that copy, and places an RDMA write through the [`Registry`] with exactly the checks of
+//! the TCP path (domain, handle, grant, bounds), copying the payload from the ring straight
+//! into the granted element: one copy, each byte read once, so a peer that rewrites shared
+//! memory meanwhile changes nothing that was checked. A ring the peer corrupted
+//! ([`ShmError`]) ends the channel, and only this peer's.
 //!
 //! Sans-IO: the doorbell is the caller's. [`ShmChannel::take_doorbell`] says when the peer
 //! asked to be woken by a publication; [`ShmChannel::prepare_sleep`] arms this side's own
@@ -63,7 +64,7 @@ pub struct ShmChannel<M> {
     domain: DomainId,
     max_send: usize,
     writes: bool,
-    /// The last record popped (private memory): a SEND's payload is read from here.
+    /// The last SEND's payload, copied out of the ring (private memory).
     record: Vec<u8>,
     received: std::ops::Range<usize>,
     doorbell: bool,
@@ -125,7 +126,8 @@ impl<M: SharedMem> ShmChannel<M> {
         self.tx.memory()
     }
 
-    /// Places the write in the record (payload after the header) through `reg`'s checks.
+    /// Places the write of the held record's payload (after the operation header) through
+    /// `reg`'s checks, copying it from the ring straight into the element.
     fn place(
         &mut self,
         reg: &mut Registry,
@@ -139,15 +141,17 @@ impl<M: SharedMem> ShmChannel<M> {
             .begin_write(self.domain, handle, addr, len)
             .map_err(RxError::from)?;
         let dst = reg.placement_mut(&p);
-        let src = self.record.get(OP_HEADER_LEN..).unwrap_or_default();
-        if dst.len() != src.len() {
+        if dst.len() != len as usize {
             reg.abort_write(&p);
             return Err(ShmError::BadRecord {
-                len: self.record.len(),
+                len: OP_HEADER_LEN + len as usize,
             }
             .into());
         }
-        dst.copy_from_slice(src);
+        if let Err(e) = self.rx.read(OP_HEADER_LEN, dst) {
+            reg.abort_write(&p);
+            return Err(ShmError::Ring(e).into());
+        }
         reg.finish_write(&p);
         Ok(RxCompletion::Write {
             handle: p.handle,
@@ -155,6 +159,48 @@ impl<M: SharedMem> ShmChannel<M> {
             len: p.len,
             imm,
         })
+    }
+
+    /// Takes the next operation: its header is copied out and parsed privately, a write's
+    /// payload goes straight from the ring into its element, a SEND's into `record`.
+    fn take(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
+        let Some(rec) = self.rx.peek().map_err(ShmError::Ring)? else {
+            return Ok(None);
+        };
+        let mut header = [0u8; OP_HEADER_LEN];
+        if rec.len < OP_HEADER_LEN {
+            return Err(ShmError::BadRecord { len: rec.len }.into());
+        }
+        self.rx.read(0, &mut header).map_err(ShmError::Ring)?;
+        let h = OpHeader::parse(&header).map_err(RxError::from)?;
+        if h.len as usize != rec.len - OP_HEADER_LEN {
+            return Err(ShmError::BadRecord { len: rec.len }.into());
+        }
+        match h.op {
+            Op::Write { handle, addr } => {
+                return self.place(reg, (handle, addr, None), h.len).map(Some)
+            }
+            Op::WriteImm { handle, addr, imm } => {
+                return self.place(reg, (handle, addr, Some(imm)), h.len).map(Some)
+            }
+            Op::Send => {}
+        }
+        if h.len as usize > self.max_send {
+            return Err(RxError::SendTooLong {
+                len: h.len,
+                max: self.max_send,
+            }
+            .into());
+        }
+        self.record.clear();
+        self.record.resize(h.len as usize, 0);
+        self.rx
+            .read(OP_HEADER_LEN, &mut self.record)
+            .map_err(ShmError::Ring)?;
+        self.received = 0..self.record.len();
+        Ok(Some(RxCompletion::Recv {
+            len: h.len as usize,
+        }))
     }
 }
 
@@ -187,36 +233,10 @@ impl<M: SharedMem> Channel for ShmChannel<M> {
     }
 
     fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
-        let Some(rec) = self.rx.pop(&mut self.record).map_err(ShmError::Ring)? else {
-            return Ok(None);
-        };
-        let Some(header) = self.record.first_chunk::<OP_HEADER_LEN>() else {
-            return Err(ShmError::BadRecord { len: rec.len }.into());
-        };
-        let h = OpHeader::parse(header).map_err(RxError::from)?;
-        if h.len as usize != rec.len - OP_HEADER_LEN {
-            return Err(ShmError::BadRecord { len: rec.len }.into());
-        }
-        match h.op {
-            Op::Write { handle, addr } => {
-                return self.place(reg, (handle, addr, None), h.len).map(Some)
-            }
-            Op::WriteImm { handle, addr, imm } => {
-                return self.place(reg, (handle, addr, Some(imm)), h.len).map(Some)
-            }
-            Op::Send => {}
-        }
-        if h.len as usize > self.max_send {
-            return Err(RxError::SendTooLong {
-                len: h.len,
-                max: self.max_send,
-            }
-            .into());
-        }
-        self.received = OP_HEADER_LEN..rec.len;
-        Ok(Some(RxCompletion::Recv {
-            len: h.len as usize,
-        }))
+        let taken = self.take(reg)?;
+        // Only a record taken whole is given back; an error above ends the channel.
+        self.rx.consume().map_err(ShmError::Ring)?;
+        Ok(taken)
     }
 
     fn received(&self) -> &[u8] {

@@ -541,7 +541,19 @@ pub struct Consumer<M> {
     space_checked: u32,
     /// The producer's head as last loaded and checked.
     head: u32,
+    /// The record [`Consumer::peek`] checked and has not consumed yet.
+    held: Option<Held>,
     broken: Option<RingError>,
+}
+
+/// A checked record still in the ring: its header was read once, privately.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    record: Record,
+    /// Offset of its payload in the region.
+    at: usize,
+    /// Bytes it occupies in the data area (header, payload, padding).
+    total: u32,
 }
 
 impl<M: SharedMem> Consumer<M> {
@@ -559,22 +571,80 @@ impl<M: SharedMem> Consumer<M> {
             tail,
             space_checked: tail,
             head: tail,
+            held: None,
             broken: None,
         })
     }
 
     /// Copies the next record's payload into `buf` (replacing its contents; its capacity
-    /// grows to at most `max_record`) and returns the record, or `None` if the ring is empty.
+    /// grows to at most `max_record`) and returns the record, or `None` (leaving `buf` as
+    /// it is) if the ring is empty.
     pub fn pop(&mut self, buf: &mut Vec<u8>) -> Result<Option<Record>, RingError> {
+        let rec = match self.peek() {
+            Ok(Some(rec)) => rec,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                buf.clear();
+                return Err(e);
+            }
+        };
+        buf.clear();
+        buf.reserve_exact(rec.len);
+        buf.resize(rec.len, 0);
+        let r = self.read(0, buf).and_then(|()| self.consume());
+        if r.is_err() {
+            buf.clear();
+        }
+        r.map(|()| Some(rec))
+    }
+
+    /// Checks the next record and holds it in the ring until [`Consumer::consume`]: the
+    /// caller copies its payload out with [`Consumer::read`], straight to where it belongs
+    /// (an RDMA write's element), each byte once. `None` if the ring is empty. While a
+    /// record is held, this returns it again without re-reading anything.
+    pub fn peek(&mut self) -> Result<Option<Record>, RingError> {
         if let Some(e) = self.broken {
             return Err(e);
         }
-        let r = self.pop_inner(buf);
-        if let Err(e) = r {
-            self.broken = Some(e);
-            buf.clear();
+        if let Some(h) = self.held {
+            return Ok(Some(h.record));
         }
-        r
+        match self.peek_inner() {
+            Ok(h) => {
+                self.held = h;
+                Ok(h.map(|h| h.record))
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// Copies `buf.len()` bytes of the held record's payload, from payload offset `at`,
+    /// into `buf`. Reading past the payload, or with no record held, is an error that
+    /// leaves the ring usable (it is this side's mistake, not the peer's).
+    pub fn read(&mut self, at: usize, buf: &mut [u8]) -> Result<(), RingError> {
+        let h = self.held.ok_or(RingError::Mem(MemError::OutOfBounds {
+            off: at,
+            len: buf.len(),
+            size: 0,
+        }))?;
+        MemError::check(at, buf.len(), h.record.len)?;
+        self.mem
+            .read(h.at + at, buf)
+            .map_err(|e| self.fail(e.into()))
+    }
+
+    /// Gives the held record's space back to the producer (a no-op if none is held).
+    pub fn consume(&mut self) -> Result<(), RingError> {
+        match self.held.take() {
+            Some(h) => self.advance(h.total).map_err(|e| self.fail(e)),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&mut self, e: RingError) -> RingError {
+        self.broken = Some(e);
+        self.held = None;
+        e
     }
 
     /// Asks the producer to ring the doorbell on its next publication. Returns `true` if the
@@ -647,7 +717,7 @@ impl<M: SharedMem> Consumer<M> {
         Ok(self.mem.store_u32(OFF_TAIL, self.tail)?)
     }
 
-    fn pop_inner(&mut self, buf: &mut Vec<u8>) -> Result<Option<Record>, RingError> {
+    fn peek_inner(&mut self) -> Result<Option<Held>, RingError> {
         // At most one PAD record precedes a record, so this runs at most twice.
         loop {
             if self.tail == self.head {
@@ -693,15 +763,14 @@ impl<M: SharedMem> Consumer<M> {
             if total > avail {
                 return Err(RingError::Truncated { total, avail });
             }
-            let len = len as usize;
-            buf.clear();
-            buf.reserve_exact(len);
-            buf.resize(len, 0);
-            // The one read of the payload, into private memory.
-            self.mem
-                .read(HEADER_LEN + off as usize + RECORD_HEADER_LEN, buf)?;
-            self.advance(total)?;
-            return Ok(Some(Record { kind, len }));
+            return Ok(Some(Held {
+                record: Record {
+                    kind,
+                    len: len as usize,
+                },
+                at: HEADER_LEN + off as usize + RECORD_HEADER_LEN,
+                total,
+            }));
         }
     }
 }

@@ -185,6 +185,41 @@ fn full_ring_refuses_until_the_consumer_frees_space() {
 }
 
 #[test]
+fn a_peeked_record_is_read_in_place_and_held_until_consumed() {
+    let (mut p, mut c) = ring(cfg(256, 100), 0);
+    let mem = c.memory().clone();
+    assert_eq!(c.peek(), Ok(None));
+    let mut b = [0u8; 4];
+    assert!(c.read(0, &mut b).is_err(), "nothing is held");
+    for i in 0..4u8 {
+        let _ = p.push(1, &[&[i; 56]]).unwrap();
+    }
+    assert_eq!(p.push(1, &[]), Err(PushError::Full));
+    let rec = c.peek().unwrap().unwrap();
+    assert_eq!(rec, Record { kind: 1, len: 56 });
+    // The header was read once: the peer rewriting it changes nothing held.
+    mem.write(HEADER_LEN, &[0xff; 8]).unwrap();
+    assert_eq!(c.peek(), Ok(Some(rec)));
+    let mut part = [0u8; 16];
+    c.read(40, &mut part).unwrap();
+    assert_eq!(part, [0; 16]);
+    assert!(c.read(41, &mut part).is_err(), "past the payload");
+    assert!(c.read(usize::MAX, &mut part).is_err());
+    assert!(!c.prepare_sleep(), "a held record is not consumed");
+    assert_eq!(
+        p.push(1, &[]),
+        Err(PushError::Full),
+        "held space stays taken"
+    );
+    c.consume().unwrap();
+    c.consume().unwrap();
+    let _ = p.push(1, &[&[9; 56]]).unwrap();
+    let mut buf = Vec::new();
+    let firsts: Vec<u8> = std::iter::from_fn(|| c.pop(&mut buf).unwrap().map(|_| buf[0])).collect();
+    assert_eq!(firsts, [1, 2, 3, 9]);
+}
+
+#[test]
 fn counters_wrap_around() {
     let start = u32::MAX - 255; // 8-aligned, 256 bytes before the wrap
     let (mut p, mut c) = ring(cfg(256, 100), start);
