@@ -7,7 +7,8 @@
 //! GetStats a second) but never reads its data channel; it prints its MAC, then whether the
 //! IOC kept it. `rogue churn ADDR N` connects and vanishes N times. `rogue shm PATH` connects
 //! to the IOC's local socket with its data channel in shared memory, then corrupts its ring
-//! and rings the IOC's doorbell. Exit status 0 when every attack was refused as expected.
+//! and rings the IOC's doorbell, and (another session) floods that doorbell. Exit status 0
+//! when every attack was refused as expected.
 //!
 //! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
 
@@ -654,15 +655,28 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
     missed
 }
 
-/// A host over the IOC's local socket at `path` with its data channel in shared memory
-/// (docs/protocol.md section 9) that, once connected, publishes a ring index the ring
-/// refuses and rings the IOC's doorbell: the IOC must end the session (the set-up socket
-/// reaches its end).
-fn shm_scribble(path: &str) -> Vec<&'static str> {
-    use splitnet_messaging::adapter::shm::setup::{Setup, MAX_PAYLOAD, RING_DATA, SHM_CHANNEL};
-    use splitnet_messaging::adapter::shm::SharedMem;
-    use splitnet_messaging::sys::{eventfd::EventFd, shm};
-    let run = || -> Result<bool, String> {
+/// A session of a host over the IOC's local socket at `path` with its data channel in
+/// shared memory (docs/protocol.md section 9), set up and then left to an attack.
+struct ShmSession {
+    /// The data channel's socket: its end of stream says the IOC ended the session.
+    sock: UnixStream,
+    /// The ring this host produces into.
+    to_ioc: splitnet_messaging::sys::shm::Mapping,
+    /// The IOC's doorbell.
+    ioc_bell: splitnet_messaging::sys::eventfd::EventFd,
+    /// Kept open for the session's lifetime: the control channel, the other ring and this
+    /// host's doorbell.
+    _keep: (
+        StreamChannel<UnixStream>,
+        splitnet_messaging::sys::shm::Mapping,
+        splitnet_messaging::sys::eventfd::EventFd,
+    ),
+}
+
+impl ShmSession {
+    fn open(path: &str) -> Result<ShmSession, String> {
+        use splitnet_messaging::adapter::shm::setup::{Setup, MAX_PAYLOAD, RING_DATA, SHM_CHANNEL};
+        use splitnet_messaging::sys::{eventfd::EventFd, shm};
         let uch = |s: UnixStream| {
             s.set_read_timeout(Some(Duration::from_millis(50))).ok();
             StreamChannel::new(s, DomainId(0), wire::MAX_MESSAGE_LEN)
@@ -701,7 +715,7 @@ fn shm_scribble(path: &str) -> Vec<&'static str> {
             Ok((fd, map))
         };
         let (to_ioc, to_ioc_map) = ring(c"rogue-to-ioc")?;
-        let (from_ioc, _from_ioc_map) = ring(c"rogue-from-ioc")?;
+        let (from_ioc, from_ioc_map) = ring(c"rogue-from-ioc")?;
         let bell = EventFd::new().map_err(|e| e.to_string())?;
         let fds = [to_ioc.as_fd(), from_ioc.as_fd(), bell.as_fd()];
         shm::send_fds(&sock, &setup.emit(), &fds).map_err(|e| e.to_string())?;
@@ -712,18 +726,64 @@ fn shm_scribble(path: &str) -> Vec<&'static str> {
         }
         let ioc_bell = EventFd::from_fd(got.remove(0));
         std::thread::sleep(Duration::from_millis(300));
-        // `head` of the ring to the IOC (offset 64): not a multiple of 8.
-        to_ioc_map.store_u32(64, 3).map_err(|e| e.to_string())?;
-        ioc_bell.ring().map_err(|e| e.to_string())?;
+        Ok(ShmSession {
+            sock,
+            to_ioc: to_ioc_map,
+            ioc_bell,
+            _keep: (ctrl, from_ioc_map, bell),
+        })
+    }
+
+    /// Whether the IOC ended the session: its end of stream within `WAIT`.
+    fn ended(&self) -> bool {
         let mut b = [0u8; 1];
-        Ok(matches!((&sock).read(&mut b), Ok(0)))
+        matches!((&self.sock).read(&mut b), Ok(0))
+    }
+}
+
+/// Attacks over shared memory, each on a session of its own; the IOC must end each session
+/// (the set-up socket reaches its end):
+/// - `shm-bad-ring-index`: publishes a ring index the ring refuses and rings the doorbell;
+/// - `shm-doorbell-flood`: rings the IOC's doorbell without end, with nothing published.
+fn shm_attacks(path: &str) -> Vec<&'static str> {
+    use splitnet_messaging::adapter::shm::SharedMem;
+    let bad_index = || -> Result<bool, String> {
+        let s = ShmSession::open(path)?;
+        // `head` of the ring to the IOC (offset 64): not a multiple of 8.
+        s.to_ioc.store_u32(64, 3).map_err(|e| e.to_string())?;
+        s.ioc_bell.ring().map_err(|e| e.to_string())?;
+        Ok(s.ended())
+    };
+    let flood = || -> Result<bool, String> {
+        let s = ShmSession::open(path)?;
+        s.sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let start = Instant::now();
+        let mut b = [0u8; 1];
+        while start.elapsed() < WAIT {
+            for _ in 0..64 {
+                s.ioc_bell.ring().map_err(|e| e.to_string())?;
+                std::thread::yield_now();
+            }
+            if matches!((&s.sock).read(&mut b), Ok(0)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     };
     let mut missed = Vec::new();
-    match run() {
-        Ok(refused) => verdict(&mut missed, "shm-bad-ring-index", refused, "session ended"),
-        Err(e) => {
-            println!("shm-bad-ring-index: could not set up: {e}");
-            missed.push("shm-bad-ring-index");
+    for (name, attack) in [
+        (
+            "shm-bad-ring-index",
+            &bad_index as &dyn Fn() -> Result<bool, String>,
+        ),
+        ("shm-doorbell-flood", &flood),
+    ] {
+        match attack() {
+            Ok(refused) => verdict(&mut missed, name, refused, "session ended"),
+            Err(e) => {
+                println!("{name}: could not set up: {e}");
+                missed.push(name);
+            }
         }
     }
     missed
@@ -740,7 +800,7 @@ fn main() {
         (Some("ioc"), Some(addr)) => attack_host(addr, 4),
         (Some("slow"), Some(addr)) => slow_host(addr, number(args.get(3), 20)),
         (Some("churn"), Some(addr)) => churn(addr, number(args.get(3), 100) as usize),
-        (Some("shm"), Some(path)) => shm_scribble(path),
+        (Some("shm"), Some(path)) => shm_attacks(path),
         _ => {
             eprintln!(
                 "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET"

@@ -39,11 +39,12 @@ for k in 1 3; do
     assert_positive "$down" "host $k's throughput from the LAN"
     log "host $k: $up Gb/s to the LAN, $down Gb/s from it"
 done
-# A rogue host over shared memory publishes a ring index its ring refuses: that session
-# ends, and the other hosts go on.
+# A rogue host over shared memory publishes a ring index its ring refuses, then another
+# floods the IOC's doorbell: each session ends, and the other hosts go on.
 ip netns exec sd-host "$ROGUE" shm "$sock" >"$T/rogue.out" 2>&1 || fail "rogue shm: $(cat "$T/rogue.out")"
 log "rogue: $(cat "$T/rogue.out")"
-assert_grep "$T/ioc.log" "shared-memory ring" "the IOC's reason for ending the rogue's session"
+assert_grep "$T/ioc.log" "shared-memory ring" "the IOC's reason for ending the bad-index session"
+assert_grep "$T/ioc.log" "doorbell rung 64 times" "the IOC's reason for ending the flooding session"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host3 10.50.0.2
 assert_eq "$(json status "d['status']['fabric']['hosts']")" 3 "hosts after the rogue"

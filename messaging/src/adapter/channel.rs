@@ -22,7 +22,7 @@ pub enum ChannelError {
     /// The peer sent something the adapter refuses.
     #[error(transparent)]
     Rx(#[from] RxError),
-    /// The peer corrupted the shared memory of a shared-memory channel.
+    /// The peer corrupted or misused a shared-memory channel (its rings, its doorbell).
     #[error(transparent)]
     Shm(#[from] super::shm::ShmError),
 }

@@ -116,7 +116,9 @@ impl Channel for ShmTransport {
 
     fn wake(&mut self) {
         self.ch.wake();
-        let _ = self.bell.drain();
+        if matches!(self.bell.drain(), Ok(n) if n > 0) {
+            self.ch.rang();
+        }
     }
 }
 

@@ -25,6 +25,11 @@ use thiserror::Error;
 /// The record kind of an operation.
 pub const KIND_OP: u32 = 1;
 
+/// Doorbell rings in a row that found nothing to do, beyond which the peer is cut off. A
+/// correct peer rings only when asked, so a ring finds a record or room at least every
+/// other time (the other: a request withdrawn after the peer had seen it).
+pub const MAX_IDLE_WAKES: u32 = 64;
+
 /// Why a shared-memory channel stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum ShmError {
@@ -37,6 +42,10 @@ pub enum ShmError {
         /// The record's length.
         len: usize,
     },
+    /// The peer rang this side's doorbell [`MAX_IDLE_WAKES`] times in a row with nothing
+    /// published and no room freed: a flood, which would keep this side busy for nothing.
+    #[error("doorbell rung {0} times in a row with nothing to do")]
+    DoorbellFlood(u32),
     /// An operation larger than the ring's records (a configuration error of this side).
     #[error("operation of {len} bytes exceeds the ring's largest record")]
     TooLarge {
@@ -68,6 +77,12 @@ pub struct ShmChannel<M> {
     record: Vec<u8>,
     received: std::ops::Range<usize>,
     doorbell: bool,
+    /// The doorbell rang since the last drained poll ([`ShmChannel::rang`]).
+    rung: bool,
+    /// A record arrived or one was staged since the last ring was judged.
+    progress: bool,
+    /// Rings in a row that found nothing to do.
+    idle_wakes: u32,
 }
 
 impl<M: SharedMem> ShmChannel<M> {
@@ -84,6 +99,9 @@ impl<M: SharedMem> ShmChannel<M> {
             record: Vec::new(),
             received: 0..0,
             doorbell: false,
+            rung: false,
+            progress: false,
+            idle_wakes: 0,
         }
     }
 
@@ -112,6 +130,14 @@ impl<M: SharedMem> ShmChannel<M> {
             return false;
         }
         true
+    }
+
+    /// Notes that the peer rang this side's doorbell. The next poll that drains the ring
+    /// judges the ring: if neither a record arrived nor one was staged since the last
+    /// judged ring, it was idle, and [`MAX_IDLE_WAKES`] idle rings in a row end the channel
+    /// ([`ShmError::DoorbellFlood`]).
+    pub fn rang(&mut self) {
+        self.rung = true;
     }
 
     /// Withdraws the requests to be woken (after waking up).
@@ -226,6 +252,7 @@ impl<M: SharedMem> Channel for ShmChannel<M> {
             }
         }
         if staged {
+            self.progress = true;
             let published = self.tx.publish().map_err(ShmError::Ring)?;
             self.doorbell |= published.notify;
         }
@@ -236,6 +263,18 @@ impl<M: SharedMem> Channel for ShmChannel<M> {
         let taken = self.take(reg)?;
         // Only a record taken whole is given back; an error above ends the channel.
         self.rx.consume().map_err(ShmError::Ring)?;
+        if taken.is_some() {
+            self.progress = true;
+        } else if std::mem::take(&mut self.rung) {
+            if std::mem::take(&mut self.progress) {
+                self.idle_wakes = 0;
+            } else {
+                self.idle_wakes += 1;
+                if self.idle_wakes >= MAX_IDLE_WAKES {
+                    return Err(ShmError::DoorbellFlood(self.idle_wakes).into());
+                }
+            }
+        }
         Ok(taken)
     }
 
@@ -495,5 +534,62 @@ mod tests {
         assert!(!a.take_doorbell());
         b.wake();
         assert!(!drain(&mut b, &mut reg).is_empty());
+    }
+
+    /// One doorbell ring with nothing published and nothing to stage.
+    fn idle_ring(b: &mut ShmChannel<HeapShared>, reg: &mut Registry) -> Result<(), ChannelError> {
+        b.rang();
+        b.flush()?;
+        b.poll_recv(reg).map(|_| ())
+    }
+
+    #[test]
+    fn a_doorbell_flood_ends_the_channel() {
+        let mut reg = Registry::new(1 << 20);
+        let (_a, mut b) = pair(16 << 10);
+        for _ in 1..MAX_IDLE_WAKES {
+            idle_ring(&mut b, &mut reg).unwrap();
+        }
+        let e = idle_ring(&mut b, &mut reg).unwrap_err();
+        assert!(
+            matches!(e, ChannelError::Shm(ShmError::DoorbellFlood(n)) if n == MAX_IDLE_WAKES),
+            "{e}"
+        );
+        // Polls without a ring are not rings: a quiet peer is never cut off.
+        let (_a, mut b) = pair(16 << 10);
+        for _ in 0..10 * MAX_IDLE_WAKES {
+            assert!(b.poll_recv(&mut reg).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn rings_that_bring_records_or_room_are_never_a_flood() {
+        let mut reg = Registry::new(1 << 20);
+        let (mut a, mut b) = pair(16 << 10);
+        // Every other ring is idle (a request withdrawn after the peer saw it).
+        for i in 0..4 * MAX_IDLE_WAKES {
+            if i % 2 == 0 {
+                a.post(Op::Send, &[], Payload::Bytes(b"x".to_vec()));
+                a.flush().unwrap();
+            }
+            b.rang();
+            drain(&mut b, &mut reg);
+        }
+        // A side waiting for room: rung each time the peer frees some, it stages more.
+        for i in 0..4 * u32::from(u8::MAX) {
+            a.post(Op::Send, &[], Payload::Bytes(vec![i as u8; 3000]));
+        }
+        let mut rounds = 0;
+        while !a.flush().unwrap() {
+            assert!(a.prepare_sleep(), "the ring is full");
+            assert!(b.poll_recv(&mut reg).unwrap().is_some());
+            drain(&mut b, &mut reg);
+            assert!(b.take_doorbell(), "room freed for a side that asked");
+            a.wake();
+            a.rang();
+            assert!(a.poll_recv(&mut reg).unwrap().is_none());
+            rounds += 1;
+        }
+        assert!(rounds > MAX_IDLE_WAKES, "{rounds} rounds");
     }
 }
