@@ -383,6 +383,8 @@ fn space_model_never_loses_a_wake_up_exhaustively() {
     for bits in 0u32..1 << 16 {
         let choices: Vec<bool> = (0..16).map(|i| bits >> i & 1 == 1).collect();
         space_model(&choices, 7, 56, true).unwrap();
+        // Records that need PAD records at the end of the data area.
+        space_model(&choices, 6, 100, true).unwrap();
     }
 }
 
