@@ -30,6 +30,7 @@ BIN = os.environ.get("SPLITNET_BIN") or os.path.join(
 )
 OUT = os.path.join(ROOT, "bench", "out")
 WORKERS = None  # the IOC's fabric.workers (--workers); None: the shipped configuration's
+SPIN_MAX_US = None  # the hosts' fabric.spin_max_us (--spin-max-us); None: the shipped one's
 NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
 procs = []
 
@@ -138,15 +139,17 @@ def host_config(queues, local=None):
     """The shipped host configuration, with `queues` TAP queues; `local`: over the IOC's
     local socket, the data channel in shared memory ("shm") or on the socket ("unix")."""
     src = os.path.join(ROOT, "systemd", "host.toml")
-    if queues == 1 and not local:
+    if queues == 1 and not local and SPIN_MAX_US is None:
         return src
-    path = f"/tmp/sd-bench-host-{queues}q-{local}.toml"
+    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}.toml"
     with open(src) as f, open(path, "w") as out:
         text = f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n")
         if local:
             shm = "true" if local == "shm" else "false"
-            text = text.replace('\nioc = "10.200.0.2:7400"\n',
-                                f'\nioc = "unix:{LOCAL_SOCKET}"\nshared_memory = {shm}\n')
+            text = text.replace('\nioc = "10.200.0.2:7400"\n', f'\nioc = "unix:{LOCAL_SOCKET}"\n')
+            text = text.replace("\nshared_memory = true\n", f"\nshared_memory = {shm}\n")
+        if SPIN_MAX_US is not None:
+            text = text.replace("\nspin_max_us = 0\n", f"\nspin_max_us = {SPIN_MAX_US}\n")
         out.write(text)
     return path
 
@@ -451,11 +454,14 @@ def main():
     ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet,splitnet-shm,splitnet-unix")
     ap.add_argument("--workers", type=int, default=None,
                     help="the IOC's fabric.workers (default: the shipped ioc.toml's)")
+    ap.add_argument("--spin-max-us", type=int, default=None,
+                    help="the hosts' fabric.spin_max_us (default: the shipped host.toml's)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
                     help="skip the slow-consumer figure")
     a = ap.parse_args()
-    global WORKERS
+    global WORKERS, SPIN_MAX_US
     WORKERS = a.workers
+    SPIN_MAX_US = a.spin_max_us
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
     for tool in ("iperf3", "ip", "ping", "sockperf") + (("openvpn",) if "openvpn" in a.only else ()):

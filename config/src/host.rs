@@ -53,6 +53,11 @@ pub struct HostFabric {
     /// than over the socket.
     #[serde(default = "yes")]
     pub shared_memory: bool,
+    /// Over shared memory: the longest the driver polls the IOC's ring and the TAP before
+    /// it sleeps (us; 0..=1000; 0, the default, never polls). The poll adapts below it
+    /// (halt-polling style). Off by default: on the 2-core reference machine it did not pay.
+    #[serde(default = "default_spin_max")]
+    pub spin_max_us: u64,
     /// Stable identity of this host; `None` (key absent or 0) derives one at run time.
     #[serde(default)]
     pub node_id: Option<u64>,
@@ -60,6 +65,10 @@ pub struct HostFabric {
 
 fn yes() -> bool {
     true
+}
+
+fn default_spin_max() -> u64 {
+    0
 }
 
 pub(crate) fn default_interval() -> u64 {
@@ -91,6 +100,10 @@ impl HostFabric {
     /// Longest reconnect delay.
     pub fn reconnect_max(&self) -> Duration {
         Duration::from_millis(self.reconnect_max_ms)
+    }
+    /// Longest poll before sleeping, over shared memory.
+    pub fn spin_max(&self) -> Duration {
+        Duration::from_micros(self.spin_max_us)
     }
 }
 
@@ -141,6 +154,7 @@ impl HostConfig {
             f.reconnect_min_ms,
             600_000,
         )?;
+        range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
         if let FabricAddr::Tcp(a) = f.ioc {
             if a.port() == 0 || a.ip().is_unspecified() {
                 return Err(Invalid::new(

@@ -8,6 +8,7 @@
 use crate::snapshot::Snapshot;
 use splitnet_config::{FabricAddr, HostConfig, HostFabric};
 use splitnet_control::report::{offload_names, Counters, Interface};
+use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig};
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
@@ -519,6 +520,17 @@ fn tap_wanted(sending: bool, holding: bool, buffers: bool) -> bool {
     sending && !holding && buffers
 }
 
+/// The poll before sleeping of a link over shared memory, if configured.
+fn spin(cfg: &HostConfig, ready: &fabric::LinkReady) -> Option<Spin> {
+    let max = cfg.fabric.spin_max();
+    (ready.is_shared_memory() && !max.is_zero()).then(|| {
+        Spin::new(SpinConfig {
+            max,
+            ..SpinConfig::default()
+        })
+    })
+}
+
 /// One queue's connection to the IOC.
 struct Conn<'a> {
     /// The TAP queue it serves; the first also carries the configuration and the carrier.
@@ -563,6 +575,8 @@ struct Conn<'a> {
     /// The TAP was re-attached and this is its first connection: its MTU is kept (asked
     /// of the IOC) rather than replaced by the IOC's.
     keep_mtu: bool,
+    /// Over shared memory: how long to poll before sleeping (`None`: never poll).
+    spin: Option<Spin>,
 }
 
 impl<'a> Conn<'a> {
@@ -588,6 +602,7 @@ impl<'a> Conn<'a> {
             .start(&mut reg)
             .map_err(|e| io::Error::other(format!("cannot register pools: {e}")))?;
         let mut tl = FabricLink::new(session, ctrl, data)?;
+        let spin = spin(cfg, &tl.ready);
         let s = tl.link.session_mut();
         if queue.is_first() {
             match cfg.interface.mac {
@@ -635,7 +650,46 @@ impl<'a> Conn<'a> {
             next_stats: Instant::now(),
             multicast: Vec::new(),
             keep_mtu: false,
+            spin,
         })
+    }
+
+    /// Over shared memory, before the loop sleeps: polls the IOC's ring, and the TAP when
+    /// it is wanted, for the adaptive budget (`adapter::shm::Spin`), with the doorbell
+    /// request withdrawn meanwhile (the IOC need not ring for what the poll finds). Then
+    /// asks for the doorbell again and says whether the loop may sleep ([`Link::prepare_sleep`]);
+    /// a TAP frame found is left to the reactor, whose next look finds it at once. Also
+    /// returns when the idle period began, if the poll found nothing.
+    fn poll_before_sleep(&mut self, tap_wanted: bool) -> (bool, Option<Instant>) {
+        let start = Instant::now();
+        let Some(spin) = self.spin.as_mut() else {
+            return (true, None);
+        };
+        if self.tl.link.take_rang_peer(Lane::Data) {
+            spin.rang_peer();
+        }
+        let budget = spin.budget();
+        if budget.is_zero() {
+            return (true, Some(start));
+        }
+        let link = &mut self.tl.link;
+        link.wake(Lane::Data);
+        let mut caught = false;
+        for i in 0u32.. {
+            caught = link.input_pending(Lane::Data)
+                || (tap_wanted && i % 8 == 0 && self.tap.readable_now().unwrap_or(true));
+            if caught || start.elapsed() >= budget {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if caught {
+            spin.idle_ended(Idle::Caught {
+                after: start.elapsed(),
+            });
+        }
+        let sleep = link.prepare_sleep(Lane::Data);
+        (sleep, (sleep && !caught).then_some(start))
     }
 
     async fn run(
@@ -662,8 +716,13 @@ impl<'a> Conn<'a> {
             );
             let pending = self.tl.link.pending() > 0;
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
-            // Shared memory: ask for the doorbell; records may be waiting already.
-            let sleep = self.tl.link.prepare_sleep(Lane::Data);
+            // Shared memory: ask for the doorbell; records may be waiting already. Before
+            // sleeping, poll a while (adaptively) for what would wake us.
+            let mut sleep = self.tl.link.prepare_sleep(Lane::Data);
+            let mut idle_since = None;
+            if sleep {
+                (sleep, idle_since) = self.poll_before_sleep(tap_wanted);
+            }
             let FabricLink { ready, link } = &mut self.tl;
             let data_writable = ready.data_writable();
             let mut rx_seen = false;
@@ -733,6 +792,11 @@ impl<'a> Conn<'a> {
                 return End::Lost(why);
             }
             let now = Instant::now();
+            if let (Some(spin), Some(since)) = (self.spin.as_mut(), idle_since) {
+                spin.idle_ended(Idle::Slept {
+                    slept: now.duration_since(since),
+                });
+            }
             if rx_seen {
                 self.keepalive.on_rx(now);
             }

@@ -86,10 +86,17 @@ fn offer_and_accept_agree_and_carry_operations() {
     assert_eq!(i.received(), b"hello over shared memory");
     // The IOC armed its doorbell; the host's next publication rings it.
     assert_eq!(i.poll_recv(&mut reg).unwrap(), None);
+    assert!(!i.input_pending());
+    assert!(!h.take_rang_peer(), "the IOC was awake");
     assert!(i.prepare_sleep());
     h.post(Op::Send, &[], Payload::Bytes(b"2".to_vec()));
     assert!(h.flush().unwrap());
+    assert!(h.take_rang_peer(), "the host woke the IOC");
+    assert!(!h.take_rang_peer(), "said once");
+    assert!(i.input_pending(), "seen without the doorbell");
     assert_eq!(i.bell().drain().unwrap(), 1, "rung once");
+    assert!(i.poll_recv(&mut reg).unwrap().is_some());
+    assert!(!i.input_pending());
 }
 
 #[test]

@@ -10,8 +10,10 @@
 need_root; need_tool ip ping iperf3 python3 ss; need_daemons; need_rogue
 sock=$T/run/fabric.sock
 sed "s|^listen = .*|&\nlisten_local = \"$sock\"|" "$IOC_CONF" >"$T/ioc.toml"
-sed "s|^ioc = .*|ioc = \"unix:$sock\"|" "$HOST_CONF" >"$T/host-shm.toml"
-sed "s|^ioc = .*|ioc = \"unix:$sock\"\nshared_memory = false|" "$HOST_CONF" >"$T/host-unix.toml"
+# The shared-memory host polls before it sleeps (fabric.spin_max_us, off by default).
+sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^spin_max_us = .*|spin_max_us = 100|" "$HOST_CONF" >"$T/host-shm.toml"
+grep -q "^spin_max_us = 100" "$T/host-shm.toml" || fail "could not set spin_max_us"
+sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^shared_memory = .*|shared_memory = false|" "$HOST_CONF" >"$T/host-unix.toml"
 grep -q "^listen_local = \"$sock\"" "$T/ioc.toml" || fail "could not set listen_local"
 grep -q "^shared_memory = false" "$T/host-unix.toml" || fail "could not set shared_memory"
 IOC_CONF=$T/ioc.toml

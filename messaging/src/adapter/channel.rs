@@ -64,6 +64,16 @@ pub trait Channel {
     }
     /// After the caller woke up: withdraws what [`Channel::prepare_sleep`] asked.
     fn wake(&mut self) {}
+    /// For a caller that polls before it sleeps: whether input may be waiting, found
+    /// without a system call. A socket cannot tell (always `false`).
+    fn input_pending(&mut self) -> bool {
+        false
+    }
+    /// Whether this side rang the peer's doorbell since the last call: the peer was asleep
+    /// and is waking up. A socket never rings (always `false`).
+    fn take_rang_peer(&mut self) -> bool {
+        false
+    }
 }
 
 /// A [`Channel`] over a non-blocking byte stream (a TCP socket, an in-process pipe).

@@ -158,6 +158,12 @@ impl Channel for FabricChannel {
     fn wake(&mut self) {
         each!(self, c => c.wake())
     }
+    fn input_pending(&mut self) -> bool {
+        each!(self, c => c.input_pending())
+    }
+    fn take_rang_peer(&mut self) -> bool {
+        each!(self, c => c.take_rang_peer())
+    }
 }
 
 impl FabricChannel {
@@ -448,6 +454,11 @@ impl LinkReady {
     /// than for its doorbell (shared memory).
     pub fn data_writable(&self) -> bool {
         self.peer.is_none()
+    }
+
+    /// Whether the data channel is in shared memory.
+    pub fn is_shared_memory(&self) -> bool {
+        self.peer.is_some()
     }
 
     /// Completes when the peer of a shared-memory channel has gone (its set-up socket

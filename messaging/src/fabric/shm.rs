@@ -39,6 +39,8 @@ pub struct ShmTransport {
     /// The peer's doorbell.
     peer: EventFd,
     sock: UnixStream,
+    /// This side rang the peer since [`Channel::take_rang_peer`] last looked.
+    rang: bool,
 }
 
 impl ShmTransport {
@@ -61,6 +63,7 @@ impl ShmTransport {
     fn ring_peer(&mut self) -> Result<(), ChannelError> {
         if self.ch.take_doorbell() {
             self.peer.ring()?;
+            self.rang = true;
         }
         Ok(())
     }
@@ -112,6 +115,14 @@ impl Channel for ShmTransport {
 
     fn prepare_sleep(&mut self) -> bool {
         self.ch.prepare_sleep()
+    }
+
+    fn input_pending(&mut self) -> bool {
+        self.ch.input_pending()
+    }
+
+    fn take_rang_peer(&mut self) -> bool {
+        std::mem::take(&mut self.rang)
     }
 
     fn wake(&mut self) {
@@ -215,6 +226,7 @@ pub async fn offer(
         bell,
         peer,
         sock,
+        rang: false,
     })
 }
 
@@ -249,5 +261,6 @@ pub async fn accept(
         bell,
         peer: EventFd::from_fd(peer),
         sock,
+        rang: false,
     })
 }

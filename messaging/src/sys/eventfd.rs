@@ -72,14 +72,7 @@ mod tests {
     use super::*;
 
     fn readable(fd: &EventFd) -> bool {
-        let mut p = libc::pollfd {
-            fd: fd.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the call; zero timeout.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
-        n == 1 && p.revents & libc::POLLIN != 0
+        crate::sys::readable_now(fd.as_fd()).unwrap()
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod shm;
 pub mod tap;
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -38,6 +38,18 @@ fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
 pub(crate) fn read(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is a valid writable region of `buf.len()` bytes for the whole call.
     cvt_size(unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// Whether `fd` is readable now: `poll(2)` with a zero timeout.
+pub fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the whole call; zero timeout.
+    let n = cvt(unsafe { libc::poll(&mut p, 1, 0) })?;
+    Ok(n == 1 && p.revents & libc::POLLIN != 0)
 }
 
 /// `write(2)` on an owned descriptor.

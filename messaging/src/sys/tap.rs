@@ -217,6 +217,11 @@ impl Tap {
     pub fn send(&self, frame: &[u8]) -> io::Result<usize> {
         write(&self.fd, frame)
     }
+
+    /// Whether a frame waits to be read, without reading it.
+    pub fn readable_now(&self) -> io::Result<bool> {
+        super::readable_now(self.fd.as_fd())
+    }
 }
 
 /// Why an existing interface `name` cannot serve `queues` queues.

@@ -132,6 +132,11 @@ impl<M: SharedMem> ShmChannel<M> {
         true
     }
 
+    /// Whether a record may be waiting (one load, no doorbell request).
+    pub fn input_pending(&self) -> bool {
+        self.rx.pending()
+    }
+
     /// Notes that the peer rang this side's doorbell. The next poll that drains the ring
     /// judges the ring: if neither a record arrived nor one was staged since the last
     /// judged ring, it was idle, and [`MAX_IDLE_WAKES`] idle rings in a row end the channel

@@ -647,6 +647,16 @@ impl<M: SharedMem> Consumer<M> {
         e
     }
 
+    /// Whether a record may be waiting, without asking for the doorbell: one load of
+    /// `head`, for a caller that polls before it sleeps. `true` too when the ring is broken,
+    /// so that the caller pops and sees the error.
+    pub fn pending(&self) -> bool {
+        self.broken.is_some()
+            || self.held.is_some()
+            || self.head != self.tail
+            || self.mem.load_u32(OFF_HEAD) != Ok(self.tail)
+    }
+
     /// Asks the producer to ring the doorbell on its next publication. Returns `true` if the
     /// caller may now sleep until the doorbell rings, `false` if records are (or may be)
     /// waiting, in which case the request is withdrawn and the caller keeps calling

@@ -188,6 +188,7 @@ fn full_ring_refuses_until_the_consumer_frees_space() {
 fn a_peeked_record_is_read_in_place_and_held_until_consumed() {
     let (mut p, mut c) = ring(cfg(256, 100), 0);
     let mem = c.memory().clone();
+    assert!(!c.pending());
     assert_eq!(c.peek(), Ok(None));
     let mut b = [0u8; 4];
     assert!(c.read(0, &mut b).is_err(), "nothing is held");
@@ -195,6 +196,7 @@ fn a_peeked_record_is_read_in_place_and_held_until_consumed() {
         let _ = p.push(1, &[&[i; 56]]).unwrap();
     }
     assert_eq!(p.push(1, &[]), Err(PushError::Full));
+    assert!(c.pending(), "published records are seen without popping");
     let rec = c.peek().unwrap().unwrap();
     assert_eq!(rec, Record { kind: 1, len: 56 });
     // The header was read once: the peer rewriting it changes nothing held.
@@ -217,6 +219,12 @@ fn a_peeked_record_is_read_in_place_and_held_until_consumed() {
     let mut buf = Vec::new();
     let firsts: Vec<u8> = std::iter::from_fn(|| c.pop(&mut buf).unwrap().map(|_| buf[0])).collect();
     assert_eq!(firsts, [1, 2, 3, 9]);
+    assert!(!c.pending());
+    // A broken ring is "pending": the caller pops and learns why.
+    mem.store_u32(OFF_HEAD, 3).unwrap();
+    assert!(c.pending());
+    assert!(c.pop(&mut buf).is_err());
+    assert!(c.pending());
 }
 
 #[test]
