@@ -659,12 +659,17 @@ impl<'a> Conn<'a> {
     /// request withdrawn meanwhile (the IOC need not ring for what the poll finds). Then
     /// asks for the doorbell again and says whether the loop may sleep ([`Link::prepare_sleep`]);
     /// a TAP frame found is left to the reactor, whose next look finds it at once. Also
-    /// returns when the idle period began, if the poll found nothing.
+    /// returns when the idle period began, if the poll found nothing. No poll while
+    /// operations wait for room in the ring: the room the IOC frees is what ends that wait,
+    /// and only its doorbell says so.
     fn poll_before_sleep(&mut self, tap_wanted: bool) -> (bool, Option<Instant>) {
         let start = Instant::now();
         let Some(spin) = self.spin.as_mut() else {
             return (true, None);
         };
+        if self.tl.link.pending() > 0 {
+            return (true, None);
+        }
         if self.tl.link.take_rang_peer(Lane::Data) {
             spin.rang_peer();
         }
@@ -726,6 +731,8 @@ impl<'a> Conn<'a> {
             let FabricLink { ready, link } = &mut self.tl;
             let data_writable = ready.data_writable();
             let mut rx_seen = false;
+            // Woken by what a poll before sleeping could have caught (the doorbell, the TAP).
+            let mut woke_for_input = false;
             let step: Result<(), String> = tokio::select! {
                 r = stop.wait() => match r {
                     Reason::Signal => return self.shutdown().await,
@@ -733,6 +740,7 @@ impl<'a> Conn<'a> {
                 },
                 g = self.tap_ready.readable(), if tap_wanted => match g {
                     Ok(mut g) => {
+                        woke_for_input = true;
                         if self.read_tap() {
                             g.clear_ready();
                         }
@@ -745,7 +753,7 @@ impl<'a> Conn<'a> {
                     Err(e) => Err(e.to_string()),
                 },
                 g = ready.data.readable(), if sleep => match g {
-                    Ok(g) => { link.wake(Lane::Data); rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, Some(g), &mut events) }
+                    Ok(g) => { link.wake(Lane::Data); rx_seen = true; woke_for_input = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, Some(g), &mut events) }
                     Err(e) => Err(e.to_string()),
                 },
                 _ = std::future::ready(()), if !sleep => {
@@ -792,7 +800,9 @@ impl<'a> Conn<'a> {
                 return End::Lost(why);
             }
             let now = Instant::now();
-            if let (Some(spin), Some(since)) = (self.spin.as_mut(), idle_since) {
+            if let (Some(spin), Some(since), true) =
+                (self.spin.as_mut(), idle_since, woke_for_input)
+            {
                 spin.idle_ended(Idle::Slept {
                     slept: now.duration_since(since),
                 });

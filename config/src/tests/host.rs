@@ -72,7 +72,11 @@ fn ioc_address() {
     assert!(h.fabric.shared_memory, "shared memory by default");
     let h = host_text("[fabric]\nioc = \"unix:/run/x.sock\"\nshared_memory = false").unwrap();
     assert!(!h.fabric.shared_memory);
-    assert_eq!(h.fabric.spin_max(), Duration::ZERO, "polling off by default");
+    assert_eq!(
+        h.fabric.spin_max(),
+        Duration::ZERO,
+        "polling off by default"
+    );
     let h = host_text("[fabric]\nioc = \"unix:/run/x.sock\"\nspin_max_us = 50").unwrap();
     assert_eq!(h.fabric.spin_max(), Duration::from_micros(50));
     invalid(

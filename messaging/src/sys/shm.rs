@@ -178,8 +178,7 @@ pub struct Mapping {
 }
 
 // SAFETY: the mapping is only ever accessed through `&AtomicU32` (see `words`), which is
-// `Sync`, and by the byte copies of `read` and `write`, which are sound under the same
-// conditions (see there); the pointer is owned by this value alone and unmapped once, in
+// `Sync`, and by the byte copies of `copy_out` and `copy_in` (see there); the pointer is owned by this value alone and unmapped once, in
 // `drop`.
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
@@ -201,8 +200,8 @@ impl SharedMem for Mapping {
         //   a racing write by the peer, atomic or not (the hardware makes aligned 4-byte
         //   accesses single-copy atomic), can only change which `u32` we read, and every
         //   bit pattern is a valid `u32`. No non-atomic reference (`&[u8]`) to this memory
-        //   is ever created: record bytes are copied by `read` and `write` through raw
-        //   pointers into and out of private buffers.
+        //   is ever created: payload bytes are copied by `copy_out` and `copy_in` through
+        //   raw pointers into and out of private buffers.
         // - Two mappings of one file alias each other at different addresses; because every
         //   access is atomic or a raw-pointer copy, the compiler never assumes a value stays
         //   put, so the aliasing is invisible to it.
@@ -210,15 +209,16 @@ impl SharedMem for Mapping {
     }
 
     /// Copies with `memcpy`, as rust-vmm's vm-memory copies guest memory.
-    fn read(&self, off: usize, buf: &mut [u8]) -> Result<(), MemError> {
+    fn copy_out(&self, off: usize, buf: &mut [u8]) -> Result<(), MemError> {
         MemError::check(off, buf.len(), self.len)?;
         // SAFETY: `off..off + buf.len()` lies inside the mapping (checked above; every page
         // is backed, see `words`), and `buf` is private memory, so the two do not overlap.
         // A correct peer never writes these bytes while we copy them: the ring's
         // `Release`/`Acquire` index words order the copy after its writes and before its
         // reuse of the space, so there is no data race. A rogue peer's racing writes can
-        // only make the copied bytes arbitrary; `u8` has no invalid values, and the ring
-        // parses what it copies from the private copy only, never re-reading shared memory.
+        // only make the copied bytes arbitrary: `u8` has no invalid values, and nothing
+        // parses them before they are all in private memory (headers, which are parsed, go
+        // through the atomic `read`, so no check can be undone by a second fetch).
         unsafe {
             let src = self.ptr.as_ptr().cast::<u8>().add(off);
             ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len());
@@ -227,7 +227,7 @@ impl SharedMem for Mapping {
     }
 
     /// Copies with `memcpy`: exactly the bytes `off..off + data.len()` are written.
-    fn write(&self, off: usize, data: &[u8]) -> Result<(), MemError> {
+    fn copy_in(&self, off: usize, data: &[u8]) -> Result<(), MemError> {
         MemError::check(off, data.len(), self.len)?;
         // SAFETY: as in `read`. The words are `UnsafeCell`s (atomics) reached through a
         // pointer we own, so writing them through it is allowed; bytes outside the range,
@@ -472,10 +472,10 @@ mod tests {
             let model = HeapShared::new(4096);
             for (off, data, is_write) in ops {
                 if is_write {
-                    proptest::prop_assert_eq!(m.write(off, &data), model.write(off, &data));
+                    proptest::prop_assert_eq!(m.copy_in(off, &data), model.write(off, &data));
                 } else {
                     let (mut got, mut want) = (vec![0u8; data.len()], vec![0u8; data.len()]);
-                    proptest::prop_assert_eq!(m.read(off, &mut got), model.read(off, &mut want));
+                    proptest::prop_assert_eq!(m.copy_out(off, &mut got), model.read(off, &mut want));
                     proptest::prop_assert_eq!(got, want);
                 }
             }

@@ -46,6 +46,9 @@ pub enum ShmError {
     /// published and no room freed: a flood, which would keep this side busy for nothing.
     #[error("doorbell rung {0} times in a row with nothing to do")]
     DoorbellFlood(u32),
+    /// The channel already failed (the error was returned then); nothing more is read.
+    #[error("shared-memory channel stopped after an earlier error")]
+    Stopped,
     /// An operation larger than the ring's records (a configuration error of this side).
     #[error("operation of {len} bytes exceeds the ring's largest record")]
     TooLarge {
@@ -79,16 +82,21 @@ pub struct ShmChannel<M> {
     doorbell: bool,
     /// The doorbell rang since the last drained poll ([`ShmChannel::rang`]).
     rung: bool,
-    /// A record arrived or one was staged since the last ring was judged.
+    /// A record arrived since the last ring was judged.
     progress: bool,
+    /// The peer's tail (room it freed) when the last ring was judged.
+    judged_tail: u32,
     /// Rings in a row that found nothing to do.
     idle_wakes: u32,
+    /// A received operation failed: the held record is never read again.
+    stopped: bool,
 }
 
 impl<M: SharedMem> ShmChannel<M> {
     /// A channel producing into `tx` and consuming `rx`, accepting writes into the pools of
     /// `domain` and SENDs of up to `max_send` bytes.
     pub fn new(tx: Producer<M>, rx: Consumer<M>, domain: DomainId, max_send: usize) -> Self {
+        let judged_tail = tx.tail();
         ShmChannel {
             tx,
             rx,
@@ -101,7 +109,9 @@ impl<M: SharedMem> ShmChannel<M> {
             doorbell: false,
             rung: false,
             progress: false,
+            judged_tail,
             idle_wakes: 0,
+            stopped: false,
         }
     }
 
@@ -138,9 +148,10 @@ impl<M: SharedMem> ShmChannel<M> {
     }
 
     /// Notes that the peer rang this side's doorbell. The next poll that drains the ring
-    /// judges the ring: if neither a record arrived nor one was staged since the last
-    /// judged ring, it was idle, and [`MAX_IDLE_WAKES`] idle rings in a row end the channel
-    /// ([`ShmError::DoorbellFlood`]).
+    /// judges the ring: if the peer neither published a record nor freed room this side
+    /// looked for since the last judged ring, it was idle, and [`MAX_IDLE_WAKES`] idle rings
+    /// in a row end the channel ([`ShmError::DoorbellFlood`]). Only what the peer did
+    /// counts, so traffic towards a flooding peer does not shield it.
     pub fn rang(&mut self) {
         self.rung = true;
     }
@@ -179,7 +190,7 @@ impl<M: SharedMem> ShmChannel<M> {
             }
             .into());
         }
-        if let Err(e) = self.rx.read(OP_HEADER_LEN, dst) {
+        if let Err(e) = self.rx.copy_out(OP_HEADER_LEN, dst) {
             reg.abort_write(&p);
             return Err(ShmError::Ring(e).into());
         }
@@ -226,7 +237,7 @@ impl<M: SharedMem> ShmChannel<M> {
         self.record.clear();
         self.record.resize(h.len as usize, 0);
         self.rx
-            .read(OP_HEADER_LEN, &mut self.record)
+            .copy_out(OP_HEADER_LEN, &mut self.record)
             .map_err(ShmError::Ring)?;
         self.received = 0..self.record.len();
         Ok(Some(RxCompletion::Recv {
@@ -257,7 +268,6 @@ impl<M: SharedMem> Channel for ShmChannel<M> {
             }
         }
         if staged {
-            self.progress = true;
             let published = self.tx.publish().map_err(ShmError::Ring)?;
             self.doorbell |= published.notify;
         }
@@ -265,13 +275,18 @@ impl<M: SharedMem> Channel for ShmChannel<M> {
     }
 
     fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
-        let taken = self.take(reg)?;
-        // Only a record taken whole is given back; an error above ends the channel.
+        if self.stopped {
+            return Err(ShmError::Stopped.into());
+        }
+        // Only a record taken whole is given back; an error ends the channel, and the record
+        // it held is never read again.
+        let taken = self.take(reg).inspect_err(|_| self.stopped = true)?;
         self.rx.consume().map_err(ShmError::Ring)?;
         if taken.is_some() {
             self.progress = true;
         } else if std::mem::take(&mut self.rung) {
-            if std::mem::take(&mut self.progress) {
+            let freed = std::mem::replace(&mut self.judged_tail, self.tx.tail()) != self.tx.tail();
+            if std::mem::take(&mut self.progress) || freed {
                 self.idle_wakes = 0;
             } else {
                 self.idle_wakes += 1;
@@ -341,6 +356,7 @@ pub fn heap_pair(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adapter::shm::ring::HEADER_LEN;
     use crate::adapter::shm::{HeapShared, SharedMem};
     use crate::adapter::tests::{drain, target_pool as pool, PD};
     use crate::memory::Handle;
@@ -596,5 +612,50 @@ mod tests {
             rounds += 1;
         }
         assert!(rounds > MAX_IDLE_WAKES, "{rounds} rounds");
+    }
+
+    #[test]
+    fn traffic_towards_a_flooding_peer_does_not_shield_it() {
+        let mut reg = Registry::new(1 << 20);
+        let (mut flooder, mut victim) = pair(16 << 10);
+        let mut rounds = 0;
+        let e = loop {
+            victim.post(Op::Send, &[], Payload::Bytes(b"to you".to_vec()));
+            assert!(victim.flush().unwrap());
+            drain(&mut flooder, &mut reg);
+            victim.rang();
+            rounds += 1;
+            match victim.poll_recv(&mut reg) {
+                Ok(None) => assert!(rounds < 1000, "never cut off"),
+                Ok(Some(_)) => panic!("the flooder sent nothing"),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(e, ChannelError::Shm(ShmError::DoorbellFlood(_))),
+            "{e}"
+        );
+        assert_eq!(rounds, MAX_IDLE_WAKES);
+    }
+
+    #[test]
+    fn after_an_error_the_held_record_is_never_read_again() {
+        let mut reg = Registry::new(1 << 20);
+        let (mut a, mut b) = pair(16 << 10);
+        // A write through a handle that names no region: refused.
+        a.post(
+            write(Handle::new(7, 0), 0, 1),
+            &[],
+            Payload::Bytes(vec![1; 64]),
+        );
+        assert!(a.flush().unwrap());
+        let e = b.poll_recv(&mut reg).unwrap_err();
+        assert!(matches!(e, ChannelError::Rx(RxError::Protection(_))), "{e}");
+        // The peer may now rewrite the record; nothing reads it.
+        a.tx_memory().write(HEADER_LEN + 8, &[0xff; 32]).unwrap();
+        for _ in 0..3 {
+            let e = b.poll_recv(&mut reg).unwrap_err();
+            assert!(matches!(e, ChannelError::Shm(ShmError::Stopped)), "{e}");
+        }
     }
 }

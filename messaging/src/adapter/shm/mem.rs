@@ -5,10 +5,13 @@
 //! value read is some `u32` (or bytes of one), never a torn or "uninitialised" Rust value.
 //! Nothing here forms a reference to shared memory other than `&AtomicU32`.
 //!
-//! The provided byte copies ([`SharedMem::read`], [`SharedMem::write`]) go a word at a time.
-//! An implementation may override them with `memcpy`, as `sys::shm::Mapping` does (this
-//! crate's `unsafe` lives in `sys` only): a word-at-a-time copy of every frame cost a fifth
-//! of all CPU under load.
+//! The byte copies [`SharedMem::read`] and [`SharedMem::write`] go a word at a time, with
+//! atomics: what is parsed (record and operation headers) is read this way, so no compiler
+//! may fetch a checked byte from shared memory a second time. The bulk copies
+//! [`SharedMem::copy_out`] and [`SharedMem::copy_in`], for payloads that are only carried to
+//! private memory and parsed (if at all) there, default to the same, and an implementation
+//! may make them `memcpy`, as `sys::shm::Mapping` does (this crate's `unsafe` lives in `sys`
+//! only): a word-at-a-time copy of every frame cost a fifth of all CPU under load.
 //!
 //! Words hold their bytes in little-endian order whatever the host's order, so the byte at
 //! offset `4 * i + j` is byte `j` of `u32::from_le(words[i])`.
@@ -77,19 +80,44 @@ pub trait SharedMem {
     fn write(&self, off: usize, data: &[u8]) -> Result<(), MemError> {
         write_bytes(self.words(), off, data)
     }
-}
 
-impl<T: SharedMem + ?Sized> SharedMem for &T {
-    fn words(&self) -> &[AtomicU32] {
-        (**self).words()
+    /// As [`SharedMem::read`], for bytes carried to private memory and not parsed before
+    /// (a payload): an implementation may copy them with `memcpy`.
+    fn copy_out(&self, off: usize, buf: &mut [u8]) -> Result<(), MemError> {
+        self.read(off, buf)
+    }
+
+    /// As [`SharedMem::write`], for a payload: an implementation may use `memcpy`.
+    fn copy_in(&self, off: usize, data: &[u8]) -> Result<(), MemError> {
+        self.write(off, data)
     }
 }
 
-impl<T: SharedMem + ?Sized> SharedMem for Arc<T> {
-    fn words(&self) -> &[AtomicU32] {
-        (**self).words()
-    }
+/// Forwards every method, so that a reference or an `Arc` copies as its target does.
+macro_rules! forward_shared_mem {
+    ($($t:tt)*) => {
+        impl<T: SharedMem + ?Sized> SharedMem for $($t)* {
+            fn words(&self) -> &[AtomicU32] {
+                (**self).words()
+            }
+            fn read(&self, off: usize, buf: &mut [u8]) -> Result<(), MemError> {
+                (**self).read(off, buf)
+            }
+            fn write(&self, off: usize, data: &[u8]) -> Result<(), MemError> {
+                (**self).write(off, data)
+            }
+            fn copy_out(&self, off: usize, buf: &mut [u8]) -> Result<(), MemError> {
+                (**self).copy_out(off, buf)
+            }
+            fn copy_in(&self, off: usize, data: &[u8]) -> Result<(), MemError> {
+                (**self).copy_in(off, data)
+            }
+        }
+    };
 }
+
+forward_shared_mem!(&T);
+forward_shared_mem!(Arc<T>);
 
 /// Shared memory on the heap of this process, for tests, fuzzing and in-process use.
 ///

@@ -238,7 +238,8 @@ impl RingConfig {
 }
 
 /// A violation of the ring protocol by the peer (or a region that is not a ring): the
-/// caller cuts the peer off. Once returned, the side keeps returning it.
+/// caller cuts the peer off. Once returned, the side keeps returning it (except for a read
+/// outside the held record, [`Consumer::read`], which is this side's mistake).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum RingError {
     /// The region is too small.
@@ -423,7 +424,7 @@ impl<M: SharedMem> Producer<M> {
         self.write_header(off, len32, kind)?;
         let mut at = HEADER_LEN + off as usize + RECORD_HEADER_LEN;
         for p in parts {
-            self.mem.write(at, p).map_err(RingError::from)?;
+            self.mem.copy_in(at, p).map_err(RingError::from)?;
             at += p.len();
         }
         self.head = self.head.wrapping_add(total);
@@ -472,6 +473,12 @@ impl<M: SharedMem> Producer<M> {
     pub fn wake_space(&mut self) {
         // Cannot fail: the region's length was checked when attaching.
         let _ = self.mem.store_u32(OFF_SPACE, self.tail);
+    }
+
+    /// The consumer's tail as last loaded (and checked): it moves when the consumer has
+    /// freed room this side looked for.
+    pub fn tail(&self) -> u32 {
+        self.tail
     }
 
     /// Free bytes as far as the producer knows (the consumer may have freed more).
@@ -591,7 +598,7 @@ impl<M: SharedMem> Consumer<M> {
         buf.clear();
         buf.reserve_exact(rec.len);
         buf.resize(rec.len, 0);
-        let r = self.read(0, buf).and_then(|()| self.consume());
+        let r = self.copy_out(0, buf).and_then(|()| self.consume());
         if r.is_err() {
             buf.clear();
         }
@@ -619,18 +626,30 @@ impl<M: SharedMem> Consumer<M> {
     }
 
     /// Copies `buf.len()` bytes of the held record's payload, from payload offset `at`,
-    /// into `buf`. Reading past the payload, or with no record held, is an error that
-    /// leaves the ring usable (it is this side's mistake, not the peer's).
+    /// into `buf`, with atomic loads ([`SharedMem::read`]): for bytes the caller parses.
+    /// Reading past the payload, or with no record held, is an error that leaves the ring
+    /// usable (it is this side's mistake, not the peer's).
     pub fn read(&mut self, at: usize, buf: &mut [u8]) -> Result<(), RingError> {
+        let at = self.held_range(at, buf.len())?;
+        self.mem.read(at, buf).map_err(|e| self.fail(e.into()))
+    }
+
+    /// As [`Consumer::read`], for bytes carried to private memory unparsed (a payload):
+    /// the memory may copy them with `memcpy` ([`SharedMem::copy_out`]).
+    pub fn copy_out(&mut self, at: usize, buf: &mut [u8]) -> Result<(), RingError> {
+        let at = self.held_range(at, buf.len())?;
+        self.mem.copy_out(at, buf).map_err(|e| self.fail(e.into()))
+    }
+
+    /// The region offset of `len` bytes at payload offset `at` of the held record.
+    fn held_range(&self, at: usize, len: usize) -> Result<usize, RingError> {
         let h = self.held.ok_or(RingError::Mem(MemError::OutOfBounds {
             off: at,
-            len: buf.len(),
+            len,
             size: 0,
         }))?;
-        MemError::check(at, buf.len(), h.record.len)?;
-        self.mem
-            .read(h.at + at, buf)
-            .map_err(|e| self.fail(e.into()))
+        MemError::check(at, len, h.record.len)?;
+        Ok(h.at + at)
     }
 
     /// Gives the held record's space back to the producer (a no-op if none is held).
