@@ -134,9 +134,16 @@ fn pools(p: &Pools) -> String {
 
 fn hosts(h: &Hosts) -> String {
     let mut o = String::new();
+    // As wide as the longest address (a local host's `unix:PATH (pid N), shared memory`
+    // is longer than any `ip:port`), so the columns after it stay aligned.
+    let aw = h
+        .hosts
+        .iter()
+        .map(|e| e.address.chars().count())
+        .fold(21, usize::max);
     let _ = writeln!(
         o,
-        "{:>7}  {:>5}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
+        "{:>7}  {:>5}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
         "session",
         "queue",
         "mac",
@@ -152,7 +159,7 @@ fn hosts(h: &Hosts) -> String {
     for e in &h.hosts {
         let _ = writeln!(
             o,
-            "{:>7}  {:>5}  {:<17}  {:<21}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
+            "{:>7}  {:>5}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
             e.session,
             format!("{}/{}", e.queue, e.queues),
             e.mac,
@@ -364,6 +371,8 @@ impl Top<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use splitnet_control::report::{Counters, HostEntry};
+    use std::collections::BTreeMap;
 
     #[test]
     fn bars_round_up_and_clamp() {
@@ -389,6 +398,46 @@ mod tests {
         assert_eq!(rate(&b, &a, Duration::from_secs(2)), (100.0, 1_000_000.0));
         // A daemon restart resets the counters: no negative rate.
         assert_eq!(rate(&a, &b, Duration::from_secs(1)), (0.0, 0.0));
+    }
+
+    #[test]
+    fn the_hosts_table_stays_aligned_whatever_the_address() {
+        let entry = |session, address: &str| HostEntry {
+            session,
+            node_id: 1,
+            queue: 0,
+            queues: 1,
+            address: address.into(),
+            mac: "02:5d:00:ad:f3:73".into(),
+            domain: 7,
+            mtu: 1500,
+            promisc: false,
+            multicast: 0,
+            offloads: vec![],
+            connected_s: 61,
+            counters: Counters::default(),
+            buffers: 0,
+            buffer_quota: 512,
+            drops: BTreeMap::new(),
+        };
+        let h = Hosts {
+            hosts: vec![
+                entry(1, "10.200.0.1:41234"),
+                entry(
+                    2,
+                    "unix:/run/ioc-driver/fabric.sock (pid 4242), shared memory",
+                ),
+            ],
+        };
+        let text = hosts(&h);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        // Every column has a fixed width once the address column fits the longest address,
+        // so every line is as long as the header.
+        for l in &lines {
+            assert_eq!(l.chars().count(), lines[0].chars().count(), "{text}");
+        }
+        assert!(lines[2].contains("(pid 4242), shared memory   "), "{text}");
     }
 
     #[test]
