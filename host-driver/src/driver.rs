@@ -9,6 +9,7 @@ use crate::snapshot::Snapshot;
 use splitnet_config::{FabricAddr, HostConfig, HostFabric};
 use splitnet_control::report::{offload_names, Counters, Interface};
 use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig};
+use splitnet_messaging::adapter::Channel;
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
@@ -663,16 +664,16 @@ impl<'a> Conn<'a> {
     /// operations wait for room in the ring: the room the IOC frees is what ends that wait,
     /// and only its doorbell says so.
     fn poll_before_sleep(&mut self, tap_wanted: bool) -> (bool, Option<Instant>) {
-        let start = Instant::now();
         let Some(spin) = self.spin.as_mut() else {
             return (true, None);
         };
         if self.tl.link.pending() > 0 {
             return (true, None);
         }
-        if self.tl.link.take_rang_peer(Lane::Data) {
+        if self.tl.link.data_channel_mut().take_rang_peer() {
             spin.rang_peer();
         }
+        let start = Instant::now();
         let budget = spin.budget();
         if budget.is_zero() {
             return (true, Some(start));
@@ -681,7 +682,7 @@ impl<'a> Conn<'a> {
         link.wake(Lane::Data);
         let mut caught = false;
         for i in 0u32.. {
-            caught = link.input_pending(Lane::Data)
+            caught = link.data_channel_mut().input_pending()
                 || (tap_wanted && i % 8 == 0 && self.tap.readable_now().unwrap_or(true));
             if caught || start.elapsed() >= budget {
                 break;

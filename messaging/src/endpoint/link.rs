@@ -197,30 +197,13 @@ impl<C: Channel> Link<C> {
         }
     }
 
-    /// Whether input may be waiting on `lane`, found without a system call
-    /// ([`Channel::input_pending`]).
-    pub fn input_pending(&mut self, lane: Lane) -> bool {
-        match lane {
-            Lane::Control => self.ctrl.input_pending(),
-            Lane::Data => self.data.input_pending(),
-        }
-    }
-
-    /// Whether `lane`'s channel rang a sleeping peer's doorbell since the last call
-    /// ([`Channel::take_rang_peer`]).
-    pub fn take_rang_peer(&mut self, lane: Lane) -> bool {
-        match lane {
-            Lane::Control => self.ctrl.take_rang_peer(),
-            Lane::Data => self.data.take_rang_peer(),
-        }
-    }
-
     /// The control channel, mutably (tests inject raw operations through it).
     pub fn control_channel_mut(&mut self) -> &mut C {
         &mut self.ctrl
     }
 
-    /// The data channel, mutably (tests inject raw operations through it).
+    /// The data channel, mutably (tests inject raw operations through it; a shell that polls
+    /// before sleeping asks it [`Channel::input_pending`] and [`Channel::take_rang_peer`]).
     pub fn data_channel_mut(&mut self) -> &mut C {
         &mut self.data
     }

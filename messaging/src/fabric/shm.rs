@@ -44,6 +44,16 @@ pub struct ShmTransport {
 }
 
 impl ShmTransport {
+    fn new(ch: ShmChannel<Mapping>, bell: EventFd, peer: EventFd, sock: UnixStream) -> Self {
+        ShmTransport {
+            ch,
+            bell,
+            peer,
+            sock,
+            rang: false,
+        }
+    }
+
     /// Changes the protection domain whose writes this channel carries.
     pub fn set_domain(&mut self, domain: DomainId) {
         self.ch.set_domain(domain);
@@ -221,13 +231,7 @@ pub async fn offer(
     }
     let peer = EventFd::from_fd(fds.remove(0));
     let ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
-    Ok(ShmTransport {
-        ch,
-        bell,
-        peer,
-        sock,
-        rang: false,
-    })
+    Ok(ShmTransport::new(ch, bell, peer, sock))
 }
 
 /// The IOC's side: after the HelloReply on `sock`, takes the host's set-up, checks it, and
@@ -256,11 +260,5 @@ pub async fn accept(
     let ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
     let bell = EventFd::new()?;
     send_fds(&sock, &ACK, &[bell.as_fd()])?;
-    Ok(ShmTransport {
-        ch,
-        bell,
-        peer: EventFd::from_fd(peer),
-        sock,
-        rang: false,
-    })
+    Ok(ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock))
 }

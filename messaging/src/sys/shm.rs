@@ -178,8 +178,8 @@ pub struct Mapping {
 }
 
 // SAFETY: the mapping is only ever accessed through `&AtomicU32` (see `words`), which is
-// `Sync`, and by the byte copies of `copy_out` and `copy_in` (see there); the pointer is owned by this value alone and unmapped once, in
-// `drop`.
+// `Sync`, and by the byte copies of `copy_out` and `copy_in` (see there); the pointer is
+// owned by this value alone and unmapped once, in `drop`.
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
@@ -229,7 +229,7 @@ impl SharedMem for Mapping {
     /// Copies with `memcpy`: exactly the bytes `off..off + data.len()` are written.
     fn copy_in(&self, off: usize, data: &[u8]) -> Result<(), MemError> {
         MemError::check(off, data.len(), self.len)?;
-        // SAFETY: as in `read`. The words are `UnsafeCell`s (atomics) reached through a
+        // SAFETY: as in `copy_out`. The words are `UnsafeCell`s (atomics) reached through a
         // pointer we own, so writing them through it is allowed; bytes outside the range,
         // including the rest of a partly covered word, are not touched.
         unsafe {

@@ -78,25 +78,51 @@ pub struct ShmChannel<M> {
     writes: bool,
     /// The last SEND's payload, copied out of the ring (private memory).
     record: Vec<u8>,
-    received: std::ops::Range<usize>,
     doorbell: bool,
-    /// The doorbell rang since the last drained poll ([`ShmChannel::rang`]).
-    rung: bool,
-    /// A record arrived since the last ring was judged.
-    progress: bool,
-    /// The peer's tail (room it freed) when the last ring was judged.
-    judged_tail: u32,
-    /// Rings in a row that found nothing to do.
-    idle_wakes: u32,
+    idle: IdleRings,
     /// A received operation failed: the held record is never read again.
     stopped: bool,
+}
+
+/// The doorbell-flood rule: rings of this side's doorbell in a row after which the peer had
+/// neither published a record nor freed room this side looked for.
+#[derive(Debug)]
+struct IdleRings {
+    /// The doorbell rang since the last ring was judged.
+    rung: bool,
+    /// A record arrived since the last ring was judged.
+    took: bool,
+    /// The peer's tail (room it freed) when the last ring was judged.
+    tail: u32,
+    /// Idle rings in a row.
+    count: u32,
+}
+
+impl IdleRings {
+    /// Judges the last ring, if any, once the ring is drained; `tail` is the peer's tail as
+    /// this side last loaded it.
+    fn judge(&mut self, tail: u32) -> Result<(), ShmError> {
+        if !std::mem::take(&mut self.rung) {
+            return Ok(());
+        }
+        let freed = std::mem::replace(&mut self.tail, tail) != tail;
+        if std::mem::take(&mut self.took) || freed {
+            self.count = 0;
+            return Ok(());
+        }
+        self.count += 1;
+        match self.count >= MAX_IDLE_WAKES {
+            true => Err(ShmError::DoorbellFlood(self.count)),
+            false => Ok(()),
+        }
+    }
 }
 
 impl<M: SharedMem> ShmChannel<M> {
     /// A channel producing into `tx` and consuming `rx`, accepting writes into the pools of
     /// `domain` and SENDs of up to `max_send` bytes.
     pub fn new(tx: Producer<M>, rx: Consumer<M>, domain: DomainId, max_send: usize) -> Self {
-        let judged_tail = tx.tail();
+        let tail = tx.tail();
         ShmChannel {
             tx,
             rx,
@@ -105,12 +131,13 @@ impl<M: SharedMem> ShmChannel<M> {
             max_send,
             writes: true,
             record: Vec::new(),
-            received: 0..0,
             doorbell: false,
-            rung: false,
-            progress: false,
-            judged_tail,
-            idle_wakes: 0,
+            idle: IdleRings {
+                rung: false,
+                took: false,
+                tail,
+                count: 0,
+            },
             stopped: false,
         }
     }
@@ -153,7 +180,7 @@ impl<M: SharedMem> ShmChannel<M> {
     /// in a row end the channel ([`ShmError::DoorbellFlood`]). Only what the peer did
     /// counts, so traffic towards a flooding peer does not shield it.
     pub fn rang(&mut self) {
-        self.rung = true;
+        self.idle.rung = true;
     }
 
     /// Withdraws the requests to be woken (after waking up).
@@ -239,7 +266,6 @@ impl<M: SharedMem> ShmChannel<M> {
         self.rx
             .copy_out(OP_HEADER_LEN, &mut self.record)
             .map_err(ShmError::Ring)?;
-        self.received = 0..self.record.len();
         Ok(Some(RxCompletion::Recv {
             len: h.len as usize,
         }))
@@ -282,24 +308,15 @@ impl<M: SharedMem> Channel for ShmChannel<M> {
         // it held is never read again.
         let taken = self.take(reg).inspect_err(|_| self.stopped = true)?;
         self.rx.consume().map_err(ShmError::Ring)?;
-        if taken.is_some() {
-            self.progress = true;
-        } else if std::mem::take(&mut self.rung) {
-            let freed = std::mem::replace(&mut self.judged_tail, self.tx.tail()) != self.tx.tail();
-            if std::mem::take(&mut self.progress) || freed {
-                self.idle_wakes = 0;
-            } else {
-                self.idle_wakes += 1;
-                if self.idle_wakes >= MAX_IDLE_WAKES {
-                    return Err(ShmError::DoorbellFlood(self.idle_wakes).into());
-                }
-            }
+        match taken {
+            Some(_) => self.idle.took = true,
+            None => self.idle.judge(self.tx.tail())?,
         }
         Ok(taken)
     }
 
     fn received(&self) -> &[u8] {
-        self.record.get(self.received.clone()).unwrap_or_default()
+        &self.record
     }
 
     fn reclaim(&mut self, cache: &mut SendBufCache) {

@@ -587,26 +587,24 @@ impl<M: SharedMem> Consumer<M> {
     /// grows to at most `max_record`) and returns the record, or `None` (leaving `buf` as
     /// it is) if the ring is empty.
     pub fn pop(&mut self, buf: &mut Vec<u8>) -> Result<Option<Record>, RingError> {
-        let rec = match self.peek() {
-            Ok(Some(rec)) => rec,
-            Ok(None) => return Ok(None),
-            Err(e) => {
-                buf.clear();
-                return Err(e);
-            }
-        };
-        buf.clear();
-        buf.reserve_exact(rec.len);
-        buf.resize(rec.len, 0);
-        let r = self.copy_out(0, buf).and_then(|()| self.consume());
+        let r = self.peek().and_then(|rec| {
+            let Some(rec) = rec else { return Ok(None) };
+            buf.clear();
+            buf.reserve_exact(rec.len);
+            buf.resize(rec.len, 0);
+            self.copy_out(0, buf)?;
+            self.consume()?;
+            Ok(Some(rec))
+        });
         if r.is_err() {
             buf.clear();
         }
-        r.map(|()| Some(rec))
+        r
     }
 
     /// Checks the next record and holds it in the ring until [`Consumer::consume`]: the
-    /// caller copies its payload out with [`Consumer::read`], straight to where it belongs
+    /// caller copies out what it parses with [`Consumer::read`] and the rest with
+    /// [`Consumer::copy_out`], straight to where it belongs
     /// (an RDMA write's element), each byte once. `None` if the ring is empty. While a
     /// record is held, this returns it again without re-reading anything.
     pub fn peek(&mut self) -> Result<Option<Record>, RingError> {
