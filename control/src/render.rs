@@ -236,6 +236,13 @@ fn stats(s: &Stats) -> String {
     if let Some((used, all)) = s.send_buffers {
         let _ = writeln!(o, "  send buffers queued towards hosts: {used} of {all}");
     }
+    if let Some(l) = &s.tx_limit {
+        let _ = writeln!(
+            o,
+            "  in flight to the IOC at most {} bytes (grown {}, shrunk {}, held back {}); {} frames queued, {} dropped by the flow queue",
+            l.limit_bytes, l.grown, l.shrunk, l.held_back, l.queued, l.queue_drops
+        );
+    }
     o
 }
 

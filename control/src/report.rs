@@ -408,4 +408,24 @@ pub struct Stats {
     /// The IOC's send buffers queued towards hosts now, and how many there are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_buffers: Option<(u64, u64)>,
+    /// The host's transmit scheduling (its first queue): the byte limit and the flow queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_limit: Option<TxLimit>,
+}
+
+/// A sender's byte limit and flow queue (see `splitnet_messaging::sched`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxLimit {
+    /// Bytes in flight allowed now.
+    pub limit_bytes: u64,
+    /// Times the limit grew (the path ran dry).
+    pub grown: u64,
+    /// Times it shrank (a standing queue persisted).
+    pub shrunk: u64,
+    /// Times the sender was held back by it.
+    pub held_back: u64,
+    /// Frames waiting in the flow queue now.
+    pub queued: u64,
+    /// Frames the flow queue dropped when full.
+    pub queue_drops: u64,
 }

@@ -16,6 +16,7 @@ use splitnet_messaging::endpoint::{
 };
 use splitnet_messaging::fabric::{self, DataPath, FabricChannel, FabricLink, StreamConn};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
+use splitnet_messaging::sched::{ByteLimit, FlowQueue, FqConfig, LimitConfig};
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::sys::tap::{Offloads, Tap};
@@ -35,8 +36,9 @@ use tracing::{debug, info, warn};
 
 /// Frames read from the TAP per wake-up before the fabric is flushed.
 const TAP_BATCH: usize = 64;
-/// Completions handled per channel per wake-up.
-const RX_BUDGET: usize = 256;
+/// Completions handled per channel per wake-up; credits go back after each batch (small, so
+/// the IOC's byte limit towards this host can stay small).
+const RX_BUDGET: usize = 32;
 /// Send buffers: bounds the frames in flight to the IOC.
 const SEND_BUFFERS: usize = 256;
 /// How often the IOC's counters for this host are fetched (for splitnetctl).
@@ -514,11 +516,11 @@ impl StatusLine {
 }
 
 /// Whether the TAP is worth waiting for: the kernel sends on a queue only while the first
-/// queue has the carrier on; a frame held back for credit goes first; and with every send
-/// buffer queued on the fabric socket there is nothing to read into (the socket's
-/// writability wakes the loop instead, so a full socket never makes it spin).
-fn tap_wanted(sending: bool, holding: bool, buffers: bool) -> bool {
-    sending && !holding && buffers
+/// queue has the carrier on; and with every send buffer queued (in the flow queue or on the
+/// fabric socket) there is nothing to read into: returned credits or the socket's
+/// writability wake the loop instead, so a full socket never makes it spin.
+fn tap_wanted(sending: bool, buffers: bool) -> bool {
+    sending && buffers
 }
 
 /// The poll before sleeping of a link over shared memory, if configured.
@@ -545,6 +547,14 @@ struct Conn<'a> {
     reg: Registry,
     cache: SendBufCache,
     held: Option<SendBuf>,
+    /// Frames read from the TAP waiting for the byte limit, by flow.
+    fq: FlowQueue<SendBuf>,
+    /// Bytes in flight to the IOC at most (adapts to what the path needs).
+    limit: ByteLimit,
+    /// Keys of the flow hash that sorts frames into the flow queue.
+    flow_keys: std::collections::hash_map::RandomState,
+    /// Frames the flow queue dropped (full: the longest flow's oldest).
+    queue_drops: u64,
     keepalive: Keepalive,
     mtu_known: bool,
     /// MTU agreed with the IOC and set on the TAP.
@@ -629,6 +639,10 @@ impl<'a> Conn<'a> {
             reg,
             cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
             held: None,
+            fq: FlowQueue::new(FqConfig::default()),
+            limit: ByteLimit::new(LimitConfig::default(), Instant::now()),
+            flow_keys: Default::default(),
+            queue_drops: 0,
             keepalive: Keepalive::new(
                 cfg.fabric.keepalive_interval(),
                 cfg.fabric.keepalive_timeout(),
@@ -717,8 +731,7 @@ impl<'a> Conn<'a> {
             }
             let tap_wanted = tap_wanted(
                 self.carrier || !first,
-                self.held.is_some(),
-                self.cache.has_free(),
+                self.cache.has_free() && !self.fq.is_full(wire::MAX_SEND_DATA as u32),
             );
             let pending = self.tl.link.pending() > 0;
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
@@ -882,11 +895,17 @@ impl<'a> Conn<'a> {
         }
     }
 
-    /// Reads frames from the TAP and posts them. Returns true when the TAP is drained.
+    /// Reads frames from the TAP into the flow queue and sends what the byte limit lets
+    /// through. Returns true when the TAP is drained.
     fn read_tap(&mut self) -> bool {
+        let mut drained = false;
         for _ in 0..TAP_BATCH {
+            if self.fq.is_full(wire::MAX_SEND_DATA as u32) {
+                // The TAP holds what waits beyond the flow queue (no frame dropped here).
+                break;
+            }
             let Some(mut buf) = self.cache.get() else {
-                return false;
+                break;
             };
             match self.tap.recv(buf.space()) {
                 Ok(n) => buf.set_len(n),
@@ -895,14 +914,42 @@ impl<'a> Conn<'a> {
                     if e.kind() != io::ErrorKind::WouldBlock {
                         warn!("TAP read failed: {e}");
                     }
-                    return true;
+                    drained = true;
+                    break;
                 }
             }
+            let hash = vnet::flow_hash(buf.as_slice(), &self.flow_keys);
+            let len = buf.len() as u32;
+            let Conn {
+                fq,
+                cache,
+                queue_drops,
+                ..
+            } = self;
+            fq.push(hash, len, buf, &mut |b| {
+                cache.put(b);
+                *queue_drops += 1;
+            });
+        }
+        self.send_queued();
+        drained
+    }
+
+    /// Posts queued frames, the one held back for credit first, then the flow queue's
+    /// choice, while the byte limit lets more go in flight.
+    fn send_queued(&mut self) {
+        loop {
+            let inflight = self.tl.link.session().initiator().inflight_bytes();
+            if !self.limit.admits(inflight) {
+                return;
+            }
+            let Some(buf) = self.held.take().or_else(|| self.fq.pop()) else {
+                return;
+            };
             if !self.post(buf) {
-                return false;
+                return;
             }
         }
-        false
     }
 
     /// Posts a frame; false when it is held back for lack of credit.
@@ -924,9 +971,11 @@ impl<'a> Conn<'a> {
     fn on_event(&mut self, ev: LinkEvent) -> Option<End> {
         match ev {
             LinkEvent::Credits => {
-                if let Some(b) = self.held.take() {
-                    self.post(b);
-                }
+                let ini = self.tl.link.session_mut().initiator_mut();
+                let done = ini.take_completed();
+                let inflight = ini.inflight_bytes();
+                self.limit.completed(done, inflight, Instant::now());
+                self.send_queued();
             }
             LinkEvent::CfgReply {
                 code, status, data, ..
@@ -1189,6 +1238,15 @@ impl<'a> Conn<'a> {
             sum.credits_in_use += o.credits_in_use;
         }
         let mut g = snap.borrow_mut();
+        let l = self.limit.stats();
+        g.tx_limit = splitnet_control::report::TxLimit {
+            limit_bytes: l.limit,
+            grown: l.grown,
+            shrunk: l.shrunk,
+            held_back: l.held_back,
+            queued: self.fq.len() as u64,
+            queue_drops: self.queue_drops,
+        };
         g.interface.carrier = self.carrier;
         g.rx_dropped = sum.rx_dropped;
         g.credits_free = sum.credits_free;
@@ -1300,13 +1358,12 @@ mod tests {
 
     #[test]
     fn the_tap_waits_while_no_send_buffer_is_free() {
-        assert!(tap_wanted(true, false, true));
+        assert!(tap_wanted(true, true));
         assert!(
-            !tap_wanted(true, false, false),
+            !tap_wanted(true, false),
             "every buffer queued: no busy loop"
         );
-        assert!(!tap_wanted(true, true, true));
-        assert!(!tap_wanted(false, false, true));
+        assert!(!tap_wanted(false, true));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use splitnet_control::report::{
     Counters, Direction, Fabric, Interface, NicStats, PeerPools, Pools, Reply, Request, Role,
-    Stats, Status,
+    Stats, Status, TxLimit,
 };
 use splitnet_messaging::endpoint::{LinkStats, Session};
 use splitnet_messaging::service::{metrics, Introspect};
@@ -43,6 +43,8 @@ pub struct Snapshot {
     pub pools: Option<PeerPools>,
     /// The IOC's counters for this host (CfgUtil GetStats).
     pub ioc_counters: Option<Counters>,
+    /// The first queue's byte limit and flow queue.
+    pub tx_limit: TxLimit,
 }
 
 impl Snapshot {
@@ -65,6 +67,7 @@ impl Snapshot {
             interface,
             pools: None,
             ioc_counters: None,
+            tx_limit: TxLimit::default(),
         }
     }
 
@@ -155,6 +158,7 @@ impl Snapshot {
                 ioc: self.ioc_counters,
                 drops: Default::default(),
                 send_buffers: None,
+                tx_limit: Some(self.tx_limit),
             }),
         }
     }
@@ -228,6 +232,30 @@ impl Introspect for Snapshot {
             "counter",
             "Frames from the IOC dropped (this connection).",
             self.rx_dropped,
+        )
+        .metric(
+            "splitnet_host_tx_limit_bytes",
+            "gauge",
+            "Bytes the first queue may have in flight to the IOC now (its byte limit).",
+            self.tx_limit.limit_bytes,
+        )
+        .metric(
+            "splitnet_host_tx_limit_shrunk_total",
+            "counter",
+            "Times the byte limit shrank under a standing queue.",
+            self.tx_limit.shrunk,
+        )
+        .metric(
+            "splitnet_host_tx_limit_grown_total",
+            "counter",
+            "Times the byte limit grew because the path ran dry.",
+            self.tx_limit.grown,
+        )
+        .metric(
+            "splitnet_host_tx_queue_dropped_total",
+            "counter",
+            "Frames the flow queue dropped (a flow over its share).",
+            self.tx_limit.queue_drops,
         )
         .metric(
             "splitnet_host_credits_free",

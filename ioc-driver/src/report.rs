@@ -292,6 +292,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
                 ioc: None,
                 drops: named_drops(&drops),
                 send_buffers: Some(s.send_buffers),
+                tx_limit: None,
             })
         }
     }

@@ -22,6 +22,7 @@ pub mod endpoint;
 #[cfg(feature = "tokio")]
 pub mod fabric;
 pub mod memory;
+pub mod sched;
 #[cfg(feature = "service")]
 pub mod service;
 #[cfg(feature = "sys")]

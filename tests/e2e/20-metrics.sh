@@ -18,6 +18,7 @@ val() { echo "$1" | awk -v k="$2" '$1 == k {print $2}'; }
 [ "$(val "$h" splitnet_host_fabric_up)" = 1 ] || fail "host fabric_up: $(echo "$h" | grep fabric_up)"
 [ "$(val "$h" splitnet_host_carrier)" = 1 ] || fail "host carrier"
 [ "$(val "$h" splitnet_host_tx_frames_total)" -ge 3 ] || fail "host tx frames: $(val "$h" splitnet_host_tx_frames_total)"
+[ "$(val "$h" splitnet_host_tx_limit_bytes)" -gt 0 ] || fail "host tx byte limit: $(echo "$h" | grep tx_limit_bytes)"
 [ "$(val "$i" splitnet_ioc_hosts)" = 1 ] || fail "IOC hosts"
 [ "$(val "$i" splitnet_ioc_lan_rx_frames_total)" -ge 3 ] || fail "IOC lan rx"
 echo "$i" | grep -q '^splitnet_ioc_host_tx_frames_total{session="1",mac="02:5d:' || fail "per-host counters missing"

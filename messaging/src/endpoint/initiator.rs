@@ -54,7 +54,8 @@ pub struct Reservation {
 struct RemotePool {
     entry: PoolEntry,
     free: Vec<u32>,
-    in_use: Vec<bool>,
+    /// Bytes written into each element whose credit is out (0: free).
+    in_use: Vec<u32>,
 }
 
 /// The peer's pools and our credits in them.
@@ -67,6 +68,10 @@ pub struct Initiator {
     retired: VecDeque<u32>,
     pool_get_sent: bool,
     flush_txn: Option<u64>,
+    /// Bytes written whose credits have not come back.
+    inflight: u64,
+    /// Bytes whose credits came back, not yet taken by [`Initiator::take_completed`].
+    completed: u64,
 }
 
 /// What [`Initiator::post_frame`] did with a frame.
@@ -91,6 +96,8 @@ impl Initiator {
             retired: VecDeque::new(),
             pool_get_sent: false,
             flush_txn: None,
+            inflight: 0,
+            completed: 0,
         }
     }
 
@@ -125,7 +132,7 @@ impl Initiator {
             self.pools.push(RemotePool {
                 entry: *e,
                 free: (0..e.element_count).rev().collect(),
-                in_use: vec![false; e.element_count as usize],
+                in_use: vec![0; e.element_count as usize],
             });
         }
         // Smallest elements first: a frame takes the smallest element that holds it.
@@ -158,8 +165,10 @@ impl Initiator {
                 .ok_or(violation(run.first))?;
             for e in run.first..end {
                 match pool.in_use.get_mut(e as usize) {
-                    Some(u) if *u => {
-                        *u = false;
+                    Some(u) if *u > 0 => {
+                        self.inflight -= u64::from(*u);
+                        self.completed += u64::from(*u);
+                        *u = 0;
                         pool.free.push(e);
                     }
                     _ => return Err(violation(e)),
@@ -185,9 +194,13 @@ impl Initiator {
             let Some(element) = pool.free.pop() else {
                 continue;
             };
+            // A frame is never empty (it carries a virtio-net header), but a zero would
+            // read as free: count at least one byte.
+            let bytes = (len as u32).max(1);
             if let Some(u) = pool.in_use.get_mut(element as usize) {
-                *u = true;
+                *u = bytes;
             }
+            self.inflight += u64::from(bytes);
             // Validated in on_pools: address + element_size * element_count does not overflow.
             let addr = e.address + u64::from(element) * u64::from(e.element_size);
             let len32 = len as u32;
@@ -278,10 +291,23 @@ impl Initiator {
             .map(|p| p.entry.pool_ref)
             .filter(|r| pool_refs.contains(r))
             .collect();
-        self.pools
-            .retain(|p| !pool_refs.contains(&p.entry.pool_ref));
+        self.drop_pools(|p| pool_refs.contains(&p));
         self.retire(&live);
         out.push(Lane::Data, txn, &Message::BufferPoolFlushReply);
+    }
+
+    /// Stops using the pools whose reference `gone` names; what was in flight in them will
+    /// never be completed, so it no longer counts.
+    fn drop_pools(&mut self, gone: impl Fn(u32) -> bool) {
+        let mut lost = 0u64;
+        self.pools.retain(|p| {
+            let keep = !gone(p.entry.pool_ref);
+            if !keep {
+                lost += p.in_use.iter().map(|&b| u64::from(b)).sum::<u64>();
+            }
+            keep
+        });
+        self.inflight -= lost;
     }
 
     /// Remembers pools we stopped using (only pools we held), forgetting the oldest beyond
@@ -316,7 +342,7 @@ impl Initiator {
                 &Message::BufferPoolFlushRequest(chunk.to_vec()),
             );
         }
-        self.pools.clear();
+        self.drop_pools(|_| true);
         self.retire(&refs);
         self.flush_txn = Some(txn);
         Some(txn)
@@ -342,6 +368,16 @@ impl Initiator {
         self.pools.iter().map(|p| p.free.len() as u64).sum()
     }
 
+    /// Bytes written into the peer's pools whose credits have not come back.
+    pub fn inflight_bytes(&self) -> u64 {
+        self.inflight
+    }
+
+    /// Bytes whose credits came back since the last call.
+    pub fn take_completed(&mut self) -> u64 {
+        std::mem::take(&mut self.completed)
+    }
+
     /// Credits in use (frames written and not yet returned).
     pub fn in_use(&self) -> u64 {
         self.pools
@@ -363,6 +399,8 @@ impl Initiator {
     /// Forgets every remote pool (the connection is gone; a new one re-advertises).
     pub fn reset(&mut self) {
         self.pools.clear();
+        self.inflight = 0;
+        self.completed = 0;
         self.retired.clear();
         self.pool_get_sent = false;
         self.flush_txn = None;

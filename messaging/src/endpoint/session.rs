@@ -121,6 +121,11 @@ impl Session {
         &self.initiator
     }
 
+    /// Initiator side, mutably (to take its completion counts).
+    pub fn initiator_mut(&mut self) -> &mut Initiator {
+        &mut self.initiator
+    }
+
     /// Handles one received message (the payload of a SEND on `lane`).
     ///
     /// The lane tells the two flush directions apart (pool references of the two sides

@@ -96,6 +96,19 @@ mod credits {
         assert_eq!(states, ["quiescing", "quiescing"]);
     });
 
+    over_both!(bytes_in_flight_follow_credits, |p| {
+        p.send(Side::A, &frame(60, 1));
+        p.send(Side::A, &frame(1500, 2));
+        p.send(Side::A, &frame(9000, 3));
+        let ini = p.a.link.session().initiator();
+        assert_eq!(ini.inflight_bytes(), 10_500, "inline frames take no credit");
+        p.drive().unwrap();
+        let ini = p.a.link.session_mut().initiator_mut();
+        assert_eq!(ini.inflight_bytes(), 0);
+        assert_eq!(ini.take_completed(), 10_500);
+        assert_eq!(ini.take_completed(), 0);
+    });
+
     over_both!(small_frames_go_inline_and_large_by_rdma, |p| {
         assert_eq!(p.send(Side::A, &frame(60, 1)), Outcome::Inline);
         assert_eq!(p.send(Side::A, &frame(1500, 2)), Outcome::Rdma);

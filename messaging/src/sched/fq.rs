@@ -1,0 +1,306 @@
+//! A fair queue of flows: one queue per flow hash, served by deficit round robin, flows that
+//! just became active first (the sparse-flow priority of fq_codel). A ping or a keystroke
+//! never waits behind a bulk transfer's backlog, only behind what is already in flight.
+//!
+//! Bounded in frames and bytes: a frame arriving at a full queue pushes out the oldest frame
+//! of the longest flow (which may be itself), so a new sparse flow still gets in; a flow at
+//! its own byte limit drops its newest frame. Every dropped frame is handed back to the
+//! caller to free and count.
+
+use std::collections::VecDeque;
+
+/// Bounds of a [`FlowQueue`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FqConfig {
+    /// Flow buckets (frames hash into them).
+    pub buckets: usize,
+    /// Bytes a flow may send per round.
+    pub quantum: u32,
+    /// Frames waiting at most, all flows together.
+    pub max_frames: usize,
+    /// Bytes waiting at most, all flows together.
+    pub max_bytes: u64,
+    /// Bytes one flow may have waiting.
+    pub flow_bytes: u64,
+}
+
+impl Default for FqConfig {
+    /// 64 buckets, a quantum of one MTU-sized frame, 128 frames and 2 MiB in all, 1 MiB
+    /// per flow.
+    fn default() -> FqConfig {
+        FqConfig {
+            buckets: 64,
+            quantum: 1514,
+            max_frames: 128,
+            max_bytes: 2 << 20,
+            flow_bytes: 1 << 20,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Flow<T> {
+    frames: VecDeque<(T, u32)>,
+    bytes: u64,
+    deficit: i64,
+    listed: bool,
+}
+
+/// Frames waiting to be sent, by flow.
+#[derive(Debug)]
+pub struct FlowQueue<T> {
+    config: FqConfig,
+    flows: Vec<Flow<T>>,
+    new: VecDeque<usize>,
+    old: VecDeque<usize>,
+    frames: usize,
+    bytes: u64,
+}
+
+impl<T> FlowQueue<T> {
+    /// An empty queue (at least one bucket).
+    pub fn new(config: FqConfig) -> FlowQueue<T> {
+        FlowQueue {
+            flows: (0..config.buckets.max(1))
+                .map(|_| Flow {
+                    frames: VecDeque::new(),
+                    bytes: 0,
+                    deficit: 0,
+                    listed: false,
+                })
+                .collect(),
+            config,
+            new: VecDeque::new(),
+            old: VecDeque::new(),
+            frames: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Queues `frame` of `len` bytes in the flow of `hash`. Frames dropped to make room (the
+    /// longest flows' oldest), or `frame` itself when its flow is at its limit, go to
+    /// `dropped`.
+    pub fn push(&mut self, hash: u64, len: u32, frame: T, dropped: &mut impl FnMut(T)) {
+        let i = (hash % self.flows.len() as u64) as usize;
+        if self.flows[i].bytes + u64::from(len) > self.config.flow_bytes
+            && !self.flows[i].frames.is_empty()
+        {
+            return dropped(frame);
+        }
+        while self.frames > 0
+            && (self.frames >= self.config.max_frames
+                || self.bytes + u64::from(len) > self.config.max_bytes)
+        {
+            match self.drop_from_longest() {
+                Some(f) => dropped(f),
+                None => break,
+            }
+        }
+        let f = &mut self.flows[i];
+        f.frames.push_back((frame, len));
+        f.bytes += u64::from(len);
+        if !f.listed {
+            f.listed = true;
+            f.deficit = i64::from(self.config.quantum);
+            self.new.push_back(i);
+        }
+        self.frames += 1;
+        self.bytes += u64::from(len);
+    }
+
+    fn drop_from_longest(&mut self) -> Option<T> {
+        let i = (0..self.flows.len()).max_by_key(|&i| self.flows[i].bytes)?;
+        let (frame, len) = self.flows[i].frames.pop_front()?;
+        self.flows[i].bytes -= u64::from(len);
+        self.frames -= 1;
+        self.bytes -= u64::from(len);
+        Some(frame)
+    }
+
+    /// The next frame to send, or `None` when nothing waits.
+    pub fn pop(&mut self) -> Option<T> {
+        loop {
+            let from_new = !self.new.is_empty();
+            let i = *if from_new { &self.new } else { &self.old }.front()?;
+            let f = &mut self.flows[i];
+            if f.deficit <= 0 {
+                f.deficit += i64::from(self.config.quantum);
+                self.list(from_new).pop_front();
+                self.old.push_back(i);
+                continue;
+            }
+            match f.frames.pop_front() {
+                Some((frame, len)) => {
+                    f.deficit -= i64::from(len);
+                    f.bytes -= u64::from(len);
+                    self.frames -= 1;
+                    self.bytes -= u64::from(len);
+                    return Some(frame);
+                }
+                None => {
+                    self.list(from_new).pop_front();
+                    // An emptied new flow goes to the old list once, so that a flow that
+                    // keeps emptying cannot stay ahead of the others forever.
+                    if from_new && !self.old.is_empty() {
+                        self.old.push_back(i);
+                    } else {
+                        self.flows[i].listed = false;
+                    }
+                }
+            }
+        }
+    }
+
+    fn list(&mut self, new: bool) -> &mut VecDeque<usize> {
+        if new {
+            &mut self.new
+        } else {
+            &mut self.old
+        }
+    }
+
+    /// True when a frame of `len` bytes would push another out: a sender that can wait
+    /// (the TAP keeps its frames) stops taking more instead.
+    pub fn is_full(&self, len: u32) -> bool {
+        self.frames >= self.config.max_frames || self.bytes + u64::from(len) > self.config.max_bytes
+    }
+
+    /// Frames waiting.
+    pub fn len(&self) -> usize {
+        self.frames
+    }
+
+    /// True when nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.frames == 0
+    }
+
+    /// Bytes waiting.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Takes every waiting frame out (teardown).
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.new.clear();
+        self.old.clear();
+        self.frames = 0;
+        self.bytes = 0;
+        self.flows.iter_mut().flat_map(|f| {
+            f.listed = false;
+            f.bytes = 0;
+            f.frames.drain(..).map(|(t, _)| t)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Pushes, expecting nothing dropped.
+    fn put<T: std::fmt::Debug>(q: &mut FlowQueue<T>, hash: u64, len: u32, frame: T) {
+        q.push(hash, len, frame, &mut |d| panic!("dropped {d:?}"));
+    }
+
+    /// Pushes, returning what was dropped.
+    fn put_dropping<T>(q: &mut FlowQueue<T>, hash: u64, len: u32, frame: T) -> Vec<T> {
+        let mut out = Vec::new();
+        q.push(hash, len, frame, &mut |d| out.push(d));
+        out
+    }
+
+    #[test]
+    fn a_sparse_flow_passes_a_bulk_backlog() {
+        let mut q = FlowQueue::new(FqConfig::default());
+        for n in 0..100u32 {
+            put(&mut q, 1, 1514, ("bulk", n));
+        }
+        // Two bulk frames leave, then a ping arrives.
+        assert_eq!(q.pop(), Some(("bulk", 0)));
+        assert_eq!(q.pop(), Some(("bulk", 1)));
+        put(&mut q, 2, 98, ("ping", 0));
+        assert_eq!(q.pop(), Some(("ping", 0)), "the new flow goes first");
+        assert_eq!(q.pop(), Some(("bulk", 2)));
+    }
+
+    #[test]
+    fn two_bulk_flows_share_fairly() {
+        let mut q = FlowQueue::new(FqConfig::default());
+        for n in 0..50u32 {
+            put(&mut q, 1, 1514, (1, n));
+            put(&mut q, 2, 1514, (2, n));
+        }
+        let first: Vec<u64> = (0..20).map(|_| q.pop().unwrap().0).collect();
+        let ones = first.iter().filter(|f| **f == 1).count();
+        assert!((9..=11).contains(&ones), "{first:?}");
+    }
+
+    #[test]
+    fn full_queue_drops_from_the_longest_flow_and_lets_a_new_flow_in() {
+        let mut q = FlowQueue::new(FqConfig {
+            max_frames: 10,
+            quantum: 100,
+            ..FqConfig::default()
+        });
+        for n in 0..10u32 {
+            put(&mut q, 1, 100, n);
+        }
+        assert_eq!(q.pop(), Some(0), "the bulk flow used its quantum");
+        put(&mut q, 1, 100, 10);
+        assert_eq!(
+            put_dropping(&mut q, 2, 100, 99),
+            vec![1],
+            "the bulk flow's oldest goes"
+        );
+        assert_eq!(q.len(), 10);
+        assert_eq!(q.pop(), Some(99), "the new flow first");
+    }
+
+    #[test]
+    fn a_flow_at_its_byte_limit_drops_its_newest() {
+        let mut q = FlowQueue::new(FqConfig {
+            flow_bytes: 1000,
+            ..FqConfig::default()
+        });
+        for n in 0..10u32 {
+            put(&mut q, 7, 100, n);
+        }
+        assert_eq!(put_dropping(&mut q, 7, 100, 10), vec![10]);
+        assert_eq!(q.bytes(), 1000);
+    }
+
+    proptest! {
+        /// Every frame pushed comes out exactly once, popped or dropped; bounds always hold;
+        /// each flow's frames leave in order.
+        #[test]
+        fn conserves_frames_and_keeps_bounds(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..8, 1u32..3000), 0..400)
+        ) {
+            let cfg = FqConfig { buckets: 4, max_frames: 20, max_bytes: 20_000, flow_bytes: 9000, ..FqConfig::default() };
+            let mut q = FlowQueue::new(cfg);
+            let (mut pushed, mut out) = (0u64, Vec::new());
+            for (push, hash, len) in ops {
+                if push {
+                    q.push(hash, len, (hash % 4, pushed), &mut |d| out.push(d));
+                    pushed += 1;
+                } else if let Some(f) = q.pop() {
+                    out.push(f);
+                }
+                prop_assert!(q.len() <= 20);
+                prop_assert!(q.bytes() <= 20_000);
+            }
+            let mut popped: Vec<(u64, u64)> = Vec::new();
+            while let Some(f) = q.pop() { popped.push(f); }
+            prop_assert!(q.is_empty() && q.bytes() == 0);
+            let mut all: Vec<u64> = out.iter().chain(popped.iter()).map(|f| f.1).collect();
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..pushed).collect::<Vec<_>>());
+            for b in 0..4 {
+                let seq: Vec<u64> = popped.iter().filter(|f| f.0 == b).map(|f| f.1).collect();
+                prop_assert!(seq.windows(2).all(|w| w[0] < w[1]));
+            }
+        }
+    }
+}
