@@ -16,7 +16,7 @@ use splitnet_messaging::endpoint::{
 };
 use splitnet_messaging::fabric::{self, DataPath, FabricChannel, FabricLink, StreamConn};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
-use splitnet_messaging::sched::{ByteLimit, FlowQueue, FqConfig, LimitConfig};
+use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
 use splitnet_messaging::sys::tap::{Offloads, Tap};
@@ -37,7 +37,8 @@ use tracing::{debug, info, warn};
 /// Frames read from the TAP per wake-up before the fabric is flushed.
 const TAP_BATCH: usize = 64;
 /// Completions handled per channel per wake-up; credits go back after each batch (small, so
-/// the IOC's byte limit towards this host can stay small).
+/// the IOC's byte limit towards this host can stay small: frames wait at most one batch
+/// here before their credits return).
 const RX_BUDGET: usize = 32;
 /// Send buffers: bounds the frames in flight to the IOC.
 const SEND_BUFFERS: usize = 256;
@@ -546,14 +547,10 @@ struct Conn<'a> {
     tl: FabricLink,
     reg: Registry,
     cache: SendBufCache,
-    held: Option<SendBuf>,
-    /// Frames read from the TAP waiting for the byte limit, by flow.
-    fq: FlowQueue<SendBuf>,
-    /// Bytes in flight to the IOC at most (adapts to what the path needs).
-    limit: ByteLimit,
-    /// Keys of the flow hash that sorts frames into the flow queue.
-    flow_keys: std::collections::hash_map::RandomState,
-    /// Frames the flow queue dropped (full: the longest flow's oldest).
+    /// Frames read from the TAP waiting for credit or the byte limit, by flow.
+    tx: Scheduler<SendBuf>,
+    /// Frames the flow queue dropped (a flow over its share: its newest; the queue full:
+    /// the longest flow's oldest).
     queue_drops: u64,
     keepalive: Keepalive,
     mtu_known: bool,
@@ -638,10 +635,7 @@ impl<'a> Conn<'a> {
             tl,
             reg,
             cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
-            held: None,
-            fq: FlowQueue::new(FqConfig::default()),
-            limit: ByteLimit::new(LimitConfig::default(), Instant::now()),
-            flow_keys: Default::default(),
+            tx: Scheduler::new(FqConfig::default(), LimitConfig::default(), Instant::now()),
             queue_drops: 0,
             keepalive: Keepalive::new(
                 cfg.fabric.keepalive_interval(),
@@ -729,10 +723,7 @@ impl<'a> Conn<'a> {
             if first {
                 self.update_carrier(ready_sent);
             }
-            let tap_wanted = tap_wanted(
-                self.carrier || !first,
-                self.cache.has_free() && !self.fq.is_full(wire::MAX_SEND_DATA as u32),
-            );
+            let tap_wanted = tap_wanted(self.carrier || !first, self.cache.has_free());
             let pending = self.tl.link.pending() > 0;
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
             // Shared memory: ask for the doorbell; records may be waiting already. Before
@@ -899,11 +890,9 @@ impl<'a> Conn<'a> {
     /// through. Returns true when the TAP is drained.
     fn read_tap(&mut self) -> bool {
         let mut drained = false;
+        // Read even when the flow queue is full: it then drops from its longest flow, so a
+        // new sparse flow still gets in instead of waiting in the TAP's ring.
         for _ in 0..TAP_BATCH {
-            if self.fq.is_full(wire::MAX_SEND_DATA as u32) {
-                // The TAP holds what waits beyond the flow queue (no frame dropped here).
-                break;
-            }
             let Some(mut buf) = self.cache.get() else {
                 break;
             };
@@ -918,15 +907,14 @@ impl<'a> Conn<'a> {
                     break;
                 }
             }
-            let hash = vnet::flow_hash(buf.as_slice(), &self.flow_keys);
-            let len = buf.len() as u32;
             let Conn {
-                fq,
+                tx,
                 cache,
                 queue_drops,
                 ..
             } = self;
-            fq.push(hash, len, buf, &mut |b| {
+            let (flow, len) = (tx.flow(buf.as_slice()), buf.len() as u32);
+            tx.push(flow, len, buf, &mut |b| {
                 cache.put(b);
                 *queue_drops += 1;
             });
@@ -940,10 +928,7 @@ impl<'a> Conn<'a> {
     fn send_queued(&mut self) {
         loop {
             let inflight = self.tl.link.session().initiator().inflight_bytes();
-            if !self.limit.admits(inflight) {
-                return;
-            }
-            let Some(buf) = self.held.take().or_else(|| self.fq.pop()) else {
+            let Some(buf) = self.tx.next(inflight) else {
                 return;
             };
             if !self.post(buf) {
@@ -957,7 +942,7 @@ impl<'a> Conn<'a> {
         match self.tl.link.post_frame(buf) {
             Posted::SendData | Posted::Rdma => true,
             Posted::Backpressure(b) => {
-                self.held = Some(b);
+                self.tx.hold(b);
                 false
             }
             Posted::TooLarge(b) => {
@@ -974,7 +959,7 @@ impl<'a> Conn<'a> {
                 let ini = self.tl.link.session_mut().initiator_mut();
                 let done = ini.take_completed();
                 let inflight = ini.inflight_bytes();
-                self.limit.completed(done, inflight, Instant::now());
+                self.tx.completed(done, inflight, Instant::now());
                 self.send_queued();
             }
             LinkEvent::CfgReply {
@@ -1238,13 +1223,13 @@ impl<'a> Conn<'a> {
             sum.credits_in_use += o.credits_in_use;
         }
         let mut g = snap.borrow_mut();
-        let l = self.limit.stats();
+        let l = self.tx.stats();
         g.tx_limit = splitnet_control::report::TxLimit {
             limit_bytes: l.limit,
             grown: l.grown,
             shrunk: l.shrunk,
             held_back: l.held_back,
-            queued: self.fq.len() as u64,
+            queued: self.tx.waiting() as u64,
             queue_drops: self.queue_drops,
         };
         g.interface.carrier = self.carrier;
@@ -1348,6 +1333,14 @@ impl<'a> Conn<'a> {
         self.tl.link.close(&mut self.reg, &mut self.cache);
         if self.rx_dropped > 0 {
             info!(dropped = self.rx_dropped, "frames from the IOC dropped");
+        }
+        let waiting = self.tx.waiting();
+        if waiting > 0 || self.queue_drops > 0 {
+            info!(
+                waiting,
+                dropped = self.queue_drops,
+                "frames to the IOC lost with the connection (waiting) or dropped by the flow queue"
+            );
         }
     }
 }

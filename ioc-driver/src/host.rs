@@ -1,25 +1,28 @@
 //! One connected host session as the IOC serves it, and what it may use of the IOC.
 //!
 //! Every host gets its own share of the IOC's send buffers (its quota) and its own receive
-//! ring (the backlog of frames waiting for credit). A host that does not read fast enough
+//! ring (frames waiting for credit or for its byte limit, by flow, bounded in bytes: new
+//! flows leave first, so a reply passes a bulk download). A host that does not read fast enough
 //! loses its own frames, counted against it; it can never take another host's buffers, and
 //! a full socket of its own is waited on by its own task only.
 
+use splitnet_control::report::TxLimit;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
 use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
+use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
 use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{self, Queue, Stats};
 use std::collections::hash_map::RandomState;
-use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-/// Frames held per host while it has no credit, like the descriptors of a NIC's receive
-/// ring: a burst longer than the host's pools waits here instead of being dropped.
-pub const BACKLOG: usize = 16;
+/// Bytes of frames held per host while it has no credit or its byte limit holds them back,
+/// like the descriptors of a NIC's receive ring: a burst waits here, by flow, instead of
+/// being dropped; beyond it frames are dropped and counted. One flow may fill half of it.
+pub const RING_BYTES: u64 = 4 << 20;
 
 /// How often a host's bad frames may be logged (each line counts the ones held back).
 pub const LOG_INTERVAL: Duration = Duration::from_secs(5);
@@ -27,7 +30,7 @@ pub const LOG_INTERVAL: Duration = Duration::from_secs(5);
 /// Frames dropped for or from one host session, by cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Drops {
-    /// To the host: no credit and its receive ring (backlog) full.
+    /// To the host: its receive ring is full (in bytes, or its flow's share of them).
     pub ring_full: u64,
     /// To the host: its share of the IOC's send buffers is queued (it reads too slowly).
     pub quota: u64,
@@ -98,7 +101,7 @@ pub enum TxDrop {
 /// Why a frame for a host is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RxDrop {
-    /// No credit and the backlog is full.
+    /// Its receive ring is full (in bytes, or its flow's share of them).
     RingFull,
     /// The host's send-buffer quota is in use.
     Quota,
@@ -142,7 +145,7 @@ pub struct Host {
     /// Its socket refused a write: its task waits for writability, and no other path
     /// writes to it (they queue, within the quota).
     pub blocked: bool,
-    /// Send buffers it may hold at once (queued towards it or in its backlog).
+    /// Send buffers it may hold at once (queued towards it or waiting in its receive ring).
     pub quota: usize,
     /// Keepalive timer.
     pub keepalive: Keepalive,
@@ -152,9 +155,9 @@ pub struct Host {
     pub drops: Drops,
     /// Rate of the log lines it causes.
     pub log: LogLimit,
-    /// Frames for it that met no credit, oldest first, waiting for a BufferRecvPoolUpdate
-    /// (its receive ring: at most [`BACKLOG`] frames, beyond which frames are dropped).
-    pub backlog: VecDeque<SendBuf>,
+    /// Frames for it waiting for credit or for its byte limit, by flow (its receive ring:
+    /// at most [`RING_BYTES`] and its quota of frames; beyond, frames are dropped).
+    pub tx: Scheduler<SendBuf>,
     /// Its fabric address.
     pub peer: String,
     /// When it connected.
@@ -199,7 +202,16 @@ impl Host {
             stats: Stats::default(),
             drops: Drops::default(),
             log: LogLimit::new(LOG_INTERVAL),
-            backlog: VecDeque::new(),
+            tx: Scheduler::new(
+                FqConfig {
+                    max_frames: quota,
+                    max_bytes: RING_BYTES,
+                    flow_bytes: RING_BYTES / 2,
+                    ..FqConfig::default()
+                },
+                LimitConfig::default(),
+                Instant::now(),
+            ),
             peer,
             since: Instant::now(),
         }
@@ -214,10 +226,10 @@ impl Host {
         }
     }
 
-    /// Send buffers it holds: in its backlog, queued on its link, or written and not yet
-    /// taken back.
+    /// Send buffers it holds: waiting in its receive ring, queued on its link, or written
+    /// and not yet taken back.
     pub fn held(&self) -> usize {
-        self.backlog.len() + self.link.as_ref().map_or(0, |l| l.held_buffers())
+        self.tx.waiting() + self.link.as_ref().map_or(0, |l| l.held_buffers())
     }
 
     /// True when one more frame for it fits its quota.
@@ -292,58 +304,98 @@ impl Host {
         Ok(())
     }
 
-    /// Posts a frame for this host, in order behind any frames already waiting. A frame
-    /// beyond its quota, or that finds the backlog full, is dropped and counted.
+    /// Queues a frame for this host in its receive ring, by flow, and
+    /// sends what the byte limit and the credits let through. A frame beyond its quota, or
+    /// pushed out of a full ring, is dropped and counted.
     pub fn post(&mut self, buf: SendBuf, cache: &mut SendBufCache) {
         if !self.has_room() {
             // Written buffers may be waiting to be taken back.
             self.kick(cache);
         }
         if !self.has_room() {
-            cache.put(buf);
-            self.drop_rx(RxDrop::Quota);
-        } else if self.backlog.is_empty() {
-            self.post_now(buf, cache);
-        } else if self.backlog.len() < BACKLOG {
-            self.backlog.push_back(buf);
-        } else {
-            cache.put(buf);
+            // Its quota is used up: the longest flow waiting gives up its oldest frame, so
+            // that a new sparse flow still gets in; with nothing waiting, this frame goes.
+            // Either way the quota is the cause.
+            match self.tx.evict() {
+                Some(old) => {
+                    cache.put(old);
+                    self.drop_rx(RxDrop::Quota);
+                }
+                None => {
+                    cache.put(buf);
+                    self.drop_rx(RxDrop::Quota);
+                    return;
+                }
+            }
+        }
+        let len = buf.len() as u32;
+        let mut dropped = 0;
+        let flow = self.tx.flow(buf.as_slice());
+        self.tx.push(flow, len, buf, &mut |b| {
+            cache.put(b);
+            dropped += 1;
+        });
+        for _ in 0..dropped {
             self.drop_rx(RxDrop::RingFull);
+        }
+        self.send_queued(cache);
+    }
+
+    /// Posts waiting frames, the one that met no credit first, while the byte limit and
+    /// the credits allow.
+    pub fn send_queued(&mut self, cache: &mut SendBufCache) {
+        loop {
+            let Some(link) = self.link.as_mut() else {
+                return;
+            };
+            let Some(buf) = self.tx.next(link.session().initiator().inflight_bytes()) else {
+                return;
+            };
+            let len = buf.len() as u64;
+            match link.post_frame(buf) {
+                Posted::SendData | Posted::Rdma => {
+                    self.stats.rx_frames += 1;
+                    self.stats.rx_bytes += len;
+                }
+                Posted::Backpressure(b) => {
+                    self.tx.hold(b);
+                    return;
+                }
+                Posted::TooLarge(b) => {
+                    cache.put(b);
+                    self.drop_rx(RxDrop::TooLarge);
+                }
+            }
         }
     }
 
-    fn post_now(&mut self, buf: SendBuf, cache: &mut SendBufCache) -> bool {
-        let len = buf.len() as u64;
-        let Some(link) = self.link.as_mut() else {
-            cache.put(buf);
-            self.drop_rx(RxDrop::RingFull);
-            return true;
-        };
-        match link.post_frame(buf) {
-            Posted::SendData | Posted::Rdma => {
-                self.stats.rx_frames += 1;
-                self.stats.rx_bytes += len;
-                true
-            }
-            Posted::Backpressure(b) => {
-                self.backlog.push_front(b);
-                false
-            }
-            Posted::TooLarge(b) => {
-                cache.put(b);
-                self.drop_rx(RxDrop::TooLarge);
-                true
-            }
+    /// Credits came back: the byte limit learns what completed, and waiting frames go.
+    pub fn on_credits(&mut self, cache: &mut SendBufCache) {
+        if let Some(link) = self.link.as_mut() {
+            let ini = link.session_mut().initiator_mut();
+            let done = ini.take_completed();
+            let inflight = ini.inflight_bytes();
+            self.tx.completed(done, inflight, Instant::now());
+        }
+        self.send_queued(cache);
+    }
+
+    /// Its byte limit and receive ring, for reports.
+    pub fn tx_limit(&self) -> TxLimit {
+        let l = self.tx.stats();
+        TxLimit {
+            limit_bytes: l.limit,
+            grown: l.grown,
+            shrunk: l.shrunk,
+            held_back: l.held_back,
+            queued: self.tx.waiting() as u64,
+            queue_drops: self.drops.ring_full,
         }
     }
 
-    /// Posts waiting frames while credits last (after a BufferRecvPoolUpdate).
-    pub fn drain_backlog(&mut self, cache: &mut SendBufCache) {
-        while let Some(b) = self.backlog.pop_front() {
-            if !self.post_now(b, cache) {
-                break;
-            }
-        }
+    /// Every buffer waiting in the ring, for teardown.
+    pub fn take_waiting(&mut self) -> Vec<SendBuf> {
+        self.tx.drain().collect()
     }
 
     /// Bytes waiting to be written to this host.

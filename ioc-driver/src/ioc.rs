@@ -537,7 +537,7 @@ impl Ioc {
                 },
                 LinkEvent::Credits => {
                     if let Some(h) = self.hosts.get_mut(&session) {
-                        h.drain_backlog(&mut self.cache);
+                        h.on_credits(&mut self.cache);
                     }
                 }
                 LinkEvent::RefusedInline { len } => {
@@ -628,7 +628,7 @@ impl Ioc {
                 let _ = self.reg.deregister(h);
             }
         }
-        for b in host.backlog.drain(..) {
+        for b in host.take_waiting() {
             self.cache.put(b);
         }
         host.wake.notify_one();

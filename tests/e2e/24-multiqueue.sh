@@ -80,7 +80,7 @@ for q in 0 1 2; do
     assert_ge "$(json hosts "mine[$q]['counters']['tx']['frames']")" 1000 "frames the IOC delivered on queue $q"
     assert_ge "$(json hosts "mine[$q]['counters']['rx']['frames']")" 1000 "frames host 1 sent on queue $q"
 done
-# Under 32 flows on 2 cores a queue's receive ring (its credits and a 16-frame backlog) can
+# Under 32 flows on 2 cores a queue's receive ring (its credits and a 4 MiB flow queue) can
 # overflow, as a NIC's does; such drops are counted and TCP recovers. Beyond 1% of the frames
 # moved, frames would be going astray.
 moved=$(json hosts "sum(h['counters']['tx']['frames'] + h['counters']['rx']['frames'] for h in mine)")

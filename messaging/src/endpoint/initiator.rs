@@ -199,8 +199,8 @@ impl Initiator {
             let bytes = (len as u32).max(1);
             if let Some(u) = pool.in_use.get_mut(element as usize) {
                 *u = bytes;
+                self.inflight += u64::from(bytes);
             }
-            self.inflight += u64::from(bytes);
             // Validated in on_pools: address + element_size * element_count does not overflow.
             let addr = e.address + u64::from(element) * u64::from(e.element_size);
             let len32 = len as u32;

@@ -166,10 +166,13 @@ impl Session {
                         self.target
                             .on_flush_request(reg, txn, &refs, &mut self.outbox)?
                     }
-                    // The peer as target wants its pools back.
-                    Lane::Control => self
-                        .initiator
-                        .on_flush_request(txn, &refs, &mut self.outbox),
+                    // The peer as target wants its pools back: what was in flight in
+                    // them no longer counts (a sender waiting on its byte limit may go).
+                    Lane::Control => {
+                        self.initiator
+                            .on_flush_request(txn, &refs, &mut self.outbox);
+                        return Ok(Incoming::Credits);
+                    }
                 }
                 Incoming::Handled
             }

@@ -438,9 +438,12 @@ mod flush {
             p.b.link.session_mut().start_flush(&mut p.b.reg);
             // While quiescing, no credit is granted again.
             assert!(p.b.reg.grant(handle, 0).is_err());
+            assert_eq!(p.a.link.session().initiator().inflight_bytes(), 2000);
             p.drive().unwrap();
             // The racing writes were delivered, not lost.
             assert_eq!(p.b.received, vec![frame(1000, 1), frame(1000, 2)]);
+            // The pools A wrote into are gone: nothing counts as in flight any more.
+            assert_eq!(p.a.link.session().initiator().inflight_bytes(), 0);
             // B's pools are gone and the generation moved on.
             assert_eq!(p.b.reg.stats().regions, 0);
             let err =

@@ -25,11 +25,11 @@ pub struct FqConfig {
 }
 
 impl Default for FqConfig {
-    /// 64 buckets, a quantum of one MTU-sized frame, 128 frames and 2 MiB in all, 1 MiB
-    /// per flow.
+    /// 1024 buckets (as fq_codel: a sparse flow shares a bulk flow's bucket rarely), a
+    /// quantum of one MTU-sized frame, 128 frames and 2 MiB in all, 1 MiB per flow.
     fn default() -> FqConfig {
         FqConfig {
-            buckets: 64,
+            buckets: 1024,
             quantum: 1514,
             max_frames: 128,
             max_bytes: 2 << 20,
@@ -58,8 +58,9 @@ pub struct FlowQueue<T> {
 }
 
 impl<T> FlowQueue<T> {
-    /// An empty queue (at least one bucket).
-    pub fn new(config: FqConfig) -> FlowQueue<T> {
+    /// An empty queue (at least one bucket, a quantum of at least one byte).
+    pub fn new(mut config: FqConfig) -> FlowQueue<T> {
+        config.quantum = config.quantum.max(1);
         FlowQueue {
             flows: (0..config.buckets.max(1))
                 .map(|_| Flow {
@@ -91,7 +92,7 @@ impl<T> FlowQueue<T> {
             && (self.frames >= self.config.max_frames
                 || self.bytes + u64::from(len) > self.config.max_bytes)
         {
-            match self.drop_from_longest() {
+            match self.evict() {
                 Some(f) => dropped(f),
                 None => break,
             }
@@ -108,7 +109,9 @@ impl<T> FlowQueue<T> {
         self.bytes += u64::from(len);
     }
 
-    fn drop_from_longest(&mut self) -> Option<T> {
+    /// Takes the oldest frame of the longest flow out (to make room), or `None` when
+    /// nothing waits.
+    pub fn evict(&mut self) -> Option<T> {
         let i = (0..self.flows.len()).max_by_key(|&i| self.flows[i].bytes)?;
         let (frame, len) = self.flows[i].frames.pop_front()?;
         self.flows[i].bytes -= u64::from(len);
@@ -269,6 +272,32 @@ mod tests {
         }
         assert_eq!(put_dropping(&mut q, 7, 100, 10), vec![10]);
         assert_eq!(q.bytes(), 1000);
+    }
+
+    #[test]
+    fn evict_takes_the_longest_flows_oldest() {
+        let mut q = FlowQueue::new(FqConfig::default());
+        assert_eq!(q.evict(), None::<u32>);
+        put(&mut q, 1, 100, 10);
+        put(&mut q, 2, 100, 20);
+        put(&mut q, 2, 100, 21);
+        assert_eq!(q.evict(), Some(20));
+        assert_eq!((q.len(), q.bytes()), (2, 200));
+        assert_eq!(q.pop(), Some(10));
+        assert_eq!(q.pop(), Some(21));
+        assert_eq!(q.pop(), None);
+    }
+
+    #[test]
+    fn a_zero_quantum_still_serves() {
+        let mut q = FlowQueue::new(FqConfig {
+            quantum: 0,
+            ..FqConfig::default()
+        });
+        put(&mut q, 1, 1500, 1);
+        put(&mut q, 1, 1500, 2);
+        assert_eq!(q.pop(), Some(1));
+        assert_eq!(q.pop(), Some(2));
     }
 
     proptest! {

@@ -5,8 +5,8 @@
 //! behind. [`ByteLimit`] bounds the bytes posted to the peer and not yet completed to what
 //! keeps the path busy (after Linux's byte queue limits); frames beyond it wait in a
 //! [`FlowQueue`], one queue per flow with new flows served first (after fq_codel), so a ping
-//! or a keystroke passes a bulk transfer. Both are pure state machines; the daemons feed
-//! them and the clock.
+//! or a keystroke passes a bulk transfer. [`Scheduler`] puts the two together for one sender.
+//! All are pure state machines; the daemons feed them and the clock.
 //!
 //! The scheduling lives in the daemons, not only in the kernel's qdisc of sd0, because the
 //! TAP driver of current kernels has no backpressure towards its qdisc: it tail-drops once
@@ -15,6 +15,8 @@
 
 pub mod fq;
 pub mod limit;
+pub mod scheduler;
 
 pub use fq::{FlowQueue, FqConfig};
 pub use limit::{ByteLimit, LimitConfig, LimitStats};
+pub use scheduler::Scheduler;

@@ -1,0 +1,169 @@
+//! One sender's transmit scheduling: frames wait in a [`FlowQueue`] and leave while the
+//! [`ByteLimit`] admits more in flight; a frame that met no credit goes first next time.
+
+use super::fq::{FlowQueue, FqConfig};
+use super::limit::{ByteLimit, LimitConfig, LimitStats};
+use crate::vnet;
+use std::collections::hash_map::RandomState;
+use std::time::Instant;
+
+/// The frames one sender has waiting for its peer, and how many bytes it may have in flight.
+#[derive(Debug)]
+pub struct Scheduler<T> {
+    queue: FlowQueue<T>,
+    limit: ByteLimit,
+    /// The frame that met no credit: first to go when credits return.
+    held: Option<T>,
+    /// Keys of the flow hash (random, so that traffic cannot choose its bucket).
+    keys: RandomState,
+}
+
+impl<T> Scheduler<T> {
+    /// Nothing waiting; the limit starts at `limit.start`, its first period at `now`.
+    pub fn new(queue: FqConfig, limit: LimitConfig, now: Instant) -> Scheduler<T> {
+        Scheduler {
+            queue: FlowQueue::new(queue),
+            limit: ByteLimit::new(limit, now),
+            held: None,
+            keys: RandomState::new(),
+        }
+    }
+
+    /// The flow of a frame (its virtio-net header and Ethernet frame), for [`Scheduler::push`].
+    pub fn flow(&self, frame: &[u8]) -> u64 {
+        vnet::flow_hash(frame, &self.keys)
+    }
+
+    /// Queues `frame` of `len` bytes in `flow`. What the flow queue drops to make room goes
+    /// to `dropped`.
+    pub fn push(&mut self, flow: u64, len: u32, frame: T, dropped: &mut impl FnMut(T)) {
+        self.queue.push(flow, len, frame, dropped);
+    }
+
+    /// The next frame to post with `inflight` bytes outstanding: the held one first, then
+    /// the flow queue's choice. `None` when nothing waits, or when the limit holds the sender
+    /// back (counted only when something waits).
+    pub fn next(&mut self, inflight: u64) -> Option<T> {
+        if self.held.is_none() && self.queue.is_empty() {
+            return None;
+        }
+        if !self.limit.admits(inflight) {
+            return None;
+        }
+        self.held.take().or_else(|| self.queue.pop())
+    }
+
+    /// Puts back a frame [`Scheduler::next`] gave that met no credit: it goes first next
+    /// time.
+    pub fn hold(&mut self, frame: T) {
+        self.held = Some(frame);
+    }
+
+    /// Credits came back at `now`: `completed` bytes completed, `inflight` remain.
+    pub fn completed(&mut self, completed: u64, inflight: u64, now: Instant) {
+        self.limit.completed(completed, inflight, now);
+    }
+
+    /// Takes the longest flow's oldest frame out (to make room), or `None` when only the
+    /// held frame, or nothing, waits.
+    pub fn evict(&mut self) -> Option<T> {
+        self.queue.evict()
+    }
+
+    /// Frames waiting, the held one included.
+    pub fn waiting(&self) -> usize {
+        self.queue.len() + usize::from(self.held.is_some())
+    }
+
+    /// Takes every waiting frame out (teardown).
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.held.take().into_iter().chain(self.queue.drain())
+    }
+
+    /// The limit's counters.
+    pub fn stats(&self) -> LimitStats {
+        self.limit.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A frame of flow `port` (IPv4/UDP to that destination port) as the daemons carry it.
+    fn frame(port: u16) -> Vec<u8> {
+        let mut f = vec![0u8; vnet::VNET_HDR_LEN + 14 + 20 + 8];
+        let eth = vnet::VNET_HDR_LEN;
+        f[eth + 12..eth + 14].copy_from_slice(&0x0800u16.to_be_bytes());
+        let ip = eth + 14;
+        f[ip] = 0x45;
+        f[ip + 9] = 17;
+        f[ip + 12..ip + 16].copy_from_slice(&[10, 0, 0, 1]);
+        f[ip + 16..ip + 20].copy_from_slice(&[10, 0, 0, 2]);
+        f[ip + 22..ip + 24].copy_from_slice(&port.to_be_bytes());
+        f
+    }
+
+    fn sched() -> Scheduler<(u16, u32)> {
+        Scheduler::new(
+            FqConfig::default(),
+            LimitConfig {
+                min: 1000,
+                max: 100_000,
+                start: 3000,
+                hold: Duration::from_millis(100),
+            },
+            Instant::now(),
+        )
+    }
+
+    /// A port whose flow does not share `other`'s bucket (the keys are random).
+    fn apart(s: &Scheduler<(u16, u32)>, other: u16) -> u16 {
+        let bucket = |p: u16| s.flow(&frame(p)) % 1024;
+        (1..).find(|&p| bucket(p) != bucket(other)).unwrap()
+    }
+
+    fn push(s: &mut Scheduler<(u16, u32)>, port: u16, n: u32, len: u32) {
+        let flow = s.flow(&frame(port));
+        s.push(flow, len, (port, n), &mut |d| panic!("dropped {d:?}"));
+    }
+
+    #[test]
+    fn the_limit_holds_back_and_a_new_flow_passes_the_backlog() {
+        let mut s = sched();
+        for n in 0..10 {
+            push(&mut s, 5001, n, 1000);
+        }
+        let mut inflight = 0;
+        while s.next(inflight).is_some() {
+            inflight += 1000;
+        }
+        assert_eq!(inflight, 3000, "the limit admits up to 3000 bytes");
+        assert_eq!(s.stats().held_back, 1);
+        let ping = apart(&s, 5001);
+        push(&mut s, ping, 0, 100);
+        // 1000 bytes complete: the ping goes before the bulk backlog.
+        inflight -= 1000;
+        s.completed(1000, inflight, Instant::now());
+        assert_eq!(s.next(inflight), Some((ping, 0)));
+        assert_eq!(s.next(inflight + 100), Some((5001, 3)));
+        assert_eq!(s.waiting(), 6);
+    }
+
+    #[test]
+    fn a_held_frame_goes_first_and_nothing_waiting_is_not_held_back() {
+        let mut s = sched();
+        assert_eq!(s.next(1_000_000), None);
+        assert_eq!(s.stats().held_back, 0, "nothing waited");
+        push(&mut s, 5001, 0, 500);
+        let other = apart(&s, 5001);
+        push(&mut s, other, 0, 100);
+        let first = s.next(0).unwrap();
+        s.hold(first);
+        assert_eq!(s.waiting(), 2);
+        assert_eq!(s.next(0), Some(first));
+        assert_eq!(s.drain().count(), 1);
+        assert_eq!(s.waiting(), 0);
+    }
+}
