@@ -426,7 +426,6 @@ mod tests {
             buffers: 0,
             buffer_quota: 512,
             drops: BTreeMap::new(),
-            tx_limit: None,
         };
         let h = Hosts {
             hosts: vec![

@@ -284,9 +284,6 @@ pub struct HostEntry {
     /// Its frames dropped, by cause (causes with a count only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drops: BTreeMap<String, u64>,
-    /// The byte limit on what is in flight to it, and its receive ring.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tx_limit: Option<TxLimit>,
 }
 
 /// Frame counters of one direction.
@@ -416,8 +413,7 @@ pub struct Stats {
     pub tx_limit: Option<TxLimit>,
 }
 
-/// A sender's byte limit and flow queue (see `splitnet_messaging::sched`): a host's towards
-/// the IOC, or the IOC's towards one host (whose flow queue is that host's receive ring).
+/// A host's byte limit and flow queue towards the IOC (see `splitnet_messaging::sched`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TxLimit {
     /// Bytes in flight allowed now.
@@ -430,6 +426,6 @@ pub struct TxLimit {
     pub held_back: u64,
     /// Frames waiting in the flow queue now.
     pub queued: u64,
-    /// Frames the flow queue dropped when full.
+    /// Frames the flow queue dropped: a flow over its share, or the queue full.
     pub queue_drops: u64,
 }

@@ -635,7 +635,11 @@ impl<'a> Conn<'a> {
             tl,
             reg,
             cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
-            tx: Scheduler::new(FqConfig::default(), LimitConfig::default(), Instant::now()),
+            tx: Scheduler::new(
+                FqConfig::default(),
+                Some(LimitConfig::default()),
+                Instant::now(),
+            ),
             queue_drops: 0,
             keepalive: Keepalive::new(
                 cfg.fabric.keepalive_interval(),
@@ -1223,7 +1227,7 @@ impl<'a> Conn<'a> {
             sum.credits_in_use += o.credits_in_use;
         }
         let mut g = snap.borrow_mut();
-        let l = self.tx.stats();
+        let l = self.tx.stats().unwrap_or_default();
         g.tx_limit = splitnet_control::report::TxLimit {
             limit_bytes: l.limit,
             grown: l.grown,

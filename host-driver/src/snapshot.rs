@@ -33,6 +33,8 @@ pub struct Snapshot {
     /// Traffic of the connections before it.
     before: LinkStats,
     dropped_before: u64,
+    /// Frames to the IOC the flow queues of earlier connections dropped.
+    tx_dropped_before: u64,
     /// Connections ended by a protocol error of the IOC.
     pub protocol_errors: u64,
     /// Connections ended by a protection error (a write our adapter refused).
@@ -62,6 +64,7 @@ impl Snapshot {
             link: LinkStats::default(),
             before: LinkStats::default(),
             dropped_before: 0,
+            tx_dropped_before: 0,
             protocol_errors: 0,
             protection_errors: 0,
             interface,
@@ -82,6 +85,8 @@ impl Snapshot {
     pub fn disconnected(&mut self) {
         self.before += self.link;
         self.dropped_before += self.rx_dropped;
+        self.tx_dropped_before += self.tx_limit.queue_drops;
+        self.tx_limit = TxLimit::default();
         self.link = LinkStats::default();
         self.rx_dropped = 0;
         self.interface.carrier = false;
@@ -98,13 +103,18 @@ impl Snapshot {
         self.pools = Some(PeerPools::of(format!("ioc {}", self.ioc), session));
     }
 
+    /// Frames to the IOC the flow queues dropped, every connection's.
+    fn tx_queue_dropped(&self) -> u64 {
+        self.tx_dropped_before + self.tx_limit.queue_drops
+    }
+
     fn totals(&self) -> Counters {
         let (b, l) = (&self.before, &self.link);
         Counters {
             tx: Direction {
                 frames: b.tx_frames + l.tx_frames,
                 bytes: b.tx_bytes + l.tx_bytes,
-                dropped: b.tx_too_large + l.tx_too_large,
+                dropped: b.tx_too_large + l.tx_too_large + self.tx_queue_dropped(),
             },
             rx: Direction {
                 frames: b.rx_frames + l.rx_frames,
@@ -254,8 +264,8 @@ impl Introspect for Snapshot {
         .metric(
             "splitnet_host_tx_queue_dropped_total",
             "counter",
-            "Frames the flow queue dropped (a flow over its share).",
-            self.tx_limit.queue_drops,
+            "Frames the flow queue dropped (a flow over its share, or the queue full).",
+            self.tx_queue_dropped(),
         )
         .metric(
             "splitnet_host_credits_free",
@@ -314,16 +324,22 @@ mod tests {
         s.link.tx_frames = 10;
         s.link.rx_bytes = 1000;
         s.rx_dropped = 2;
+        s.tx_limit.queue_drops = 4;
         s.disconnected();
         s.connected(2, 1);
         s.link.tx_frames = 5;
         s.rx_dropped = 1;
+        s.tx_limit.queue_drops = 3;
         let Reply::Stats(st) = s.answer(Request::Stats) else {
             panic!("not stats")
         };
         assert_eq!(st.fabric.tx.frames, 15);
         assert_eq!(st.fabric.rx.bytes, 1000);
         assert_eq!(st.fabric.rx.dropped, 3);
+        assert_eq!(
+            st.fabric.tx.dropped, 7,
+            "the flow queues' drops, both connections'"
+        );
         assert_eq!(s.connects, 2);
     }
 

@@ -29,11 +29,7 @@ const LAN_BATCH: usize = splitnet_messaging::sys::packet::RECV_BATCH;
 
 /// Copies `frame` into a send buffer and posts it to `host`, within its quota.
 fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
-    if !host.has_room() {
-        host.kick(cache);
-    }
-    if !host.has_room() {
-        host.drop_rx(RxDrop::Quota);
+    if !host.make_room(cache) {
         return;
     }
     let Some(mut b) = cache.get() else {

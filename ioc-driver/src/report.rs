@@ -138,7 +138,6 @@ impl Ioc {
                     buffers: h.held() as u32,
                     buffer_quota: h.quota as u32,
                     drops: named_drops(&h.drops),
-                    tx_limit: Some(h.tx_limit()),
                 },
                 stats: h.stats,
                 drops: h.drops,
@@ -434,20 +433,6 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             );
             e.sample(name, &labels, get(&h.stats));
         }
-    }
-    let name = "splitnet_ioc_host_tx_limit_bytes";
-    e.family(
-        name,
-        "gauge",
-        "Bytes the IOC may have in flight to the host now (its byte limit).",
-    );
-    for h in &snap.hosts {
-        let labels = format!(
-            "session=\"{}\",queue=\"{}\"",
-            h.entry.session, h.entry.queue
-        );
-        let limit = h.entry.tx_limit.map_or(0, |l| l.limit_bytes);
-        e.sample(name, &labels, limit);
     }
     let name = "splitnet_ioc_host_dropped_by_cause_total";
     e.family(

@@ -94,6 +94,11 @@ fn host_config(send_data_max: usize) -> SessionConfig {
 /// Connects a host over loopback (tiny socket buffers when `small`), admits it, and lets
 /// both sides exchange their pools. Returns its session id.
 fn connect(ioc: &mut Ioc, node_id: u64, small: bool, send_data_max: usize) -> (u64, Peer) {
+    connect_with(ioc, node_id, small, host_config(send_data_max))
+}
+
+/// [`connect`] with the host's own session configuration.
+fn connect_with(ioc: &mut Ioc, node_id: u64, small: bool, config: SessionConfig) -> (u64, Peer) {
     let (ictrl, hctrl) = pair(false);
     let (idata, hdata) = pair(small);
     let (session, token) = ioc.new_session();
@@ -108,7 +113,7 @@ fn connect(ioc: &mut Ioc, node_id: u64, small: bool, send_data_max: usize) -> (u
     ioc.add_host(session, token, node_id, Queue::SINGLE, 0, link, peer_addr)
         .unwrap();
     let mut reg = Registry::new(64 << 20);
-    let mut hs = Session::new(DomainId(1), host_config(send_data_max));
+    let mut hs = Session::new(DomainId(1), config);
     hs.start(&mut reg).unwrap();
     let mut peer = Peer {
         link: Link::new(hs, channel(hctrl, 1), channel(hdata, 1)),
@@ -259,6 +264,48 @@ fn a_host_that_stops_reading_costs_only_itself() {
 }
 
 /// Polls a notification once: true if a wake-up was stored for the task.
+#[test]
+fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_oldest() {
+    let (mut ioc, nic) = ioc_with("");
+    let mut config = host_config(128);
+    config.advertise = vec![PoolSpec {
+        element_size: 2048,
+        element_count: 4,
+    }];
+    // The host never reads: four frames take its credits, the rest wait in its ring.
+    let (s, _peer) = connect_with(&mut ioc, 9, false, config);
+    let to = mac(&ioc, s);
+    from_lan(&mut ioc, &nic, to, 200);
+    let h = host(&ioc, s);
+    assert_eq!(h.held(), h.quota, "its quota is in use");
+    assert!(h.tx.waiting() > 0, "frames wait in its ring");
+    let quota_drops = h.drops.quota;
+    // A broadcast reaches every host through a copy; at the quota it takes the place of the
+    // oldest frame waiting instead of being dropped.
+    nic.rx
+        .borrow_mut()
+        .push_back(frame([0xff; 6], LAN_PEER, 60));
+    ioc.drive_lan();
+    let h = host(&ioc, s);
+    assert_eq!(h.held(), h.quota);
+    assert_eq!(
+        h.drops.quota,
+        quota_drops + 1,
+        "the evicted frame is counted"
+    );
+    let Ioc { hosts, cache, .. } = &mut ioc;
+    let waiting = hosts.get_mut(&s).unwrap().take_waiting();
+    assert!(
+        waiting
+            .iter()
+            .any(|b| b.as_slice()[VNET_HDR_LEN..VNET_HDR_LEN + 6] == [0xff; 6]),
+        "the broadcast waits in the ring"
+    );
+    for b in waiting {
+        cache.put(b);
+    }
+}
+
 fn woken(h: &Host) -> bool {
     let mut n = pin!(h.wake.notified());
     let mut cx = Context::from_waker(Waker::noop());

@@ -439,7 +439,14 @@ mod flush {
             // While quiescing, no credit is granted again.
             assert!(p.b.reg.grant(handle, 0).is_err());
             assert_eq!(p.a.link.session().initiator().inflight_bytes(), 2000);
+            p.a.events.clear();
             p.drive().unwrap();
+            // The flush request told A (a sender waiting on its byte limit may go).
+            assert!(
+                p.a.events.iter().any(|e| matches!(e, LinkEvent::Credits)),
+                "{:?}",
+                p.a.events
+            );
             // The racing writes were delivered, not lost.
             assert_eq!(p.b.received, vec![frame(1000, 1), frame(1000, 2)]);
             // The pools A wrote into are gone: nothing counts as in flight any more.

@@ -112,7 +112,16 @@ impl<T> FlowQueue<T> {
     /// Takes the oldest frame of the longest flow out (to make room), or `None` when
     /// nothing waits.
     pub fn evict(&mut self) -> Option<T> {
-        let i = (0..self.flows.len()).max_by_key(|&i| self.flows[i].bytes)?;
+        if self.frames == 0 {
+            return None;
+        }
+        // Every flow with frames is on one of the two lists: scan those, not every bucket.
+        let i = self
+            .new
+            .iter()
+            .chain(self.old.iter())
+            .copied()
+            .max_by_key(|&i| self.flows[i].bytes)?;
         let (frame, len) = self.flows[i].frames.pop_front()?;
         self.flows[i].bytes -= u64::from(len);
         self.frames -= 1;

@@ -95,8 +95,9 @@ impl ByteLimit {
 
     /// `completed` bytes completed at `now`; `inflight` bytes remain outstanding.
     pub fn completed(&mut self, completed: u64, inflight: u64, now: Instant) {
-        if self.limited && inflight == 0 {
-            // Ran dry while the sender waited: too small.
+        if self.limited && inflight == 0 && completed > 0 {
+            // Ran dry while the sender waited: too small. (Nothing completed: the peer
+            // took its pools back, which says nothing of the path.)
             self.limit = self.limit.saturating_mul(2).min(self.config.max);
             self.stats.grown += 1;
             self.restart(now);
@@ -218,6 +219,16 @@ mod tests {
         let d = run(&mut low, t0, 5000, 100, 5000);
         assert!(low.stats().grown > 0);
         assert!(d >= 5000 * 4900, "delivered {d}");
+    }
+
+    #[test]
+    fn pools_taken_back_do_not_grow_the_limit() {
+        let t0 = Instant::now();
+        let mut l = ByteLimit::new(cfg(), t0);
+        assert!(!l.admits(1000));
+        // The peer flushed its pools: nothing completed, nothing in flight any more.
+        l.completed(0, 0, t0 + Duration::from_millis(1));
+        assert_eq!((l.limit(), l.stats().grown), (1000, 0));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! One sender's transmit scheduling: frames wait in a [`FlowQueue`] and leave while the
-//! [`ByteLimit`] admits more in flight; a frame that met no credit goes first next time.
+//! [`ByteLimit`] (if any) admits more in flight; a frame that met no credit goes first next
+//! time.
 
 use super::fq::{FlowQueue, FqConfig};
 use super::limit::{ByteLimit, LimitConfig, LimitStats};
@@ -11,7 +12,8 @@ use std::time::Instant;
 #[derive(Debug)]
 pub struct Scheduler<T> {
     queue: FlowQueue<T>,
-    limit: ByteLimit,
+    /// None: frames wait only for credit.
+    limit: Option<ByteLimit>,
     /// The frame that met no credit: first to go when credits return.
     held: Option<T>,
     /// Keys of the flow hash (random, so that traffic cannot choose its bucket).
@@ -19,11 +21,12 @@ pub struct Scheduler<T> {
 }
 
 impl<T> Scheduler<T> {
-    /// Nothing waiting; the limit starts at `limit.start`, its first period at `now`.
-    pub fn new(queue: FqConfig, limit: LimitConfig, now: Instant) -> Scheduler<T> {
+    /// Nothing waiting; the limit (none: frames wait only for credit) starts at
+    /// `limit.start`, its first period at `now`.
+    pub fn new(queue: FqConfig, limit: Option<LimitConfig>, now: Instant) -> Scheduler<T> {
         Scheduler {
             queue: FlowQueue::new(queue),
-            limit: ByteLimit::new(limit, now),
+            limit: limit.map(|l| ByteLimit::new(l, now)),
             held: None,
             keys: RandomState::new(),
         }
@@ -47,8 +50,10 @@ impl<T> Scheduler<T> {
         if self.held.is_none() && self.queue.is_empty() {
             return None;
         }
-        if !self.limit.admits(inflight) {
-            return None;
+        if let Some(limit) = &mut self.limit {
+            if !limit.admits(inflight) {
+                return None;
+            }
         }
         self.held.take().or_else(|| self.queue.pop())
     }
@@ -61,7 +66,9 @@ impl<T> Scheduler<T> {
 
     /// Credits came back at `now`: `completed` bytes completed, `inflight` remain.
     pub fn completed(&mut self, completed: u64, inflight: u64, now: Instant) {
-        self.limit.completed(completed, inflight, now);
+        if let Some(limit) = &mut self.limit {
+            limit.completed(completed, inflight, now);
+        }
     }
 
     /// Takes the longest flow's oldest frame out (to make room), or `None` when only the
@@ -80,9 +87,9 @@ impl<T> Scheduler<T> {
         self.held.take().into_iter().chain(self.queue.drain())
     }
 
-    /// The limit's counters.
-    pub fn stats(&self) -> LimitStats {
-        self.limit.stats()
+    /// The limit's counters (none without a limit).
+    pub fn stats(&self) -> Option<LimitStats> {
+        self.limit.as_ref().map(ByteLimit::stats)
     }
 }
 
@@ -108,12 +115,12 @@ mod tests {
     fn sched() -> Scheduler<(u16, u32)> {
         Scheduler::new(
             FqConfig::default(),
-            LimitConfig {
+            Some(LimitConfig {
                 min: 1000,
                 max: 100_000,
                 start: 3000,
                 hold: Duration::from_millis(100),
-            },
+            }),
             Instant::now(),
         )
     }
@@ -140,7 +147,7 @@ mod tests {
             inflight += 1000;
         }
         assert_eq!(inflight, 3000, "the limit admits up to 3000 bytes");
-        assert_eq!(s.stats().held_back, 1);
+        assert_eq!(s.stats().unwrap().held_back, 1);
         let ping = apart(&s, 5001);
         push(&mut s, ping, 0, 100);
         // 1000 bytes complete: the ping goes before the bulk backlog.
@@ -152,10 +159,22 @@ mod tests {
     }
 
     #[test]
+    fn without_a_limit_frames_wait_only_for_credit() {
+        let mut s: Scheduler<u32> = Scheduler::new(FqConfig::default(), None, Instant::now());
+        for n in 0..3 {
+            s.push(0, 60_000, n, &mut |d| panic!("dropped {d}"));
+        }
+        assert_eq!(s.next(u64::MAX / 2), Some(0), "no limit holds it back");
+        assert_eq!(s.stats(), None);
+        s.hold(1_000);
+        assert_eq!(s.next(0), Some(1_000));
+    }
+
+    #[test]
     fn a_held_frame_goes_first_and_nothing_waiting_is_not_held_back() {
         let mut s = sched();
         assert_eq!(s.next(1_000_000), None);
-        assert_eq!(s.stats().held_back, 0, "nothing waited");
+        assert_eq!(s.stats().unwrap().held_back, 0, "nothing waited");
         push(&mut s, 5001, 0, 500);
         let other = apart(&s, 5001);
         push(&mut s, other, 0, 100);
