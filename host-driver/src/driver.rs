@@ -36,9 +36,8 @@ use tracing::{debug, info, warn};
 
 /// Frames read from the TAP per wake-up before the fabric is flushed.
 const TAP_BATCH: usize = 64;
-/// Completions handled per channel per wake-up; credits go back after each batch (small, so
-/// the IOC's byte limit towards this host can stay small: frames wait at most one batch
-/// here before their credits return).
+/// Completions handled per channel per wake-up; credits go back after each batch, so a
+/// small batch returns them sooner to the IOC, whose frames for this host wait for them.
 const RX_BUDGET: usize = 32;
 /// Send buffers: bounds the frames in flight to the IOC.
 const SEND_BUFFERS: usize = 256;

@@ -5,9 +5,9 @@
 //! promiscuous hosts (from the LAN). A host of another worker gets its copy through that
 //! worker's inbox ([`crate::shard`]). A host with several queues gets each frame on the queue
 //! its flow hashes to ([`Host::steer`]), so one flow stays in order on one queue. A host that
-//! cannot take a frame yet (no credit, or its byte limit reached) gets it queued in its
-//! receive ring, by flow ([`Host::post`]); beyond the ring it loses frames, as a NIC ring
-//! overflow would, and the loss is counted in its statistics.
+//! has no credit left gets the frame queued in its receive ring, by flow ([`Host::post`]);
+//! beyond the ring it loses frames, as a NIC ring overflow would, and the loss is counted in
+//! its statistics.
 
 use crate::host::{Host, RxDrop};
 use crate::ioc::{Ioc, IocStats};

@@ -1,8 +1,8 @@
 //! One connected host session as the IOC serves it, and what it may use of the IOC.
 //!
 //! Every host gets its own share of the IOC's send buffers (its quota) and its own receive
-//! ring (frames waiting for credit, by flow, bounded in bytes: new
-//! flows leave first, so a reply passes a bulk download). A host that does not read fast enough
+//! ring (frames waiting for credit, by flow, bounded in bytes: new flows leave first, so a
+//! reply passes a bulk download). A host that does not read fast enough
 //! loses its own frames, counted against it; it can never take another host's buffers, and
 //! a full socket of its own is waited on by its own task only.
 
@@ -154,8 +154,8 @@ pub struct Host {
     pub drops: Drops,
     /// Rate of the log lines it causes.
     pub log: LogLimit,
-    /// Frames for it waiting for credit, by flow (its receive ring:
-    /// at most [`RING_BYTES`] and its quota of frames; beyond, frames are dropped).
+    /// Frames for it waiting for credit, by flow (its receive ring: at most [`RING_BYTES`]
+    /// and its quota of frames; beyond, frames are dropped).
     pub tx: Scheduler<SendBuf>,
     /// Its fabric address.
     pub peer: String,
@@ -347,7 +347,8 @@ impl Host {
         self.has_room()
     }
 
-    /// Posts waiting frames, the one that met no credit first, while the credits allow.
+    /// Posts waiting frames, the one that met no credit first, while the credits allow (call
+    /// when credits come back).
     pub fn send_queued(&mut self, cache: &mut SendBufCache) {
         loop {
             let Some(link) = self.link.as_mut() else {
@@ -372,11 +373,6 @@ impl Host {
                 }
             }
         }
-    }
-
-    /// Credits came back: waiting frames go.
-    pub fn on_credits(&mut self, cache: &mut SendBufCache) {
-        self.send_queued(cache);
     }
 
     /// Every buffer waiting in the ring, for teardown: counted as dropped (`rx_ring_full`).

@@ -537,7 +537,7 @@ impl Ioc {
                 },
                 LinkEvent::Credits => {
                     if let Some(h) = self.hosts.get_mut(&session) {
-                        h.on_credits(&mut self.cache);
+                        h.send_queued(&mut self.cache);
                     }
                 }
                 LinkEvent::RefusedInline { len } => {
