@@ -15,7 +15,7 @@ use splitnet_messaging::endpoint::{
     SessionConfig, TargetConfig,
 };
 use splitnet_messaging::fabric::{self, DataPath, FabricChannel, FabricLink, StreamConn};
-use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
+use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
@@ -208,9 +208,16 @@ fn queue_thread(
         let mut int = signal(SignalKind::interrupt())?;
         let tap_ready = fabric::Ready::new(&*tap)?;
         let timeout = cfg.fabric.keepalive_timeout();
-        let (ctrl, data, _) = connect(&cfg.fabric, node_id, queue, first, timeout)
-            .await
-            .map_err(|e| io::Error::other(e.to_string()))?;
+        let (ctrl, data, _) = connect(
+            &cfg.fabric,
+            cfg.pools.max_granted_bytes,
+            node_id,
+            queue,
+            first,
+            timeout,
+        )
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))?;
         let mut conn = Conn::new(&cfg, queue, &tap, &tap_ready, ctrl, data, None)?;
         conn.publish = Some(counters);
         debug!(queue = queue.index, "queue connected");
@@ -301,9 +308,16 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         let node_id = cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name));
         let connect = async {
             let timeout = cfg.fabric.keepalive_timeout();
-            let (ctrl, data, reply) = connect(&cfg.fabric, node_id, queue, 0, timeout)
-                .await
-                .map_err(|e| format!("IOC {} unreachable: {e}", cfg.fabric.ioc))?;
+            let (ctrl, data, reply) = connect(
+                &cfg.fabric,
+                cfg.pools.max_granted_bytes,
+                node_id,
+                queue,
+                0,
+                timeout,
+            )
+            .await
+            .map_err(|e| format!("IOC {} unreachable: {e}", cfg.fabric.ioc))?;
             // The further queues join the first queue's session before any frame moves.
             let queues = Queues::start(&cfg, &more_taps, node_id, reply.session).await?;
             Ok::<_, String>((ctrl, data, reply, queues))
@@ -447,6 +461,7 @@ fn session_config(cfg: &HostConfig) -> SessionConfig {
 /// socket) and completes the handshake (see [`fabric::connect`]).
 async fn connect(
     cfg: &HostFabric,
+    pool_bytes: u64,
     node_id: u64,
     queue: Queue,
     first: u64,
@@ -459,7 +474,7 @@ async fn connect(
         }
         FabricAddr::Unix(p) => {
             let path = if cfg.shared_memory {
-                DataPath::Shm
+                DataPath::Shm { pool_bytes }
             } else {
                 DataPath::Stream
             };
@@ -604,6 +619,10 @@ impl<'a> Conn<'a> {
         };
         let sc = session_config(cfg);
         let mut reg = Registry::new(cfg.pools.max_granted_bytes);
+        // Over shared memory the IOC places its frames straight into the pools.
+        if let Some(arena) = data.pools() {
+            reg.attach_arena(DomainId(1), arena);
+        }
         let mut session = Session::new(DomainId(1), sc);
         session
             .start(&mut reg)
@@ -856,16 +875,29 @@ impl<'a> Conn<'a> {
         guard: Option<fabric::Guard<'_>>,
         events: &mut Vec<LinkEvent>,
     ) -> Result<(), String> {
-        let mut sink = |frame: &[u8]| match vnet::check_frame(frame) {
-            Ok(_) => {
-                if let Err(e) = tap.send(frame) {
-                    *rx_dropped += 1;
-                    debug!("TAP write failed: {e}");
+        let mut sink = |frame: Frame<'_>| {
+            // A frame in a shared pool: its header is checked from a private copy, and that
+            // copy is what the TAP gets, followed by the rest straight from the pool.
+            let mut head = [0u8; vnet::VNET_HDR_LEN];
+            let checked = match frame {
+                Frame::Private(b) => vnet::check_frame(b),
+                Frame::Shared(_) => {
+                    let n = frame.head(&mut head);
+                    vnet::check_head(&head[..n], frame.len())
                 }
-            }
-            Err(e) => {
+            };
+            let sent = match (checked, frame) {
+                (Err(e), _) => {
+                    *rx_dropped += 1;
+                    warn!("dropping frame from the IOC: {e}");
+                    return;
+                }
+                (Ok(_), Frame::Private(b)) => tap.send(b),
+                (Ok(_), Frame::Shared(s)) => tap.send_parts(&head, &s.after(head.len())),
+            };
+            if let Err(e) = sent {
                 *rx_dropped += 1;
-                warn!("dropping frame from the IOC: {e}");
+                debug!("TAP write failed: {e}");
             }
         };
         match link.poll(reg, lane, RX_BUDGET, &mut sink, events) {

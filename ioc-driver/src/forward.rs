@@ -10,6 +10,7 @@
 //! its statistics.
 
 use crate::host::{Host, RxDrop};
+use crate::host_frame::{HostFrame, HEAD};
 use crate::ioc::{Ioc, IocStats};
 use crate::lan_tx::LanTx;
 use crate::nic::Nic;
@@ -28,7 +29,7 @@ pub const RX_BUDGET: usize = 256;
 const LAN_BATCH: usize = splitnet_messaging::sys::packet::RECV_BATCH;
 
 /// Copies `frame` into a send buffer and posts it to `host`, within its quota.
-fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
+fn deliver_copy(host: &mut Host, frame: HostFrame<'_>, cache: &mut SendBufCache) {
     if !host.make_room(cache) {
         return;
     }
@@ -36,7 +37,8 @@ fn deliver_copy(host: &mut Host, frame: &[u8], cache: &mut SendBufCache) {
         host.drop_rx(RxDrop::Quota);
         return;
     };
-    if b.fill_from(frame) {
+    if frame.copy_to(b.space()) {
+        b.set_len(frame.len());
         host.post(b, cache);
     } else {
         cache.put(b);
@@ -63,7 +65,7 @@ fn targets(
 fn deliver_all(
     to: &[u64],
     hosts: &mut BTreeMap<u64, Host>,
-    frame: &[u8],
+    frame: HostFrame<'_>,
     cache: &mut SendBufCache,
 ) {
     for s in to {
@@ -92,13 +94,18 @@ pub struct TxPolicy<'a> {
 fn cross(
     shard: &Shard,
     to: impl IntoIterator<Item = usize>,
-    frame: &[u8],
+    frame: HostFrame<'_>,
     stats: &mut IocStats,
 ) -> usize {
     let mut n = 0;
+    let mut copy = None;
     for w in to {
         n += 1;
-        if shard.cross(w, frame) {
+        let bytes = match frame {
+            HostFrame::Private(b) => b,
+            HostFrame::Shared { .. } => copy.get_or_insert_with(|| frame.to_vec()),
+        };
+        if shard.cross(w, bytes) {
             stats.crossed_out += 1;
         } else {
             stats.cross_dropped += 1;
@@ -114,7 +121,7 @@ fn cross(
 #[allow(clippy::too_many_arguments)]
 pub fn from_host(
     from: u64,
-    frame: &[u8],
+    frame: HostFrame<'_>,
     hosts: &mut BTreeMap<u64, Host>,
     nic: &dyn Nic,
     lan: &mut LanTx,
@@ -126,7 +133,8 @@ pub fn from_host(
     let Some(h) = hosts.get_mut(&from) else {
         return;
     };
-    if let Err((why, text)) = h.check_tx(frame, policy.offered, policy.extra_macs) {
+    let head = frame.head();
+    if let Err((why, text)) = h.check_tx(head, frame.len(), policy.offered, policy.extra_macs) {
         h.drop_tx(why);
         if let Some(held) = h.log.allow(std::time::Instant::now()) {
             warn!(
@@ -136,10 +144,10 @@ pub fn from_host(
         }
         return;
     }
-    let dst = vnet::dst_mac(frame);
+    let dst = vnet::dst_mac(head);
     let sender = hosts.get(&from).map_or(from, |h| h.first);
     if vnet::is_group(&dst) {
-        let to = targets(hosts, frame, keys, |h| h.session != sender);
+        let to = targets(hosts, head, keys, |h| h.session != sender);
         deliver_all(&to, hosts, frame, cache);
         cross(policy.shard, policy.shard.others(), frame, stats);
         lan.send(from, frame, nic, hosts, stats);
@@ -150,7 +158,7 @@ pub fn from_host(
         .get(&dst)
         .filter(|&&s| s != sender)
         .and_then(|s| hosts.get(s))
-        .map(|h| h.steer(frame, keys));
+        .map(|h| h.steer(head, keys));
     let elsewhere = policy.shard.owner(&dst);
     match owner.and_then(|s| hosts.get_mut(&s)) {
         Some(to) => deliver_copy(to, frame, cache),
@@ -223,7 +231,7 @@ impl Ioc {
             let group = vnet::is_group(&dst);
             // A unicast frame for another worker's host goes there alone.
             if let Some(w) = (!group).then(|| shard.owner(&dst)).flatten() {
-                cross(shard, [w], frame, stats);
+                cross(shard, [w], HostFrame::Private(frame), stats);
                 cache.put(buf);
                 continue;
             }
@@ -234,15 +242,21 @@ impl Ioc {
             } else {
                 targets(hosts, frame, flow_keys, |h| h.promisc)
             };
+            let private = HostFrame::Private(frame);
             let crossed = if group {
-                cross(shard, shard.others(), frame, stats)
+                cross(shard, shard.others(), private, stats)
             } else {
-                cross(shard, shard.promisc_others().iter().copied(), frame, stats)
+                cross(
+                    shard,
+                    shard.promisc_others().iter().copied(),
+                    private,
+                    stats,
+                )
             };
             if to.is_empty() && crossed == 0 && !group {
                 stats.lan_filtered += 1;
             }
-            deliver_all(&to, hosts, frame, cache);
+            deliver_all(&to, hosts, private, cache);
             cache.put(buf);
         }
         self.kick_hosts();
@@ -278,7 +292,7 @@ impl Ioc {
                     None => targets(hosts, frame, flow_keys, |h| h.promisc),
                 }
             };
-            deliver_all(&to, hosts, frame, cache);
+            deliver_all(&to, hosts, HostFrame::Private(frame), cache);
         }
         self.kick_hosts();
     }
@@ -315,6 +329,10 @@ impl Ioc {
             lane,
             RX_BUDGET,
             &mut |frame| {
+                // A frame in a shared pool is checked from a private copy of its head
+                // (see [`HostFrame`]).
+                let mut head = [0u8; HEAD];
+                let frame = HostFrame::new(frame, &mut head);
                 from_host(
                     session, frame, hosts, &**nic, lan_tx, cache, stats, flow_keys, &policy,
                 )

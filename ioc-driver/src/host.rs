@@ -264,17 +264,19 @@ impl Host {
         }
     }
 
-    /// Checks a frame the host sent against what it negotiated: offload metadata the
-    /// kernel may see, its own source MAC (or one of `extra_macs`), only the offloads it
-    /// negotiated (`offered` until it sent SetFeatures), and its MTU. The error says why.
+    /// Checks a frame of `len` bytes the host sent, from `head` (its first bytes, private),
+    /// against what it negotiated: offload metadata the kernel may see, its own source MAC
+    /// (or one of `extra_macs`), only the offloads it negotiated (`offered` until it sent
+    /// SetFeatures), and its MTU. The error says why.
     pub fn check_tx(
         &self,
-        frame: &[u8],
+        head: &[u8],
+        len: usize,
         offered: u64,
         extra_macs: &[[u8; 6]],
     ) -> Result<(), (TxDrop, String)> {
-        let h = vnet::check_frame(frame).map_err(|e| (TxDrop::BadOffload, e.to_string()))?;
-        let src = vnet::src_mac(frame);
+        let h = vnet::check_head(head, len).map_err(|e| (TxDrop::BadOffload, e.to_string()))?;
+        let src = vnet::src_mac(head);
         if src != self.mac && !extra_macs.contains(&src) {
             return Err((
                 TxDrop::Spoofed,
@@ -296,7 +298,7 @@ impl Host {
         let len = if h.is_gso() {
             usize::from(h.gso_size)
         } else {
-            vnet::l3_len(frame)
+            vnet::l3_len_of(head, len)
         };
         if len > self.mtu as usize {
             return Err((

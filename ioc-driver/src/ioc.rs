@@ -357,6 +357,7 @@ impl Ioc {
         for h in self.reg.regions_of(domain) {
             let _ = self.reg.deregister(h);
         }
+        self.reg.detach_arena(domain);
     }
 
     /// Answers a host's CfgUtilRequest. The host's first queue carries its configuration;
@@ -628,6 +629,7 @@ impl Ioc {
                 let _ = self.reg.deregister(h);
             }
         }
+        self.reg.detach_arena(domain);
         for b in host.take_waiting() {
             self.cache.put(b);
         }

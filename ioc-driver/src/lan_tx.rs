@@ -6,8 +6,11 @@
 //! of the batch; a copy of an MTU-sized frame costs far less than the system call it saves.
 //! A frame larger than a slot (a TSO frame) is sent at once from the element, after the
 //! frames queued before it, so the LAN sees every host's frames in the order they came.
+//! A frame in a host's shared pool goes out as its checked private head and the rest (see
+//! [`HostFrame`]): copied so into a slot, or given so to the kernel.
 
 use crate::host::{Host, TxDrop};
+use crate::host_frame::HostFrame;
 use crate::ioc::IocStats;
 use crate::nic::Nic;
 use splitnet_messaging::sys::packet::SEND_BATCH;
@@ -40,21 +43,24 @@ impl LanTx {
     pub fn send(
         &mut self,
         from: u64,
-        frame: &[u8],
+        frame: HostFrame<'_>,
         nic: &dyn Nic,
         hosts: &mut BTreeMap<u64, Host>,
         stats: &mut IocStats,
     ) {
         if frame.len() > SLOT {
             self.flush(nic, hosts, stats);
-            let ok = nic
-                .send(frame)
-                .map_err(|e| debug!("NIC refused a frame: {e}"));
+            let sent = match frame {
+                HostFrame::Private(b) => nic.send(b),
+                HostFrame::Shared { head, rest } => nic.send_parts(head, &rest),
+            };
+            let ok = sent.map_err(|e| debug!("NIC refused a frame: {e}"));
             account(from, frame.len(), ok.is_ok(), hosts, stats);
             return;
         }
         let i = self.queued.len();
-        self.arena[i * SLOT..i * SLOT + frame.len()].copy_from_slice(frame);
+        // It fits: the slot is SLOT bytes and the frame at most that.
+        frame.copy_to(&mut self.arena[i * SLOT..(i + 1) * SLOT]);
         self.queued.push((from, frame.len()));
         if self.queued.len() == SEND_BATCH {
             self.flush(nic, hosts, stats);

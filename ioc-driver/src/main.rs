@@ -10,6 +10,7 @@
 mod conformance;
 mod forward;
 mod host;
+mod host_frame;
 mod hosts;
 mod ioc;
 mod lan_tx;

@@ -3,6 +3,7 @@
 //! The daemon's NIC is an AF_PACKET socket ([`PacketSocket`]); the unit tests put a queue in
 //! its place, so that forwarding, quotas and session ends run without root or an interface.
 
+use splitnet_messaging::memory::SharedBytes;
 use splitnet_messaging::sys::{fanout, packet::PacketSocket};
 use std::io;
 
@@ -26,6 +27,14 @@ pub trait Nic: std::fmt::Debug {
     }
     /// Sends one frame.
     fn send(&self, frame: &[u8]) -> io::Result<usize>;
+    /// Sends one frame made of `head` (private) and `rest` (in a host's shared pool).
+    fn send_parts(&self, head: &[u8], rest: &SharedBytes<'_>) -> io::Result<usize> {
+        let mut frame = head.to_vec();
+        frame.resize(head.len() + rest.len(), 0);
+        rest.copy_out(0, &mut frame[head.len()..])
+            .map_err(io::Error::other)?;
+        self.send(&frame)
+    }
     /// Sends frames in order until one fails; returns how many were sent (an error when
     /// the first failed).
     fn send_batch(&self, frames: &[&[u8]]) -> io::Result<usize> {
@@ -58,6 +67,11 @@ impl Nic for PacketSocket {
 
     fn send(&self, frame: &[u8]) -> io::Result<usize> {
         PacketSocket::send(self, frame)
+    }
+
+    /// One `writev(2)`: the kernel copies the shared part itself.
+    fn send_parts(&self, head: &[u8], rest: &SharedBytes<'_>) -> io::Result<usize> {
+        PacketSocket::send_parts(self, head, rest)
     }
 
     /// One `sendmmsg(2)` for the whole batch.

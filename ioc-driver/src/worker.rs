@@ -11,6 +11,7 @@ use crate::nic::Nic;
 use crate::report::Snapshot;
 use crate::shard::{Crossing, InboxRx, Shard};
 use splitnet_config::IocConfig;
+use splitnet_messaging::adapter::shm::setup::Setup;
 use splitnet_messaging::endpoint::Session;
 use splitnet_messaging::fabric::{self, FabricChannel, FabricLink, Ready, StreamConn};
 use splitnet_messaging::memory::DomainId;
@@ -290,6 +291,24 @@ async fn handshake(
     };
     let (session, token) = (w.session, hello.session);
     let domain = DomainId(session as u32);
+    // Over shared memory the pools for this host lie in an arena the host maps and places
+    // its frames in.
+    let arena = match shm {
+        true => {
+            let size = Setup::pool_size_for(ioc.borrow().cfg.pools.max_granted_bytes);
+            match fabric::shm::PoolArena::new(c"splitnet-ioc-pools", size) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    warn!(%peer, "cannot make a pool arena for a new host: {e}");
+                    return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+                }
+            }
+        }
+        false => None,
+    };
+    if let Some(a) = &arena {
+        ioc.borrow_mut().reg.attach_arena(domain, a.region());
+    }
     let mut s = Session::new(domain, ioc.borrow().session_config());
     let started = s.start(&mut ioc.borrow_mut().reg);
     if let Err(e) = started {
@@ -299,8 +318,8 @@ async fn handshake(
     }
     // The reply goes first on the data channel, ahead of anything posted to the host later.
     fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
-    let data = if shm {
-        match shm_data(ch, domain, timeout).await {
+    let data = if let Some(arena) = arena {
+        match shm_data(ch, domain, arena, timeout).await {
             Ok(t) => FabricChannel::Shm(Box::new(t)),
             Err(e) => {
                 ioc.borrow_mut().stats.handshake_failures += 1;
@@ -343,18 +362,20 @@ async fn handshake(
     }
 }
 
-/// Sends the HelloReply of a shared-memory data channel, then takes the host's rings and
-/// doorbell over the socket ([`fabric::shm::accept`]).
+/// Sends the HelloReply of a shared-memory data channel, then takes the host's rings,
+/// doorbell and pool arena over the socket and answers with `arena`
+/// ([`fabric::shm::accept`]).
 async fn shm_data(
     mut ch: StreamConn,
     domain: DomainId,
+    arena: fabric::shm::PoolArena,
     timeout: Duration,
 ) -> Result<fabric::shm::ShmTransport, fabric::FabricError> {
     fabric::flush(&mut ch, timeout).await?;
     let fabric::Stream::Unix(sock) = ch.into_stream() else {
         return Err(fabric::FabricError::Shm("not a Unix socket".into()));
     };
-    fabric::shm::accept(sock, domain, wire::MAX_MESSAGE_LEN, timeout).await
+    fabric::shm::accept(sock, domain, wire::MAX_MESSAGE_LEN, arena, timeout).await
 }
 
 /// Moves frames from the NIC to the hosts.

@@ -664,18 +664,21 @@ struct ShmSession {
     to_ioc: splitnet_messaging::sys::shm::Mapping,
     /// The IOC's doorbell.
     ioc_bell: splitnet_messaging::sys::eventfd::EventFd,
-    /// Kept open for the session's lifetime: the control channel, the other ring and this
-    /// host's doorbell.
+    /// Kept open for the session's lifetime: the control channel, the other ring, this
+    /// host's doorbell and its pool arena.
     _keep: (
         StreamChannel<UnixStream>,
         splitnet_messaging::sys::shm::Mapping,
         splitnet_messaging::sys::eventfd::EventFd,
+        splitnet_messaging::sys::shm::Memfd,
     ),
 }
 
 impl ShmSession {
     fn open(path: &str) -> Result<ShmSession, String> {
-        use splitnet_messaging::adapter::shm::setup::{Setup, MAX_PAYLOAD, RING_DATA, SHM_CHANNEL};
+        use splitnet_messaging::adapter::shm::setup::{
+            Setup, ACK_LEN, MAX_PAYLOAD, POOL_RANGE, RING_DATA, SHM_CHANNEL,
+        };
         use splitnet_messaging::sys::{eventfd::EventFd, shm};
         let uch = |s: UnixStream| {
             s.set_read_timeout(Some(Duration::from_millis(50))).ok();
@@ -706,6 +709,7 @@ impl ShmSession {
         let setup = Setup {
             data_size: RING_DATA,
             max_payload: MAX_PAYLOAD,
+            pool_size: POOL_RANGE.0,
         };
         let cfg = setup.ring().map_err(|e| e.to_string())?;
         let ring = |name| -> Result<(shm::Memfd, shm::Mapping), String> {
@@ -717,11 +721,18 @@ impl ShmSession {
         let (to_ioc, to_ioc_map) = ring(c"rogue-to-ioc")?;
         let (from_ioc, from_ioc_map) = ring(c"rogue-from-ioc")?;
         let bell = EventFd::new().map_err(|e| e.to_string())?;
-        let fds = [to_ioc.as_fd(), from_ioc.as_fd(), bell.as_fd()];
+        let pools = shm::Memfd::create(c"rogue-pools", setup.pool_size as usize)
+            .map_err(|e| e.to_string())?;
+        let fds = [
+            to_ioc.as_fd(),
+            from_ioc.as_fd(),
+            bell.as_fd(),
+            pools.as_fd(),
+        ];
         shm::send_fds(&sock, &setup.emit(), &fds).map_err(|e| e.to_string())?;
-        let mut ack = [0u8; 4];
-        let (n, mut got) = shm::recv_fds(&sock, &mut ack, 1).map_err(|e| e.to_string())?;
-        if n != 4 || got.len() != 1 {
+        let mut ack = [0u8; ACK_LEN];
+        let (n, mut got) = shm::recv_fds(&sock, &mut ack, 2).map_err(|e| e.to_string())?;
+        if Setup::parse_ack(&ack[..n]).is_err() || got.len() != 2 {
             return Err("no ACK from the IOC".into());
         }
         let ioc_bell = EventFd::from_fd(got.remove(0));
@@ -730,7 +741,7 @@ impl ShmSession {
             sock,
             to_ioc: to_ioc_map,
             ioc_bell,
-            _keep: (ctrl, from_ioc_map, bell),
+            _keep: (ctrl, from_ioc_map, bell, pools),
         })
     }
 

@@ -9,7 +9,7 @@ use crate::endpoint::{
     InitiatorConfig, Lane, Link, LinkError, LinkEvent, PoolSpec, Posted, Session, SessionConfig,
     TargetConfig,
 };
-use crate::memory::{DomainId, Registry, SendBufCache};
+use crate::memory::{DomainId, Frame, Registry, SendBufCache};
 use crate::wire;
 
 /// Channel type of the in-process harness.
@@ -187,7 +187,18 @@ fn peer_with<C: Channel>(
     data: C,
     sizes: Sizes,
 ) -> Peer<C> {
-    let mut reg = Registry::new(1 << 30);
+    peer_in(Registry::new(1 << 30), d, config, ctrl, data, sizes)
+}
+
+/// As [`peer_with`], with the pools registered in `reg`.
+fn peer_in<C: Channel>(
+    mut reg: Registry,
+    d: DomainId,
+    config: SessionConfig,
+    ctrl: C,
+    data: C,
+    sizes: Sizes,
+) -> Peer<C> {
     let mut session = Session::new(d, config);
     session
         .start(&mut reg)
@@ -268,6 +279,35 @@ impl Pair<ShmPipe> {
             b: peer_with(db, b, c1, d1, sizes),
         }
     }
+
+    /// As [`Pair::shm`], with each peer's pools in a shared arena of 16 MiB that the other
+    /// places its writes in (only headers travel in the data rings).
+    pub fn shm_pools(a: SessionConfig, b: SessionConfig) -> Pair<ShmPipe> {
+        let sizes = Sizes::FULL;
+        let cfg = shm::ring_config(1 << 20, sizes.send_buf.max(sizes.max_send) as u32)
+            .expect("a 1 MiB ring holds the largest operation twice");
+        let (da, db) = (DomainId(1), DomainId(2));
+        let rings = || {
+            shm::heap_pair(cfg, (da, db), sizes.max_send).expect("freshly initialised rings attach")
+        };
+        let (c0, c1) = rings();
+        let (mut d0, mut d1) = rings();
+        let (arena_a, arena_b) = (
+            shm::HeapShared::new(16 << 20),
+            shm::HeapShared::new(16 << 20),
+        );
+        d0.set_peer_pools(arena_b.clone());
+        d1.set_peer_pools(arena_a.clone());
+        let registry = |d, arena| {
+            let mut reg = Registry::new(1 << 30);
+            reg.attach_arena(d, std::sync::Arc::new(arena));
+            reg
+        };
+        Pair {
+            a: peer_in(registry(da, arena_a), da, a, c0, d0, sizes),
+            b: peer_in(registry(db, arena_b), db, b, c1, d1, sizes),
+        }
+    }
 }
 
 impl<C: Channel> Peer<C> {
@@ -308,10 +348,12 @@ impl<C: Channel> Peer<C> {
                 events,
                 ..
             } = self;
-            let mut sink = |f: &[u8]| {
+            let mut sink = |f: Frame<'_>| {
                 *delivered += 1;
                 if *keep_frames {
-                    received.push(f.to_vec());
+                    let mut v = Vec::new();
+                    f.copy_to(&mut v);
+                    received.push(v);
                 }
             };
             while link.poll(reg, lane, 64, &mut sink, events)? {}

@@ -112,14 +112,21 @@ impl VnetHdr {
 /// Checks a frame from the fabric (virtio-net header, then Ethernet) before it reaches the
 /// kernel; returns the parsed header.
 pub fn check_frame(frame: &[u8]) -> Result<VnetHdr, FrameError> {
-    let Some((hdr, eth)) = frame.split_first_chunk::<VNET_HDR_LEN>() else {
-        return Err(FrameError::Runt(frame.len()));
+    check_head(frame, frame.len())
+}
+
+/// As [`check_frame`], for a frame of `len` bytes of which `head` is a private copy of the
+/// first (at least the virtio-net header): the frame's header is checked from that copy
+/// alone, which is then what the kernel must be given.
+pub fn check_head(head: &[u8], len: usize) -> Result<VnetHdr, FrameError> {
+    let Some(hdr) = head.first_chunk::<VNET_HDR_LEN>() else {
+        return Err(FrameError::Runt(len));
     };
-    if eth.len() < ETH_HDR_LEN {
-        return Err(FrameError::Runt(frame.len()));
+    if len < VNET_HDR_LEN + ETH_HDR_LEN {
+        return Err(FrameError::Runt(len));
     }
     let h = VnetHdr::parse(hdr);
-    let len = eth.len();
+    let len = len - VNET_HDR_LEN;
     if h.flags & !(F_NEEDS_CSUM | F_DATA_VALID) != 0 {
         return Err(FrameError::Flags(h.flags));
     }
@@ -180,12 +187,18 @@ pub fn features_used(h: &VnetHdr) -> u64 {
 /// Bytes of the network-layer packet of a non-segmented frame: what the MTU bounds (the
 /// Ethernet header and up to two VLAN tags are not counted).
 pub fn l3_len(frame: &[u8]) -> usize {
-    let eth = frame.get(VNET_HDR_LEN..).unwrap_or(&[]);
+    l3_len_of(frame, frame.len())
+}
+
+/// As [`l3_len`], for a frame of `len` bytes of which `head` holds the first (at least the
+/// Ethernet header and its tags, or the whole frame).
+pub fn l3_len_of(head: &[u8], len: usize) -> usize {
+    let eth = head.get(VNET_HDR_LEN..).unwrap_or(&[]);
     let mut at = 12;
     while at < 20 && matches!(eth.get(at..at + 2), Some([0x81, 0x00] | [0x88, 0xa8])) {
         at += 4;
     }
-    eth.len().saturating_sub(at + 2)
+    len.saturating_sub(VNET_HDR_LEN).saturating_sub(at + 2)
 }
 
 /// Bytes of an 802.1Q (or 802.1ad) tag: TPID then TCI.

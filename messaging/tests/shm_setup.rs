@@ -2,11 +2,13 @@
 //! acceptance agree and carry operations; every kind of bad set-up a rogue host can send
 //! is refused with an error (never a panic, never a mapping of what was not checked).
 
-use splitnet_messaging::adapter::shm::setup::{Setup, MAX_PAYLOAD, RING_DATA};
+use splitnet_messaging::adapter::shm::setup::{
+    Setup, MAX_PAYLOAD, POOL_RANGE, RING_DATA, SETUP_LEN,
+};
 use splitnet_messaging::adapter::{Channel, Op, Payload, RxCompletion};
-use splitnet_messaging::fabric::shm::{accept, offer, ShmTransport};
+use splitnet_messaging::fabric::shm::{accept, offer, PoolArena, ShmTransport};
 use splitnet_messaging::fabric::FabricError;
-use splitnet_messaging::memory::{DomainId, Registry};
+use splitnet_messaging::memory::{Access, DomainId, Frame, RegionSpec, Registry};
 use splitnet_messaging::sys::eventfd::EventFd;
 use splitnet_messaging::sys::shm::{send_fds, Memfd};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -33,13 +35,27 @@ fn pair() -> (UnixStream, UnixStream) {
 fn ioc_sees(send: impl FnOnce(&UnixStream)) -> Result<ShmTransport, FabricError> {
     let (host, ioc) = pair();
     send(&host);
-    rt().block_on(accept(ioc, DomainId(1), MAX_PAYLOAD as usize, TIMEOUT))
+    rt().block_on(accept(
+        ioc,
+        DomainId(1),
+        MAX_PAYLOAD as usize,
+        arena(),
+        TIMEOUT,
+    ))
 }
 
-fn good_setup() -> [u8; 16] {
+const POOLS: u32 = POOL_RANGE.0;
+
+/// The IOC's pool arena for the host.
+fn arena() -> PoolArena {
+    PoolArena::new(c"test-ioc-pools", POOLS).unwrap()
+}
+
+fn good_setup() -> [u8; SETUP_LEN] {
     Setup {
         data_size: RING_DATA,
         max_payload: MAX_PAYLOAD,
+        pool_size: POOLS,
     }
     .emit()
 }
@@ -48,6 +64,7 @@ fn ring_len() -> usize {
     Setup {
         data_size: RING_DATA,
         max_payload: MAX_PAYLOAD,
+        pool_size: POOLS,
     }
     .ring()
     .unwrap()
@@ -67,8 +84,8 @@ fn offer_and_accept_agree_and_carry_operations() {
     let rt = rt();
     let (h, i) = rt.block_on(async {
         tokio::join!(
-            offer(host, DomainId(1), 4096, TIMEOUT),
-            accept(ioc, DomainId(1), 4096, TIMEOUT)
+            offer(host, DomainId(1), 4096, 64 << 10, TIMEOUT),
+            accept(ioc, DomainId(1), 4096, arena(), TIMEOUT)
         )
     });
     let (mut h, mut i) = (h.unwrap(), i.unwrap());
@@ -97,6 +114,82 @@ fn offer_and_accept_agree_and_carry_operations() {
     assert_eq!(i.bell().drain().unwrap(), 1, "rung once");
     assert!(i.poll_recv(&mut reg).unwrap().is_some());
     assert!(!i.input_pending());
+    // The IOC places a write straight into the host's pool, laid out in the host's arena.
+    let mut host_reg = Registry::new(1 << 20);
+    host_reg.attach_arena(DomainId(1), h.pools().expect("the host has a pool arena"));
+    let pool = host_reg
+        .register(RegionSpec {
+            domain: DomainId(1),
+            access: Access::REMOTE_WRITE,
+            element_size: 2048,
+            element_count: 4,
+            single_use: false,
+        })
+        .unwrap();
+    host_reg.grant(pool, 2).unwrap();
+    let addr = host_reg.address(pool).unwrap() + 2 * 2048;
+    let op = Op::WriteImm {
+        handle: pool.to_u64(),
+        addr,
+        imm: 7,
+    };
+    i.post(op, &[], Payload::Bytes(vec![0xab; 1500]));
+    assert!(i.flush().unwrap());
+    let got = h.poll_recv(&mut host_reg).unwrap();
+    assert!(
+        matches!(
+            got,
+            Some(RxCompletion::Write {
+                element: 2,
+                len: 1500,
+                imm: Some(7),
+                ..
+            })
+        ),
+        "{got:?}"
+    );
+    let Ok(Frame::Shared(bytes)) = host_reg.frame(pool, 2, 1500) else {
+        panic!("the frame is in the shared pool");
+    };
+    let mut copy = vec![0; 1500];
+    bytes.copy_out(0, &mut copy).unwrap();
+    assert!(copy.iter().all(|&b| b == 0xab));
+    // And the host places its writes into the IOC's pool for it, in the IOC's arena.
+    let mut ioc_reg = Registry::new(1 << 20);
+    ioc_reg.attach_arena(DomainId(1), i.pools().expect("the IOC has a pool arena"));
+    let pool = ioc_reg
+        .register(RegionSpec {
+            domain: DomainId(1),
+            access: Access::REMOTE_WRITE,
+            element_size: 2048,
+            element_count: 2,
+            single_use: false,
+        })
+        .unwrap();
+    ioc_reg.grant(pool, 1).unwrap();
+    let op = Op::Write {
+        handle: pool.to_u64(),
+        addr: ioc_reg.address(pool).unwrap() + 2048,
+    };
+    h.post(op, &[1, 2], Payload::Bytes(vec![0xcd; 998]));
+    assert!(h.flush().unwrap());
+    let got = i.poll_recv(&mut ioc_reg).unwrap();
+    assert!(
+        matches!(
+            got,
+            Some(RxCompletion::Write {
+                element: 1,
+                len: 1000,
+                imm: None,
+                ..
+            })
+        ),
+        "{got:?}"
+    );
+    let mut copy = Vec::new();
+    ioc_reg.frame(pool, 1, 1000).unwrap().copy_to(&mut copy);
+    assert_eq!(&copy[..2], &[1, 2]);
+    assert!(copy[2..].iter().all(|&b| b == 0xcd));
 }
 
 #[test]
@@ -104,6 +197,7 @@ fn a_rogue_hosts_set_ups_are_refused() {
     let len = ring_len();
     let sealed = || Memfd::create(c"test-ring", len).unwrap();
     let bell = EventFd::new().unwrap();
+    let pools = Memfd::create(c"test-pools", POOLS as usize).unwrap();
     let send = |s: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]| {
         send_fds(s, data, fds).unwrap();
     };
@@ -114,18 +208,37 @@ fn a_rogue_hosts_set_ups_are_refused() {
     let mut bad = good_setup();
     bad[0] = b'X';
     let e = shm_error(ioc_sees(|s| {
-        send(s, &bad, &[a.as_fd(), b.as_fd(), bell.as_fd()])
+        send(
+            s,
+            &bad,
+            &[a.as_fd(), b.as_fd(), bell.as_fd(), pools.as_fd()],
+        )
     }));
     assert!(e.contains("not a shared-memory set-up"), "{e}");
     // Too few descriptors.
-    let e = shm_error(ioc_sees(|s| send(s, &good_setup(), &[a.as_fd()])));
-    assert!(e.contains("three descriptors"), "{e}");
+    let e = shm_error(ioc_sees(|s| {
+        send(s, &good_setup(), &[a.as_fd(), b.as_fd(), bell.as_fd()])
+    }));
+    assert!(e.contains("four descriptors"), "{e}");
     // A ring of the wrong size.
     let small = Memfd::create(c"small", len / 2).unwrap();
     let e = shm_error(ioc_sees(|s| {
-        send(s, &good_setup(), &[small.as_fd(), b.as_fd(), bell.as_fd()])
+        send(
+            s,
+            &good_setup(),
+            &[small.as_fd(), b.as_fd(), bell.as_fd(), pools.as_fd()],
+        )
     }));
     assert!(e.contains(&format!("bytes, expected {len}")), "{e}");
+    // A pool arena of another size than the set-up says.
+    let e = shm_error(ioc_sees(|s| {
+        send(
+            s,
+            &good_setup(),
+            &[a.as_fd(), b.as_fd(), bell.as_fd(), small.as_fd()],
+        )
+    }));
+    assert!(e.contains(&format!("expected {POOLS}")), "{e}");
     // Not sealed: the host could shrink it under the IOC's mapping.
     // SAFETY: plain syscalls creating and sizing a file this test owns.
     let unsealed = unsafe {
@@ -138,13 +251,17 @@ fn a_rogue_hosts_set_ups_are_refused() {
         send(
             s,
             &good_setup(),
-            &[unsealed.as_fd(), b.as_fd(), bell.as_fd()],
+            &[unsealed.as_fd(), b.as_fd(), bell.as_fd(), pools.as_fd()],
         )
     }));
     assert!(e.contains("not sealed against resizing"), "{e}");
     // Sealed and sized, but never initialised as a ring.
     let e = shm_error(ioc_sees(|s| {
-        send(s, &good_setup(), &[a.as_fd(), b.as_fd(), bell.as_fd()])
+        send(
+            s,
+            &good_setup(),
+            &[a.as_fd(), b.as_fd(), bell.as_fd(), pools.as_fd()],
+        )
     }));
     assert!(e.contains("magic"), "{e}");
 }

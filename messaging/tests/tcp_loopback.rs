@@ -140,12 +140,14 @@ impl Side {
                 continue;
             };
             let (dir_in, received) = (self.dir_in, &mut self.received);
+            let mut copy = Vec::new();
             let more = link.poll(
                 &mut self.reg,
                 lane,
                 256,
                 &mut |f| {
-                    check(dir_in, *received, f);
+                    f.copy_to(&mut copy);
+                    check(dir_in, *received, &copy);
                     *received += 1;
                 },
                 &mut events,
@@ -239,7 +241,12 @@ fn hundred_thousand_frames_each_way_over_a_unix_socket() {
 #[test]
 fn hundred_thousand_frames_each_way_over_shared_memory() {
     let (l, dir) = unix_listener("shm");
-    exchange(l, DataPath::Shm);
+    exchange(
+        l,
+        DataPath::Shm {
+            pool_bytes: 16 << 20,
+        },
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -274,7 +281,7 @@ fn exchange(listener: Listener, path_kind: DataPath) {
                     d.into()
                 }
                 #[cfg(feature = "sys")]
-                DataPath::Shm => {
+                DataPath::Shm { .. } => {
                     assert_eq!(
                         (hello.session, hello.channel),
                         (1, fabric::shm::SHM_CHANNEL)
@@ -283,13 +290,20 @@ fn exchange(listener: Listener, path_kind: DataPath) {
                     let fabric::Stream::Unix(sock) = d.into_stream() else {
                         panic!("not a Unix socket")
                     };
-                    let t = fabric::shm::accept(sock, DomainId(1), MAX_MESSAGE_LEN, TIMEOUT)
+                    let arena = fabric::shm::PoolArena::new(c"test-pools", 16 << 20).unwrap();
+                    let t = fabric::shm::accept(sock, DomainId(1), MAX_MESSAGE_LEN, arena, TIMEOUT)
                         .await
                         .unwrap();
                     fabric::FabricChannel::Shm(Box::new(t))
                 }
             };
             let mut reg = Registry::new(1 << 30);
+            // Over shared memory the client places its frames straight into these pools.
+            let arena = d.pools();
+            assert_eq!(arena.is_some(), path_kind != DataPath::Stream);
+            if let Some(a) = arena {
+                reg.attach_arena(DomainId(1), a);
+            }
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
             let tl = FabricLink::new(s, c, d).unwrap();
@@ -311,6 +325,12 @@ fn exchange(listener: Listener, path_kind: DataPath) {
                     .unwrap();
             assert_eq!(reply.session, 1);
             let mut reg = Registry::new(1 << 30);
+            // Over shared memory the server places its frames straight into these pools.
+            let arena = d.pools();
+            assert_eq!(arena.is_some(), path_kind != DataPath::Stream);
+            if let Some(a) = arena {
+                reg.attach_arena(DomainId(1), a);
+            }
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
             let tl = FabricLink::new(s, c, d).unwrap();

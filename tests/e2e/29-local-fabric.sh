@@ -25,9 +25,9 @@ json() { ctl_json "$T/ioc.sock" "$@"; }
 addrs=$(json hosts "' | '.join(sorted(h['address'] for h in d['hosts']['hosts']))")
 log "the IOC's hosts: $addrs"
 assert_match "$addrs" "^10\.200\.0\.12:[0-9]+ \| unix:$sock \(pid ${HOST_PID[1]}\), shared memory \| unix:$sock \(pid ${HOST_PID[3]}\)$" "hosts' addresses"
-# The rings are mapped in both daemons.
-assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 2 "host 1's ring mappings"
-assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 2 "the IOC's ring mappings"
+# The rings and both pool arenas (the host's and the IOC's for it) are mapped in both daemons.
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 4 "host 1's rings and both pool arenas"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 4 "the IOC's rings and both pool arenas"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host fd50::2 -6
 ping_ok sd-host 10.50.0.3

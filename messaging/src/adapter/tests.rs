@@ -46,7 +46,11 @@ pub(super) fn drain<C: Channel>(b: &mut C, reg: &mut Registry) -> Vec<(RxComplet
                 element,
                 len,
                 ..
-            } => reg.element(handle, element, len).unwrap().to_vec(),
+            } => {
+                let mut v = Vec::new();
+                reg.frame(handle, element, len).unwrap().copy_to(&mut v);
+                v
+            }
         };
         out.push((c, bytes));
     }

@@ -25,7 +25,8 @@ pub enum Payload {
 }
 
 impl Payload {
-    fn as_slice(&self) -> &[u8] {
+    /// The bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             Payload::Empty => &[],
             Payload::Bytes(b) => b,
@@ -40,6 +41,9 @@ struct TxOp {
     prefix: [u8; MAX_PREFIX],
     prefix_len: usize,
     payload: Payload,
+    /// A write whose payload the writer already placed in the peer's memory: only its
+    /// header travels.
+    placed: bool,
 }
 
 impl TxOp {
@@ -91,10 +95,33 @@ impl TxQueue {
             prefix: p,
             prefix_len,
             payload,
+            placed: false,
         };
         self.queued += op.len();
         self.bufs += usize::from(matches!(op.payload, Payload::Buf(_)));
         self.ops.push_back(op);
+    }
+
+    /// Posts the header of a write of `len` bytes that this side placed in the peer's memory
+    /// itself (a shared-memory pool): the header is all that travels.
+    pub fn post_placed(&mut self, op: Op, len: u32) {
+        let op = TxOp {
+            header: OpHeader { op, len }.emit(),
+            prefix: [0; MAX_PREFIX],
+            prefix_len: 0,
+            payload: Payload::Empty,
+            placed: true,
+        };
+        self.queued += op.len();
+        self.ops.push_back(op);
+    }
+
+    /// Keeps a send buffer whose bytes went out another way (placed in the peer's memory)
+    /// until [`TxQueue::reclaim`].
+    pub fn retire(&mut self, payload: Payload) {
+        if let Payload::Buf(b) = payload {
+            self.done.push(b);
+        }
     }
 
     /// Operations not yet fully written.
@@ -115,8 +142,12 @@ impl TxQueue {
     /// The parts (header, prefix, payload) of the first operation, if none of it has been
     /// written yet: a transport that moves whole operations (a shared-memory ring) takes it
     /// as one record, then calls [`TxQueue::advance`] with its length.
-    pub fn front(&self) -> Option<[&[u8]; 3]> {
-        self.ops.front().filter(|_| self.sent == 0).map(TxOp::parts)
+    /// The flag says the operation is a placed write (only its header travels).
+    pub fn front(&self) -> Option<([&[u8]; 3], bool)> {
+        self.ops
+            .front()
+            .filter(|_| self.sent == 0)
+            .map(|op| (op.parts(), op.placed))
     }
 
     /// Fills `out` with the unwritten bytes, in order, and returns how many slices it used.

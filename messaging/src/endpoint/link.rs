@@ -11,7 +11,7 @@ use super::outbox::Lane;
 use super::session::{Incoming, Session};
 use super::target::PoolGetOutcome;
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, RxError};
-use crate::memory::{Registry, SendBuf, SendBufCache};
+use crate::memory::{Frame, Registry, SendBuf, SendBufCache};
 use crate::wire::{CfgCode, ErrorCode, Goodbye, Message};
 use thiserror::Error;
 
@@ -208,14 +208,15 @@ impl<C: Channel> Link<C> {
         &mut self.data
     }
 
-    /// Processes up to `budget` completions of `lane`. Frames go to `sink` and are released
+    /// Processes up to `budget` completions of `lane`. Frames go to `sink` (in a pool in shared
+    /// memory, a frame stays there: see [`Frame`]) and are released
     /// when it returns. Returns true if the budget ran out before the channel was drained.
     pub fn poll(
         &mut self,
         reg: &mut Registry,
         lane: Lane,
         budget: usize,
-        sink: &mut dyn FnMut(&[u8]),
+        sink: &mut dyn FnMut(Frame<'_>),
         events: &mut Vec<LinkEvent>,
     ) -> Result<bool, LinkError> {
         let Link {
@@ -238,7 +239,7 @@ impl<C: Channel> Link<C> {
                     Incoming::Inline(frame) => {
                         stats.rx_frames += 1;
                         stats.rx_bytes += frame.len() as u64;
-                        sink(frame);
+                        sink(Frame::Private(frame));
                         None
                     }
                     Incoming::Placed(d) => Some(d),

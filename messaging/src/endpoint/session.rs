@@ -13,7 +13,7 @@ use super::initiator::{Initiator, InitiatorConfig, Posted};
 use super::outbox::{Lane, Outbox};
 use super::target::{Delivery, PoolGetOutcome, PoolSpec, Target, TargetConfig};
 use crate::adapter::Channel;
-use crate::memory::{DomainId, Handle, Registry, RegistryError, SendBuf};
+use crate::memory::{DomainId, Frame, Handle, Registry, RegistryError, SendBuf};
 use crate::wire::{self, CfgCode, ErrorCode, Message};
 
 /// Configuration of one session.
@@ -225,7 +225,7 @@ impl Session {
     }
 
     /// The bytes of a delivered frame.
-    pub fn frame<'r>(&self, reg: &'r Registry, d: &Delivery) -> &'r [u8] {
+    pub fn frame<'r>(&self, reg: &'r Registry, d: &Delivery) -> Frame<'r> {
         self.target.frame(reg, d)
     }
 

@@ -20,7 +20,7 @@
 
 use super::error::ProtocolError;
 use super::outbox::{Lane, Outbox};
-use crate::memory::{Access, DomainId, Handle, RegionSpec, Registry, RegistryError};
+use crate::memory::{Access, DomainId, Frame, Handle, RegionSpec, Registry, RegistryError};
 use crate::wire::{Idata, Indicate, Message, PoolEntry, PoolGet, PoolRun};
 
 /// Geometry of a receive pool.
@@ -210,7 +210,7 @@ impl Target {
             pool_ref,
             element_count: spec.element_count,
             element_size: spec.element_size,
-            address: Registry::base_address(handle),
+            address: reg.address(handle)?,
             handle: handle.to_u64(),
             context: u64::from(self.domain.0),
         })
@@ -314,8 +314,9 @@ impl Target {
     }
 
     /// The bytes of a delivered frame.
-    pub fn frame<'r>(&self, reg: &'r Registry, d: &Delivery) -> &'r [u8] {
-        reg.element(d.handle, d.element, d.len).unwrap_or_default()
+    pub fn frame<'r>(&self, reg: &'r Registry, d: &Delivery) -> Frame<'r> {
+        reg.frame(d.handle, d.element, d.len)
+            .unwrap_or(Frame::Private(&[]))
     }
 
     /// The consumer is done with a delivered frame: its element becomes a credit to return.

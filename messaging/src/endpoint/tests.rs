@@ -20,8 +20,16 @@ fn pair_shm() -> Pair<crate::testing::ShmPipe> {
     p
 }
 
-/// A test run twice, over the in-process byte pipe (the TCP framing) and over
-/// shared-memory rings: `$name::pipe` and `$name::shm`.
+/// The same peers over shared-memory rings, each placing its writes in the other's pools.
+fn pair_shm_pools() -> Pair<crate::testing::ShmPipe> {
+    let mut p = Pair::shm_pools(config(64), config(64));
+    p.drive().unwrap();
+    p
+}
+
+/// A test run three times, over the in-process byte pipe (the TCP framing), over
+/// shared-memory rings, and over rings with the pools in shared memory: `$name::pipe`,
+/// `$name::shm` and `$name::shm_pools`.
 macro_rules! over_both {
     ($name:ident, |$p:ident| $body:block) => {
         mod $name {
@@ -39,6 +47,13 @@ macro_rules! over_both {
             #[allow(unused_mut)]
             fn shm() {
                 let mut $p = super::pair_shm();
+                $body
+            }
+
+            #[test]
+            #[allow(unused_mut)]
+            fn shm_pools() {
+                let mut $p = super::pair_shm_pools();
                 $body
             }
         }

@@ -171,6 +171,17 @@ impl FabricChannel {
         each!(self, c => c.set_domain(domain))
     }
 
+    /// This side's pool arena, if the peer places its writes in this side's pools: the
+    /// registry lays the session's pools out in it ([`Registry::attach_arena`]) before the
+    /// session starts.
+    pub fn pools(&self) -> Option<crate::memory::SharedRegion> {
+        match self {
+            FabricChannel::Stream(_) => None,
+            #[cfg(feature = "sys")]
+            FabricChannel::Shm(t) => t.pools(),
+        }
+    }
+
     /// What the caller waits on for this channel's progress: its socket, or the doorbell.
     fn readiness(&self) -> io::Result<Ready> {
         match self {
@@ -316,9 +327,13 @@ pub enum DataPath {
     /// On its connection, like the control channel.
     Stream,
     /// Over shared memory set up on its connection (a Unix socket to the IOC's
-    /// `fabric.listen_local`: see [`shm`]).
+    /// `fabric.listen_local`: see [`shm`]), with a pool arena for `pool_bytes` of this
+    /// side's receive pools.
     #[cfg(feature = "sys")]
-    Shm,
+    Shm {
+        /// Bytes of receive pools the arena must hold.
+        pool_bytes: u64,
+    },
 }
 
 /// The connecting side: opens both channels of `queue`'s session with `dial` (see
@@ -363,7 +378,7 @@ where
     let channel_no = match path {
         DataPath::Stream => 1,
         #[cfg(feature = "sys")]
-        DataPath::Shm => shm::SHM_CHANNEL,
+        DataPath::Shm { .. } => shm::SHM_CHANNEL,
     };
     let (data, r2) = open(channel_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
@@ -374,12 +389,13 @@ where
     let data = match path {
         DataPath::Stream => FabricChannel::Stream(data),
         #[cfg(feature = "sys")]
-        DataPath::Shm => {
+        DataPath::Shm { pool_bytes } => {
             let Stream::Unix(sock) = data.into_stream() else {
                 return Err(FabricError::Shm("shared memory needs a Unix socket".into()));
             };
             let max = wire::MAX_MESSAGE_LEN;
-            FabricChannel::Shm(Box::new(shm::offer(sock, DomainId(0), max, timeout).await?))
+            let t = shm::offer(sock, DomainId(0), max, pool_bytes, timeout).await?;
+            FabricChannel::Shm(Box::new(t))
         }
     };
     Ok((ctrl, data, r))

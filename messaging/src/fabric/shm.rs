@@ -4,29 +4,36 @@
 //! Hello naming channel [`SHM_CHANNEL`]. After the HelloReply, the two sides set up
 //! shared memory over that socket (`SCM_RIGHTS`):
 //!
-//! 1. The host sends a 16-byte [`Setup`] with three descriptors: the ring it produces into
-//!    (host to IOC), the ring the IOC produces into (IOC to host), both sealed `memfd`s it
-//!    created and initialised, and its doorbell (an `eventfd`).
+//! 1. The host sends a [`Setup`] with four descriptors: the ring it produces into (host to
+//!    IOC), the ring the IOC produces into (IOC to host), both sealed `memfd`s it created and
+//!    initialised, its doorbell (an `eventfd`), and its pool arena (a sealed `memfd` in
+//!    which it lays out its receive pools).
 //! 2. The IOC checks the setup against its limits, verifies each `memfd` (sealed against
-//!    shrinking and growing, exactly the ring's size), maps it, checks the ring headers, and
-//!    answers [`ACK`] with its own doorbell.
+//!    shrinking and growing, exactly the size the set-up gives), maps it, checks the ring
+//!    headers, and answers [`ACK`] and the size of its own pool arena for this host, with
+//!    two descriptors: its doorbell and that arena (a sealed `memfd` it created, in which it
+//!    laid out the pools it advertises to the host). The host checks the size and verifies
+//!    and maps the arena as the IOC did its own.
 //!
-//! Then each operation travels as a ring record ([`ShmChannel`]); each side sleeps on the
+//! Then each operation travels as a ring record ([`ShmChannel`]); each side places its RDMA
+//! writes straight into the other's pool elements, so their records are headers only
+//! ([`crate::adapter::shm::KIND_PLACED`]). Each side sleeps on the
 //! doorbell it created and rings the peer's when the peer asked to be woken. The socket
 //! carries nothing more: its end of stream says that the peer is gone.
 
 pub use crate::adapter::shm::setup::SHM_CHANNEL;
 
 use super::{FabricError, Ready};
-use crate::adapter::shm::setup::{Setup, ACK, MAX_PAYLOAD, RING_DATA};
+use crate::adapter::shm::setup::{Setup, ACK_LEN, MAX_PAYLOAD, RING_DATA, SETUP_LEN};
 use crate::adapter::shm::{Consumer, Producer, RingConfig, ShmChannel};
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
-use crate::memory::{DomainId, Registry, SendBufCache};
+use crate::memory::{DomainId, Registry, SendBufCache, SharedRegion};
 use crate::sys::eventfd::EventFd;
 use crate::sys::shm::{recv_fds, send_fds, Mapping, Memfd};
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A data channel over shared-memory rings, with its doorbells and the socket that
@@ -41,6 +48,8 @@ pub struct ShmTransport {
     sock: UnixStream,
     /// This side rang the peer since [`Channel::take_rang_peer`] last looked.
     rang: bool,
+    /// This side's pool arena, shared with the peer that places writes in it.
+    pools: Option<Arc<Mapping>>,
 }
 
 impl ShmTransport {
@@ -51,7 +60,15 @@ impl ShmTransport {
             peer,
             sock,
             rang: false,
+            pools: None,
         }
+    }
+
+    /// This side's pool arena, if the peer places its writes in this side's pools: the
+    /// registry must lay the data channel's pools out in it
+    /// ([`Registry::attach_arena`]).
+    pub fn pools(&self) -> Option<SharedRegion> {
+        self.pools.clone().map(|m| m as SharedRegion)
     }
 
     /// Changes the protection domain whose writes this channel carries.
@@ -143,6 +160,34 @@ impl Channel for ShmTransport {
     }
 }
 
+/// A pool arena: a sealed `memfd` this side creates and maps, whose descriptor goes to the
+/// peer that places its writes in it.
+#[derive(Debug)]
+pub struct PoolArena {
+    fd: Memfd,
+    map: Arc<Mapping>,
+}
+
+impl PoolArena {
+    /// An arena of `size` bytes (a whole number of pages).
+    pub fn new(name: &std::ffi::CStr, size: u32) -> Result<PoolArena, FabricError> {
+        let fd = Memfd::create(name, size as usize).map_err(shm_err)?;
+        let map = Arc::new(fd.map()?);
+        Ok(PoolArena { fd, map })
+    }
+
+    /// The memory, for the registry that lays this side's pools out in it.
+    pub fn region(&self) -> SharedRegion {
+        self.map.clone()
+    }
+
+    /// Its size in bytes.
+    pub fn size(&self) -> u32 {
+        // Created from a u32.
+        self.fd.len() as u32
+    }
+}
+
 /// A set-up failure, said as what went wrong.
 fn shm_err(e: impl std::fmt::Display) -> FabricError {
     FabricError::Shm(e.to_string())
@@ -200,65 +245,84 @@ fn new_ring(cfg: RingConfig, name: &std::ffi::CStr) -> Result<(Memfd, Mapping), 
     Ok((fd, map))
 }
 
-/// The host's side: after the HelloReply on `sock`, sets up the rings and doorbells and
-/// waits for the IOC's acknowledgement.
+/// The host's side: after the HelloReply on `sock`, sets up the rings, doorbells and a
+/// pool arena for `pool_bytes` of receive pools, and waits for the IOC's acknowledgement.
 pub async fn offer(
     sock: UnixStream,
     domain: DomainId,
     max_send: usize,
+    pool_bytes: u64,
     timeout: Duration,
 ) -> Result<ShmTransport, FabricError> {
     let setup = Setup {
         data_size: RING_DATA,
         max_payload: MAX_PAYLOAD,
+        pool_size: Setup::pool_size_for(pool_bytes),
     };
     let cfg = ring(&setup)?;
     let (tx_fd, tx_map) = new_ring(cfg, c"splitnet-host-to-ioc")?;
     let (rx_fd, rx_map) = new_ring(cfg, c"splitnet-ioc-to-host")?;
+    let pools = PoolArena::new(c"splitnet-host-pools", setup.pool_size)?;
     let bell = EventFd::new()?;
     let sent = send_fds(
         &sock,
         &setup.emit(),
-        &[tx_fd.as_fd(), rx_fd.as_fd(), bell.as_fd()],
+        &[tx_fd.as_fd(), rx_fd.as_fd(), bell.as_fd(), pools.fd.as_fd()],
     )?;
-    if sent != 16 {
+    if sent != SETUP_LEN {
         return Err(FabricError::Shm("the set-up was cut short".into()));
     }
-    let mut ack = [0u8; 4];
-    let (n, mut fds) = recv_setup(&sock, &mut ack, 1, timeout).await?;
-    if n != 4 || ack != ACK || fds.len() != 1 {
-        return Err(FabricError::Shm("the IOC refused the shared memory".into()));
-    }
-    let peer = EventFd::from_fd(fds.remove(0));
-    let ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
-    Ok(ShmTransport::new(ch, bell, peer, sock))
+    let mut ack = [0u8; ACK_LEN];
+    let (n, fds) = recv_setup(&sock, &mut ack, 2, timeout).await?;
+    let refused = || FabricError::Shm("the IOC refused the shared memory".into());
+    let ioc_pools = Setup::parse_ack(&ack[..n]).map_err(|_| refused())?;
+    let Ok::<[_; 2], _>([peer, ioc_fd]) = fds.try_into() else {
+        return Err(refused());
+    };
+    let ioc_map = Memfd::verify(ioc_fd, ioc_pools as usize)
+        .map_err(shm_err)?
+        .map()?;
+    let mut ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
+    ch.set_peer_pools(ioc_map);
+    let mut t = ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock);
+    t.pools = Some(pools.map);
+    Ok(t)
 }
 
 /// The IOC's side: after the HelloReply on `sock`, takes the host's set-up, checks it, and
-/// acknowledges it. Anything wrong is an error (the caller closes the connection: the host
-/// sees its end).
+/// acknowledges it with `pools`, the arena its pools for this host lie in. Anything wrong
+/// is an error (the caller closes the connection: the host sees its end).
 pub async fn accept(
     sock: UnixStream,
     domain: DomainId,
     max_send: usize,
+    pools: PoolArena,
     timeout: Duration,
 ) -> Result<ShmTransport, FabricError> {
-    let mut buf = [0u8; 16];
-    let (n, fds) = recv_setup(&sock, &mut buf, 3, timeout).await?;
+    let mut buf = [0u8; SETUP_LEN];
+    let (n, fds) = recv_setup(&sock, &mut buf, 4, timeout).await?;
     let setup = Setup::parse(&buf[..n]).map_err(shm_err)?;
-    let Ok::<[_; 3], _>([rx_fd, tx_fd, peer]) = fds.try_into() else {
-        return Err(FabricError::Shm(
-            "the set-up needs three descriptors".into(),
-        ));
+    let Ok::<[_; 4], _>([rx_fd, tx_fd, peer, pools_fd]) = fds.try_into() else {
+        return Err(FabricError::Shm("the set-up needs four descriptors".into()));
     };
     let cfg = ring(&setup)?;
-    let verify = |fd| -> Result<Mapping, FabricError> {
-        let m = Memfd::verify(fd, cfg.region_len()).map_err(shm_err)?;
+    let verify = |fd, len| -> Result<Mapping, FabricError> {
+        let m = Memfd::verify(fd, len).map_err(shm_err)?;
         Ok(m.map()?)
     };
-    let (rx_map, tx_map) = (verify(rx_fd)?, verify(tx_fd)?);
-    let ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
+    let (rx_map, tx_map) = (
+        verify(rx_fd, cfg.region_len())?,
+        verify(tx_fd, cfg.region_len())?,
+    );
+    let host_pools = verify(pools_fd, setup.pool_size as usize)?;
+    let mut ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
+    ch.set_peer_pools(host_pools);
     let bell = EventFd::new()?;
-    send_fds(&sock, &ACK, &[bell.as_fd()])?;
-    Ok(ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock))
+    let ack = Setup::emit_ack(pools.size());
+    if send_fds(&sock, &ack, &[bell.as_fd(), pools.fd.as_fd()])? != ACK_LEN {
+        return Err(FabricError::Shm("the answer was cut short".into()));
+    }
+    let mut t = ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock);
+    t.pools = Some(pools.map);
+    Ok(t)
 }

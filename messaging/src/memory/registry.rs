@@ -6,7 +6,10 @@
 //! region registered with remote-write access. Every check uses checked arithmetic; a failed
 //! check is a [`ProtectionError`] and no byte is placed.
 
+use super::arena::{Arena, SharedRegion};
+use super::frame::{Frame, SharedBytes};
 use super::handle::{Access, DomainId, Handle};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Spacing of region base addresses in the adapter's I/O virtual address space.
@@ -14,6 +17,13 @@ use thiserror::Error;
 /// Base addresses are synthetic (not process pointers, which would leak the layout of the
 /// target's memory to the peer): region `i` starts at `(i + 1) << REGION_SHIFT`.
 const REGION_SHIFT: u32 = 40;
+
+/// Where a write to `addr` lands in the pool arena of a region laid out in shared memory:
+/// such a region's base address is `(index + 1) << 40` plus its offset in the arena (which
+/// is smaller than 2^40), so the writer finds the element's bytes at `addr mod 2^40`.
+pub fn arena_offset(addr: u64) -> u64 {
+    addr & ((1 << REGION_SHIFT) - 1)
+}
 
 /// What to register.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +154,9 @@ pub enum RegistryError {
     /// The region is quiescing: no new grants.
     #[error("region {0} is quiescing")]
     Quiescing(Handle),
+    /// The region lies in shared memory: its bytes are read through [`Registry::frame`].
+    #[error("region {0} is in shared memory")]
+    Shared(Handle),
     /// Writes into the region are still in flight; it cannot be freed yet.
     #[error("region {handle} has {in_flight} writes in flight")]
     Busy {
@@ -179,12 +192,37 @@ struct Region {
     element_count: u32,
     in_flight: u32,
     granted: Vec<bool>,
-    mem: Box<[u8]>,
+    /// The address of its first byte.
+    base: u64,
+    mem: Mem,
+}
+
+/// A region's bytes.
+enum Mem {
+    /// Private memory.
+    Heap(Box<[u8]>),
+    /// `len` bytes at `off` of a pool arena shared with the writer.
+    Shared {
+        arena: SharedRegion,
+        off: usize,
+        len: usize,
+    },
 }
 
 impl Region {
     fn size(&self) -> u64 {
-        self.mem.len() as u64
+        match &self.mem {
+            Mem::Heap(m) => m.len() as u64,
+            Mem::Shared { len, .. } => *len as u64,
+        }
+    }
+
+    /// The private bytes, if the region is private.
+    fn heap_mut(&mut self) -> Option<&mut [u8]> {
+        match &mut self.mem {
+            Mem::Heap(m) => Some(m),
+            Mem::Shared { .. } => None,
+        }
     }
 }
 
@@ -211,6 +249,8 @@ pub struct Registry {
     free: Vec<u32>,
     limit: u64,
     stats: RegistryStats,
+    /// Pool arenas, by the domain whose regions they hold.
+    arenas: Vec<(DomainId, Arena)>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -231,7 +271,29 @@ impl Registry {
             free: Vec::new(),
             limit,
             stats: RegistryStats::default(),
+            arenas: Vec::new(),
         }
+    }
+
+    /// Lays out the regions `domain` registers from now on in `mem`, shared with the peer
+    /// of that domain, which then writes frames straight into their elements. Replaces an
+    /// arena attached before (regions already in it keep their memory).
+    pub fn attach_arena(&mut self, domain: DomainId, mem: SharedRegion) {
+        self.arenas.retain(|(d, _)| *d != domain);
+        self.arenas.push((domain, Arena::new(mem)));
+    }
+
+    /// Forgets `domain`'s arena (its peer is gone); regions still in it keep their memory
+    /// until they are deregistered.
+    pub fn detach_arena(&mut self, domain: DomainId) {
+        self.arenas.retain(|(d, _)| *d != domain);
+    }
+
+    fn arena_mut(&mut self, domain: DomainId) -> Option<&mut Arena> {
+        self.arenas
+            .iter_mut()
+            .find(|(d, _)| *d == domain)
+            .map(|(_, a)| a)
     }
 
     /// Counters.
@@ -261,6 +323,23 @@ impl Registry {
             });
         }
         let len = usize::try_from(size).map_err(|_| bad)?;
+        let mem = match self.arena_mut(spec.domain) {
+            Some(a) => {
+                let full = RegistryError::OutOfMemory {
+                    requested: size,
+                    used,
+                    limit: a.mem().len() as u64,
+                };
+                let off = a.alloc(len).ok_or(full)?;
+                Mem::Shared {
+                    arena: a.mem().clone(),
+                    off,
+                    len,
+                }
+            }
+            // vec![0; n] is calloc: pages are only made resident when written.
+            None => Mem::Heap(vec![0u8; len].into_boxed_slice()),
+        };
         let region = Region {
             domain: spec.domain,
             access: spec.access,
@@ -271,22 +350,32 @@ impl Registry {
             element_count: spec.element_count,
             in_flight: 0,
             granted: vec![false; spec.element_count as usize],
-            // vec![0; n] is calloc: pages are only made resident when written.
-            mem: vec![0u8; len].into_boxed_slice(),
+            base: 0,
+            mem,
         };
         let index = match self.free.pop() {
             Some(i) => i,
-            None => {
-                let i =
-                    u32::try_from(self.slots.len()).map_err(|_| RegistryError::OutOfMemory {
+            None => match u32::try_from(self.slots.len()) {
+                Ok(i) => {
+                    self.slots.push(Slot::default());
+                    i
+                }
+                Err(_) => {
+                    self.release(spec.domain, region.mem);
+                    return Err(RegistryError::OutOfMemory {
                         requested: size,
                         used,
                         limit: self.limit,
-                    })?;
-                self.slots.push(Slot::default());
-                i
-            }
+                    });
+                }
+            },
         };
+        let mut region = region;
+        region.base = Registry::base_address(Handle::new(index, 0))
+            + match region.mem {
+                Mem::Shared { off, .. } => off as u64,
+                Mem::Heap(_) => 0,
+            };
         let slot = &mut self.slots[index as usize];
         slot.region = Some(region);
         self.stats.regions += 1;
@@ -294,9 +383,37 @@ impl Registry {
         Ok(Handle::new(index, slot.generation))
     }
 
-    /// Base address the peer must use for the region (its "registered address").
+    /// Base address of a region in private memory (its "registered address"); one in a
+    /// pool arena adds its offset there ([`Registry::address`] says which).
     pub fn base_address(handle: Handle) -> u64 {
         (u64::from(handle.index()) + 1) << REGION_SHIFT
+    }
+
+    /// Base address the peer must use for the region.
+    pub fn address(&self, handle: Handle) -> Result<u64, RegistryError> {
+        Ok(self.region(handle)?.base)
+    }
+
+    /// Whether the region lies in a pool arena shared with its writer.
+    pub fn is_shared(&self, handle: Handle) -> bool {
+        matches!(
+            self.region(handle),
+            Ok(Region {
+                mem: Mem::Shared { .. },
+                ..
+            })
+        )
+    }
+
+    /// Gives a freed region's arena range back, if its arena is still the domain's.
+    fn release(&mut self, domain: DomainId, mem: Mem) {
+        if let Mem::Shared { arena, off, len } = mem {
+            if let Some(a) = self.arena_mut(domain) {
+                if Arc::ptr_eq(a.mem(), &arena) {
+                    a.free(off, len);
+                }
+            }
+        }
     }
 
     fn region(&self, handle: Handle) -> Result<&Region, RegistryError> {
@@ -372,8 +489,11 @@ impl Registry {
         }
         let size = r.size();
         let slot = &mut self.slots[handle.index() as usize];
-        slot.region = None;
+        let freed = slot.region.take();
         slot.generation = slot.generation.wrapping_add(1);
+        if let Some(r) = freed {
+            self.release(r.domain, r.mem);
+        }
         self.free.push(handle.index());
         self.stats.regions -= 1;
         self.stats.bytes -= size;
@@ -443,7 +563,7 @@ impl Registry {
         if r.single_use && r.used {
             return Err(ProtectionError::SingleUseReused(handle));
         }
-        let base = Registry::base_address(handle);
+        let base = r.base;
         let size = r.size();
         let out_of_bounds = ProtectionError::OutOfBounds {
             handle,
@@ -455,7 +575,8 @@ impl Registry {
         let end = addr
             .checked_add(u64::from(len))
             .ok_or(ProtectionError::Overflow { addr, len })?;
-        // base + size < 2^41: regions are smaller than the 2^40 spacing.
+        // base + size < 2^41: a region and its offset in an arena are smaller than the 2^40
+        // spacing.
         if addr < base || end > base + size {
             return Err(out_of_bounds);
         }
@@ -485,12 +606,13 @@ impl Registry {
     }
 
     /// The bytes a checked write fills. Empty if the placement is not live (cannot happen
-    /// while it is in flight, since a region with writes in flight cannot be freed).
+    /// while it is in flight, since a region with writes in flight cannot be freed) or lies
+    /// in shared memory (the writer placed it there itself).
     pub fn placement_mut(&mut self, p: &Placement) -> &mut [u8] {
         let end = p.offset + p.len as usize;
-        match self.region_mut(p.handle) {
-            Ok(r) => r.mem.get_mut(p.offset..end).unwrap_or_default(),
-            Err(_) => &mut [],
+        match self.region_mut(p.handle).ok().and_then(Region::heap_mut) {
+            Some(m) => m.get_mut(p.offset..end).unwrap_or_default(),
+            None => &mut [],
         }
     }
 
@@ -507,15 +629,36 @@ impl Registry {
         self.finish_write(p)
     }
 
-    /// Local read of the first `len` bytes of `element`.
-    pub fn element(&self, handle: Handle, element: u32, len: u32) -> Result<&[u8], RegistryError> {
+    /// The first `len` bytes of `element`, wherever the region lies.
+    pub fn frame(
+        &self,
+        handle: Handle,
+        element: u32,
+        len: u32,
+    ) -> Result<Frame<'_>, RegistryError> {
         let r = self.region(handle)?;
         let no_such = RegistryError::NoSuchElement { handle, element };
         if element >= r.element_count || len > r.element_size {
             return Err(no_such);
         }
         let start = element as usize * r.element_size as usize;
-        r.mem.get(start..start + len as usize).ok_or(no_such)
+        match &r.mem {
+            Mem::Heap(m) => m
+                .get(start..start + len as usize)
+                .map(Frame::Private)
+                .ok_or(no_such),
+            Mem::Shared { arena, off, .. } => SharedBytes::new(&**arena, off + start, len as usize)
+                .map(Frame::Shared)
+                .map_err(|_| no_such),
+        }
+    }
+
+    /// Local read of the first `len` bytes of `element` of a region in private memory.
+    pub fn element(&self, handle: Handle, element: u32, len: u32) -> Result<&[u8], RegistryError> {
+        match self.frame(handle, element, len)? {
+            Frame::Private(b) => Ok(b),
+            Frame::Shared(_) => Err(RegistryError::Shared(handle)),
+        }
     }
 
     /// Local write access to a whole element (used by in-process placement and tests).
@@ -531,6 +674,7 @@ impl Registry {
         }
         let esize = r.element_size as usize;
         let start = element as usize * esize;
-        r.mem.get_mut(start..start + esize).ok_or(no_such)
+        let m = r.heap_mut().ok_or(RegistryError::Shared(handle))?;
+        m.get_mut(start..start + esize).ok_or(no_such)
     }
 }

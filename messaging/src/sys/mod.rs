@@ -52,6 +52,41 @@ pub fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(n == 1 && p.revents & libc::POLLIN != 0)
 }
 
+/// Writes `head` (private) then the bytes `tail` names in shared memory with one
+/// `writev(2)`: the kernel copies the shared bytes itself, so no Rust reference to memory
+/// the peer may rewrite is ever formed. `head` is what was checked; only it must not
+/// change, and it is private.
+pub fn write_parts(
+    fd: BorrowedFd<'_>,
+    head: &[u8],
+    tail: &crate::memory::SharedBytes<'_>,
+) -> io::Result<usize> {
+    let (words, off, len) = tail.raw();
+    // In bounds by `SharedBytes`' construction; checked again since `unsafe` relies on it.
+    if off.checked_add(len).is_none_or(|end| end > words.len() * 4) {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    let iov = [
+        libc::iovec {
+            iov_base: head.as_ptr().cast_mut().cast(),
+            iov_len: head.len(),
+        },
+        libc::iovec {
+            iov_base: words
+                .as_ptr()
+                .cast::<u8>()
+                .wrapping_add(off)
+                .cast_mut()
+                .cast(),
+            iov_len: len,
+        },
+    ];
+    // SAFETY: both iovecs name readable memory valid for the call: `head` is a live slice,
+    // and `off + len` lies inside `words`, a live slice of atomics (the kernel only reads
+    // it; racing writes by the peer change the bytes sent, never memory safety).
+    cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) })
+}
+
 /// `write(2)` on an owned descriptor.
 pub(crate) fn write(fd: &OwnedFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: `buf` is a valid readable region of `buf.len()` bytes for the whole call.

@@ -239,6 +239,16 @@ impl PacketSocket {
         write(&self.fd, frame)
     }
 
+    /// Sends one frame made of `head` (private) and `rest` (in shared memory), with one
+    /// `writev(2)`.
+    pub fn send_parts(
+        &self,
+        head: &[u8],
+        rest: &crate::memory::SharedBytes<'_>,
+    ) -> io::Result<usize> {
+        super::write_parts(self.fd.as_fd(), head, rest)
+    }
+
     /// Sends up to [`SEND_BATCH`] frames with one `sendmmsg(2)`, in order. Returns how many
     /// the kernel took, from the first: fewer than given when one failed after the first
     /// (the next call reports its error); an error when the first failed.

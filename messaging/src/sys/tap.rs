@@ -6,6 +6,7 @@
 
 use super::netdev::{self, ifreq};
 use super::{cvt, read, write};
+use crate::memory::SharedBytes;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -216,6 +217,12 @@ impl Tap {
     /// Writes one frame (virtio-net header first).
     pub fn send(&self, frame: &[u8]) -> io::Result<usize> {
         write(&self.fd, frame)
+    }
+
+    /// Writes one frame whose first bytes are `head` (a private copy, the virtio-net
+    /// header first) and the rest `tail`, in memory shared with the IOC.
+    pub fn send_parts(&self, head: &[u8], tail: &SharedBytes<'_>) -> io::Result<usize> {
+        super::write_parts(self.fd.as_fd(), head, tail)
     }
 
     /// Whether a frame waits to be read, without reading it.

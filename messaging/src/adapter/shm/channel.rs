@@ -9,6 +9,11 @@
 //! memory meanwhile changes nothing that was checked. A ring the peer corrupted
 //! ([`ShmError`]) ends the channel, and only this peer's.
 //!
+//! With the peer's pools in shared memory ([`ShmChannel::set_peer_pools`]), this side
+//! places each RDMA write straight into the peer's element and sends only its header, in a
+//! record of kind [`KIND_PLACED`]; the peer runs the same checks on that header and takes the
+//! bytes where they are ([`crate::memory::Frame::Shared`]).
+//!
 //! Sans-IO: the doorbell is the caller's. [`ShmChannel::take_doorbell`] says when the peer
 //! asked to be woken by a publication; [`ShmChannel::prepare_sleep`] arms this side's own
 //! request before the caller sleeps on its doorbell.
@@ -19,11 +24,13 @@ use crate::adapter::op::{Op, OpHeader, OP_HEADER_LEN};
 use crate::adapter::rx::{RxCompletion, RxError};
 use crate::adapter::tx::{Payload, TxQueue};
 use crate::adapter::{Channel, ChannelError};
-use crate::memory::{DomainId, Registry, SendBufCache};
+use crate::memory::{arena_offset, DomainId, Registry, SendBufCache};
 use thiserror::Error;
 
 /// The record kind of an operation.
 pub const KIND_OP: u32 = 1;
+/// The record kind of a write placed in the peer's shared pool: the operation header alone.
+pub const KIND_PLACED: u32 = 2;
 
 /// Doorbell rings in a row that found nothing to do, beyond which the peer is cut off. A
 /// correct peer rings only when asked, so a ring finds a record or room at least every
@@ -49,6 +56,16 @@ pub enum ShmError {
     /// The channel already failed (the error was returned then); nothing more is read.
     #[error("shared-memory channel stopped after an earlier error")]
     Stopped,
+    /// A write record that does not match where its pool lives: placed into a pool in
+    /// private memory (the bytes are not there), or carried in the ring into a pool in
+    /// shared memory (the writer must place it).
+    #[error("a {kind} write into a pool in {mem} memory")]
+    Misplaced {
+        /// "placed" or "carried".
+        kind: &'static str,
+        /// "private" or "shared".
+        mem: &'static str,
+    },
     /// An operation larger than the ring's records (a configuration error of this side).
     #[error("operation of {len} bytes exceeds the ring's largest record")]
     TooLarge {
@@ -63,7 +80,7 @@ pub fn ring_config(data_size: u32, max_payload: u32) -> Result<RingConfig, super
     RingConfig::new(
         data_size,
         max_payload.saturating_add(OP_HEADER_LEN as u32),
-        KIND_OP,
+        KIND_PLACED,
     )
 }
 
@@ -72,6 +89,8 @@ pub fn ring_config(data_size: u32, max_payload: u32) -> Result<RingConfig, super
 pub struct ShmChannel<M> {
     tx: Producer<M>,
     rx: Consumer<M>,
+    /// The peer's pool arena, where this side places its writes.
+    peer_pools: Option<M>,
     queue: TxQueue,
     domain: DomainId,
     max_send: usize,
@@ -126,6 +145,7 @@ impl<M: SharedMem> ShmChannel<M> {
         ShmChannel {
             tx,
             rx,
+            peer_pools: None,
             queue: TxQueue::new(),
             domain,
             max_send,
@@ -140,6 +160,28 @@ impl<M: SharedMem> ShmChannel<M> {
             },
             stopped: false,
         }
+    }
+
+    /// The peer's pools lie in `mem` (its pool arena): from now on each RDMA write is placed
+    /// straight into its element there and only its header travels ([`KIND_PLACED`]).
+    pub fn set_peer_pools(&mut self, mem: M) {
+        self.peer_pools = Some(mem);
+    }
+
+    /// Places a write's bytes at `addr` of the peer's pool arena; false if there is no
+    /// arena or the bytes do not fit in it (the write then travels in the ring, and the
+    /// peer's checks refuse it).
+    fn place_in_peer(&self, addr: u64, prefix: &[u8], payload: &[u8]) -> bool {
+        let Some(mem) = &self.peer_pools else {
+            return false;
+        };
+        let Ok(off) = usize::try_from(arena_offset(addr)) else {
+            return false;
+        };
+        let fits = off
+            .checked_add(prefix.len() + payload.len())
+            .is_some_and(|end| end <= mem.len());
+        fits && mem.copy_in(off, prefix).is_ok() && mem.copy_in(off + prefix.len(), payload).is_ok()
     }
 
     /// Changes the protection domain whose writes this channel carries.
@@ -209,6 +251,14 @@ impl<M: SharedMem> ShmChannel<M> {
         let p = reg
             .begin_write(self.domain, handle, addr, len)
             .map_err(RxError::from)?;
+        if reg.is_shared(p.handle) {
+            reg.abort_write(&p);
+            return Err(ShmError::Misplaced {
+                kind: "carried",
+                mem: "shared",
+            }
+            .into());
+        }
         let dst = reg.placement_mut(&p);
         if dst.len() != len as usize {
             reg.abort_write(&p);
@@ -230,8 +280,40 @@ impl<M: SharedMem> ShmChannel<M> {
         })
     }
 
+    /// Checks a write the peer placed in this side's shared pool itself: the same checks
+    /// as any write, and its pool must be in shared memory.
+    fn placed(
+        &mut self,
+        reg: &mut Registry,
+        (handle, addr, imm): (u64, u64, Option<u32>),
+        len: u32,
+    ) -> Result<RxCompletion, ChannelError> {
+        if !self.writes {
+            return Err(RxError::WriteNotAllowed.into());
+        }
+        let p = reg
+            .begin_write(self.domain, handle, addr, len)
+            .map_err(RxError::from)?;
+        if !reg.is_shared(p.handle) {
+            reg.abort_write(&p);
+            return Err(ShmError::Misplaced {
+                kind: "placed",
+                mem: "private",
+            }
+            .into());
+        }
+        reg.finish_write(&p);
+        Ok(RxCompletion::Write {
+            handle: p.handle,
+            element: p.element,
+            len: p.len,
+            imm,
+        })
+    }
+
     /// Takes the next operation: its header is copied out and parsed privately, a write's
-    /// payload goes straight from the ring into its element, a SEND's into `record`.
+    /// payload goes straight from the ring into its element (or was placed there by the
+    /// peer), a SEND's into `record`.
     fn take(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
         let Some(rec) = self.rx.peek().map_err(ShmError::Ring)? else {
             return Ok(None);
@@ -242,6 +324,17 @@ impl<M: SharedMem> ShmChannel<M> {
         }
         self.rx.read(0, &mut header).map_err(ShmError::Ring)?;
         let h = OpHeader::parse(&header).map_err(RxError::from)?;
+        if rec.kind == KIND_PLACED {
+            let target = match h.op {
+                Op::Write { handle, addr } => (handle, addr, None),
+                Op::WriteImm { handle, addr, imm } => (handle, addr, Some(imm)),
+                Op::Send => return Err(ShmError::BadRecord { len: rec.len }.into()),
+            };
+            if rec.len != OP_HEADER_LEN {
+                return Err(ShmError::BadRecord { len: rec.len }.into());
+            }
+            return self.placed(reg, target, h.len).map(Some);
+        }
         if h.len as usize != rec.len - OP_HEADER_LEN {
             return Err(ShmError::BadRecord { len: rec.len }.into());
         }
@@ -274,14 +367,24 @@ impl<M: SharedMem> ShmChannel<M> {
 
 impl<M: SharedMem> Channel for ShmChannel<M> {
     fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
+        if let Op::Write { addr, .. } | Op::WriteImm { addr, .. } = op {
+            if self.place_in_peer(addr, prefix, payload.as_slice()) {
+                let len = prefix.len() + payload.as_slice().len();
+                // A write is at most one element, far below 4 GiB.
+                self.queue.post_placed(op, len as u32);
+                self.queue.retire(payload);
+                return;
+            }
+        }
         self.queue.post(op, prefix, payload);
     }
 
     fn flush(&mut self) -> Result<bool, ChannelError> {
         let mut staged = false;
-        while let Some(parts) = self.queue.front() {
+        while let Some((parts, placed)) = self.queue.front() {
             let len: usize = parts.iter().map(|p| p.len()).sum();
-            match self.tx.stage(KIND_OP, &parts) {
+            let kind = if placed { KIND_PLACED } else { KIND_OP };
+            match self.tx.stage(kind, &parts) {
                 Ok(()) => {
                     self.queue.advance(len);
                     staged = true;
@@ -376,7 +479,7 @@ mod tests {
     use crate::adapter::shm::ring::HEADER_LEN;
     use crate::adapter::shm::{HeapShared, SharedMem};
     use crate::adapter::tests::{drain, target_pool as pool, PD};
-    use crate::memory::Handle;
+    use crate::memory::{Frame, Handle, ProtectionError, RegistryError};
 
     /// Two channels over rings of `data_size` bytes carrying payloads up to 4 KiB.
     fn pair(data_size: u32) -> (ShmChannel<HeapShared>, ShmChannel<HeapShared>) {
@@ -553,6 +656,169 @@ mod tests {
                 Err(ChannelError::Shm(ShmError::BadRecord { .. }))
             ));
         }
+    }
+
+    /// A pair whose `b` side keeps its pools in a shared arena of `arena` bytes that `a`
+    /// places its writes in; `b`'s registry, with the arena attached for [`PD`].
+    fn placed_pair(arena: usize) -> (ShmChannel<HeapShared>, ShmChannel<HeapShared>, Registry) {
+        let (mut a, b) = pair(16 << 10);
+        let mem = HeapShared::new(arena);
+        a.set_peer_pools(mem.clone());
+        let mut reg = Registry::new(1 << 20);
+        reg.attach_arena(PD, std::sync::Arc::new(mem));
+        (a, b, reg)
+    }
+
+    #[test]
+    fn writes_into_a_shared_pool_are_placed_by_the_writer_and_only_headers_travel() {
+        let (mut a, mut b, mut reg) = placed_pair(64 << 10);
+        let first = pool(&mut reg, 1, 100);
+        let h = pool(&mut reg, 8, 4096);
+        assert!(reg.is_shared(h));
+        let base = reg.address(h).unwrap();
+        assert_eq!(arena_offset(base), 128, "after the first pool, aligned");
+        reg.deregister(first).unwrap();
+        assert_ne!(
+            base,
+            Registry::base_address(h),
+            "the arena offset is in the address"
+        );
+        // Eight writes of 4000 bytes: in the ring they would need 32 KiB of its 16; placed,
+        // each is a 32-byte header and all go out in one flush.
+        for i in 0..8u8 {
+            let op = write(h, base + 4096 * u64::from(i), u32::from(i));
+            a.post(op, &[i], Payload::Bytes(vec![i; 3999]));
+        }
+        assert!(a.flush().unwrap(), "everything staged at once");
+        let got = drain(&mut b, &mut reg);
+        assert_eq!(got.len(), 8);
+        for (i, (c, bytes)) in got.iter().enumerate() {
+            assert!(
+                matches!(c, RxCompletion::Write { element, len: 4000, imm: Some(imm), .. }
+                if *element == i as u32 && *imm == i as u32)
+            );
+            assert_eq!(bytes.len(), 4000);
+            assert!(bytes.iter().all(|&x| x == i as u8), "write {i} is in place");
+            assert!(matches!(reg.frame(h, i as u32, 4000), Ok(Frame::Shared(_))));
+            assert!(matches!(
+                reg.element(h, i as u32, 1),
+                Err(RegistryError::Shared(_))
+            ));
+        }
+        // Placed writes pass the same checks: the elements were written once already.
+        a.post(write(h, base, 9), &[], Payload::Bytes(vec![1; 10]));
+        a.flush().unwrap();
+        assert!(matches!(
+            b.poll_recv(&mut reg),
+            Err(ChannelError::Rx(RxError::Protection(
+                ProtectionError::NotGranted { .. }
+            )))
+        ));
+    }
+
+    #[test]
+    fn a_write_that_does_not_match_where_its_pool_lives_is_refused() {
+        let cfg = ring_config(16 << 10, 4096).unwrap();
+        // Each case: whether b's pool is in a shared arena, the record's kind and bytes.
+        type Record = fn(Handle, u64) -> Vec<u8>;
+        let cases: [(bool, u32, Record, &str); 4] = [
+            (
+                true,
+                KIND_OP,
+                |h, base| {
+                    let mut r = OpHeader {
+                        op: write(h, base, 0),
+                        len: 8,
+                    }
+                    .emit()
+                    .to_vec();
+                    r.extend_from_slice(&[7; 8]);
+                    r
+                },
+                "carried into shared",
+            ),
+            (
+                false,
+                KIND_PLACED,
+                |h, base| {
+                    OpHeader {
+                        op: write(h, base, 0),
+                        len: 8,
+                    }
+                    .emit()
+                    .to_vec()
+                },
+                "placed into private",
+            ),
+            (
+                true,
+                KIND_PLACED,
+                |_, _| {
+                    OpHeader {
+                        op: Op::Send,
+                        len: 8,
+                    }
+                    .emit()
+                    .to_vec()
+                },
+                "a placed SEND",
+            ),
+            (
+                true,
+                KIND_PLACED,
+                |h, base| {
+                    let mut r = OpHeader {
+                        op: write(h, base, 0),
+                        len: 8,
+                    }
+                    .emit()
+                    .to_vec();
+                    r.extend_from_slice(&[7; 8]);
+                    r
+                },
+                "a placed write with bytes behind it",
+            ),
+        ];
+        for (shared, kind, record, what) in cases {
+            let mut reg = Registry::new(1 << 20);
+            if shared {
+                reg.attach_arena(PD, std::sync::Arc::new(HeapShared::new(64 << 10)));
+            }
+            let h = pool(&mut reg, 2, 256);
+            let base = reg.address(h).unwrap();
+            let (a, mut b) = heap_pair(cfg, (PD, PD), 4096).unwrap();
+            let mut raw = Producer::attach(a.tx.memory().clone(), cfg).unwrap();
+            let _ = raw.push(kind, &[&record(h, base)]).unwrap();
+            let err = b.poll_recv(&mut reg).unwrap_err();
+            match what {
+                "carried into shared" | "placed into private" => assert!(
+                    matches!(err, ChannelError::Shm(ShmError::Misplaced { .. })),
+                    "{what}: {err}"
+                ),
+                _ => assert!(
+                    matches!(err, ChannelError::Shm(ShmError::BadRecord { .. })),
+                    "{what}: {err}"
+                ),
+            }
+            assert_eq!(reg.stats().regions, 1);
+            assert_eq!(reg.in_flight(h), Ok(0), "{what}: nothing left in flight");
+        }
+    }
+
+    #[test]
+    fn a_write_beyond_the_peers_arena_travels_in_the_ring_and_is_refused() {
+        let (mut a, mut b, mut reg) = placed_pair(4096);
+        let h = pool(&mut reg, 1, 4096);
+        let base = reg.address(h).unwrap();
+        // The writer's view of the arena is smaller than the pool claims.
+        a.set_peer_pools(HeapShared::new(1024));
+        a.post(write(h, base, 0), &[], Payload::Bytes(vec![5; 2000]));
+        a.flush().unwrap();
+        let err = b.poll_recv(&mut reg).unwrap_err();
+        assert!(
+            matches!(err, ChannelError::Shm(ShmError::Misplaced { .. })),
+            "{err}"
+        );
     }
 
     #[test]

@@ -21,7 +21,9 @@ pub mod spin;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use channel::{heap_pair, ring_config, ShmChannel, ShmError, KIND_OP, MAX_IDLE_WAKES};
+pub use channel::{
+    heap_pair, ring_config, ShmChannel, ShmError, KIND_OP, KIND_PLACED, MAX_IDLE_WAKES,
+};
 pub use mem::{HeapShared, MemError, SharedMem};
 pub use ring::{ConfigError, Consumer, Producer, PushError, Pushed, Record, RingConfig, RingError};
 pub use spin::{Idle, Spin, SpinConfig};

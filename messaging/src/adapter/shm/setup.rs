@@ -9,8 +9,8 @@ use thiserror::Error;
 /// Why a set-up is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum SetupError {
-    /// Not 16 bytes.
-    #[error("set-up of {0} bytes, not 16")]
+    /// Not [`SETUP_LEN`] bytes (an answer: not [`ACK_LEN`]).
+    #[error("set-up of {0} bytes, not {SETUP_LEN} (an answer: {ACK_LEN})")]
     Length(usize),
     /// Not a set-up.
     #[error("not a shared-memory set-up")]
@@ -24,50 +24,77 @@ pub enum SetupError {
     /// Records of another size than [`MAX_PAYLOAD`].
     #[error("records of {0} bytes (not {MAX_PAYLOAD})")]
     MaxPayload(u32),
+    /// A pool arena outside [`POOL_RANGE`] or not a whole number of pages.
+    #[error("a pool arena of {0} bytes (pages of 4 KiB, from {lo} to {hi})", lo = POOL_RANGE.0, hi = POOL_RANGE.1)]
+    PoolSize(u32),
 }
+
+/// Bytes of a set-up.
+pub const SETUP_LEN: usize = 20;
 
 /// The channel number a Hello names for a data channel over shared memory (local socket
 /// only).
 pub const SHM_CHANNEL: u8 = 2;
 /// The set-up message's magic: the bytes `SNSH`.
 pub const MAGIC: [u8; 4] = *b"SNSH";
-/// The set-up layout version.
-pub const VERSION: u16 = 1;
-/// The IOC's answer to an accepted set-up.
+/// The set-up layout version (2: the host's pools are in shared memory).
+pub const VERSION: u16 = 2;
+/// The IOC's answer to an accepted set-up: these 4 bytes, then the size of its own pool
+/// arena for this host (u32, big-endian).
 pub const ACK: [u8; 4] = *b"SNOK";
+/// Bytes of the IOC's answer.
+pub const ACK_LEN: usize = 8;
 /// Each ring's data area as a host sets it up: 2 MiB (about 30 largest frames, 1,400 of
 /// 1,500 bytes).
 pub const RING_DATA: u32 = 2 << 20;
 /// The smallest and largest data areas the IOC accepts: it maps two per host, so a host
 /// costs it at most 4 MiB of ring memory.
 pub const RING_DATA_RANGE: (u32, u32) = (256 << 10, 2 << 20);
+/// The smallest and largest pool arenas (the host's receive pools, in shared memory) the
+/// IOC maps: address space only, the memory is the host's.
+pub const POOL_RANGE: (u32, u32) = (1 << 20, 1 << 30);
+/// The page size a pool arena is a multiple of.
+pub const PAGE: u32 = 4096;
 /// Largest operation payload a ring carries: a SendData or a frame's RDMA write.
 pub const MAX_PAYLOAD: u32 = wire::MAX_MESSAGE_LEN as u32;
 
-/// What the host proposes: the rings' geometry (both rings alike).
+/// What the host proposes: the rings' geometry (both rings alike) and the size of its pool
+/// arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Setup {
     /// Each ring's data area in bytes.
     pub data_size: u32,
     /// Largest record payload (an operation header and its payload).
     pub max_payload: u32,
+    /// Bytes of the host's pool arena, where the IOC places its writes.
+    pub pool_size: u32,
 }
 
 impl Setup {
-    /// Its 16 bytes: magic, version (u16), reserved (u16), data size, largest payload, all
-    /// big-endian.
-    pub fn emit(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
+    /// Its [`SETUP_LEN`] bytes: magic, version (u16), reserved (u16), data size, largest
+    /// payload, pool arena size, all big-endian.
+    pub fn emit(&self) -> [u8; SETUP_LEN] {
+        let mut b = [0u8; SETUP_LEN];
         b[..4].copy_from_slice(&MAGIC);
         b[4..6].copy_from_slice(&VERSION.to_be_bytes());
         b[8..12].copy_from_slice(&self.data_size.to_be_bytes());
         b[12..16].copy_from_slice(&self.max_payload.to_be_bytes());
+        b[16..20].copy_from_slice(&self.pool_size.to_be_bytes());
         b
+    }
+
+    /// The pool arena for pools of `bytes` in all: rounded up to pages, within
+    /// [`POOL_RANGE`].
+    pub fn pool_size_for(bytes: u64) -> u32 {
+        let (lo, hi) = POOL_RANGE;
+        let b = bytes.clamp(u64::from(lo), u64::from(hi));
+        // At most 1 GiB: a multiple of the page fits u32.
+        b.next_multiple_of(u64::from(PAGE)) as u32
     }
 
     /// Parses and checks a set-up against the IOC's limits.
     pub fn parse(b: &[u8]) -> Result<Setup, SetupError> {
-        let b: &[u8; 16] = b.try_into().map_err(|_| SetupError::Length(b.len()))?;
+        let b: &[u8; SETUP_LEN] = b.try_into().map_err(|_| SetupError::Length(b.len()))?;
         if b[..4] != MAGIC {
             return Err(SetupError::Magic);
         }
@@ -84,10 +111,38 @@ impl Setup {
         if max_payload != MAX_PAYLOAD {
             return Err(SetupError::MaxPayload(max_payload));
         }
+        let pool_size = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
+        let (lo, hi) = POOL_RANGE;
+        if !pool_size.is_multiple_of(PAGE) || !(lo..=hi).contains(&pool_size) {
+            return Err(SetupError::PoolSize(pool_size));
+        }
         Ok(Setup {
             data_size,
             max_payload,
+            pool_size,
         })
+    }
+
+    /// The IOC's answer, with the size of its pool arena.
+    pub fn emit_ack(pool_size: u32) -> [u8; ACK_LEN] {
+        let mut b = [0u8; ACK_LEN];
+        b[..4].copy_from_slice(&ACK);
+        b[4..].copy_from_slice(&pool_size.to_be_bytes());
+        b
+    }
+
+    /// The size of the IOC's pool arena from its answer, checked as the host's is.
+    pub fn parse_ack(b: &[u8]) -> Result<u32, SetupError> {
+        let b: &[u8; ACK_LEN] = b.try_into().map_err(|_| SetupError::Length(b.len()))?;
+        if b[..4] != ACK {
+            return Err(SetupError::Magic);
+        }
+        let size = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+        let (lo, hi) = POOL_RANGE;
+        if !size.is_multiple_of(PAGE) || !(lo..=hi).contains(&size) {
+            return Err(SetupError::PoolSize(size));
+        }
+        Ok(size)
     }
 
     /// The rings' configuration.
@@ -106,19 +161,20 @@ mod tests {
         let good = Setup {
             data_size: RING_DATA,
             max_payload: MAX_PAYLOAD,
+            pool_size: 64 << 20,
         };
         let b = good.emit();
         assert_eq!(Setup::parse(&b), Ok(good));
         assert!(good.ring().is_ok());
-        assert_eq!(Setup::parse(&b[..15]), Err(SetupError::Length(15)));
+        assert_eq!(Setup::parse(&b[..19]), Err(SetupError::Length(19)));
         let with = |at: usize, v: &[u8]| {
             let mut x = b;
             x[at..at + v.len()].copy_from_slice(v);
             Setup::parse(&x)
         };
         assert_eq!(with(0, b"SNSX"), Err(SetupError::Magic));
-        assert_eq!(with(4, &2u16.to_be_bytes()), Err(SetupError::Version(2)));
-        assert_eq!(with(6, &[0, 1]), Err(SetupError::Version(1)));
+        assert_eq!(with(4, &1u16.to_be_bytes()), Err(SetupError::Version(1)));
+        assert_eq!(with(6, &[0, 1]), Err(SetupError::Version(2)));
         for bad in [0u32, 3 << 20, RING_DATA_RANGE.0 / 2, RING_DATA_RANGE.1 * 2] {
             assert_eq!(with(8, &bad.to_be_bytes()), Err(SetupError::DataSize(bad)));
         }
@@ -126,12 +182,29 @@ mod tests {
             with(12, &7u32.to_be_bytes()),
             Err(SetupError::MaxPayload(7))
         );
+        for bad in [0u32, 4096, (1 << 20) + 1, (1 << 30) + 4096] {
+            assert_eq!(with(16, &bad.to_be_bytes()), Err(SetupError::PoolSize(bad)));
+        }
+        assert_eq!(Setup::pool_size_for(0), 1 << 20);
+        assert_eq!(Setup::pool_size_for((64 << 20) + 1), (64 << 20) + 4096);
+        assert_eq!(Setup::pool_size_for(u64::MAX), 1 << 30);
+        let ack = Setup::emit_ack(8 << 20);
+        assert_eq!(Setup::parse_ack(&ack), Ok(8 << 20));
+        assert_eq!(Setup::parse_ack(&ack[..4]), Err(SetupError::Length(4)));
+        let mut bad = ack;
+        bad[0] = b'X';
+        assert_eq!(Setup::parse_ack(&bad), Err(SetupError::Magic));
+        let odd = Setup::emit_ack((8 << 20) + 1);
+        assert_eq!(
+            Setup::parse_ack(&odd),
+            Err(SetupError::PoolSize((8 << 20) + 1))
+        );
     }
 
     proptest! {
         /// Whatever the bytes: an error, or a set-up whose rings can be built.
         #[test]
-        fn any_bytes_parse_to_an_error_or_usable_rings(b in proptest::collection::vec(any::<u8>(), 0..24)) {
+        fn any_bytes_parse_to_an_error_or_usable_rings(b in proptest::collection::vec(any::<u8>(), 0..28)) {
             if let Ok(s) = Setup::parse(&b) {
                 prop_assert!(s.ring().is_ok());
                 prop_assert_eq!(&s.emit()[..], &b[..]);
