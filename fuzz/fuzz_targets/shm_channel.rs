@@ -43,7 +43,7 @@ fuzz_target!(|input: Input| {
     let mut reg = Registry::new(1 << 20);
     let arena = HeapShared::new(4096);
     if input.shared {
-        reg.attach_arena(DomainId(1), std::sync::Arc::new(arena.clone()));
+        reg.attach_arena(DomainId(1), std::sync::Arc::new(arena.clone())).unwrap();
     }
     let spec = |domain| RegionSpec {
         domain: DomainId(domain),

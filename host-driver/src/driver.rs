@@ -621,7 +621,8 @@ impl<'a> Conn<'a> {
         let mut reg = Registry::new(cfg.pools.max_granted_bytes);
         // Over shared memory the IOC places its frames straight into the pools.
         if let Some(arena) = data.pools() {
-            reg.attach_arena(DomainId(1), arena);
+            reg.attach_arena(DomainId(1), arena)
+                .map_err(|e| io::Error::other(format!("cannot lay out pools: {e}")))?;
         }
         let mut session = Session::new(DomainId(1), sc);
         session

@@ -7,7 +7,7 @@ use crate::nic::fake::FakeNic;
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
 use splitnet_messaging::fabric::FabricChannel;
-use splitnet_messaging::memory::{DomainId, Registry, SendBufCache};
+use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBufCache};
 use splitnet_messaging::testing;
 use splitnet_messaging::vnet::{VnetHdr, VNET_HDR_LEN};
 use splitnet_messaging::wire::{self, CfgCode, Queue};
@@ -57,6 +57,8 @@ struct Peer {
     link: Link<FabricChannel>,
     reg: Registry,
     frames: u64,
+    /// The frames received, kept when set.
+    kept: Option<Vec<Vec<u8>>>,
     events: Vec<LinkEvent>,
 }
 
@@ -68,11 +70,20 @@ impl Peer {
             link,
             reg,
             frames,
+            kept,
             events,
         } = self;
         let _ = link.poll(reg, Lane::Control, 256, &mut |_| {}, events);
         if data {
-            let _ = link.poll(reg, Lane::Data, 256, &mut |_| *frames += 1, events);
+            let mut sink = |f: Frame<'_>| {
+                *frames += 1;
+                if let Some(k) = kept.as_mut() {
+                    let mut v = Vec::new();
+                    f.copy_to(&mut v);
+                    k.push(v);
+                }
+            };
+            let _ = link.poll(reg, Lane::Data, 256, &mut sink, events);
         }
         link.session_mut().flush_credits(reg);
         let _ = link.flush();
@@ -119,6 +130,7 @@ fn connect_with(ioc: &mut Ioc, node_id: u64, small: bool, config: SessionConfig)
         link: Link::new(hs, channel(hctrl, 1), channel(hdata, 1)),
         reg,
         frames: 0,
+        kept: None,
         events: Vec::new(),
     };
     pump(ioc, &mut peer, session, true);
@@ -138,7 +150,7 @@ fn connect_shm(ioc: &mut Ioc, node_id: u64) -> (u64, Peer) {
     let (session, token) = ioc.new_session();
     let domain = DomainId(session as u32);
     let arena = PoolArena::new(c"test-ioc-pools", 64 << 20).unwrap();
-    ioc.reg.attach_arena(domain, arena.region());
+    ioc.reg.attach_arena(domain, arena.region()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -163,13 +175,14 @@ fn connect_shm(ioc: &mut Ioc, node_id: u64) -> (u64, Peer) {
     ioc.add_host(session, token, node_id, Queue::SINGLE, 0, link, peer_addr)
         .unwrap();
     let mut reg = Registry::new(64 << 20);
-    reg.attach_arena(DomainId(1), h.pools().unwrap());
+    reg.attach_arena(DomainId(1), h.pools().unwrap()).unwrap();
     let mut hs = Session::new(DomainId(1), host_config(128));
     hs.start(&mut reg).unwrap();
     let mut peer = Peer {
         link: Link::new(hs, channel(hctrl, 1), FabricChannel::Shm(Box::new(h))),
         reg,
         frames: 0,
+        kept: None,
         events: Vec::new(),
     };
     pump(ioc, &mut peer, session, true);
@@ -508,10 +521,13 @@ fn over_shared_memory_frames_are_placed_in_the_peers_pools_both_ways() {
     assert_eq!(*nic.tx.borrow(), vec![small, tso]);
     assert_eq!(host(&ioc, s).drops.spoofed, 1);
     assert_eq!(host(&ioc, s).stats.tx_frames, 2);
-    // And the LAN's frames are placed in the host's pools.
+    // And the LAN's frames are placed in the host's pools, and arrive exact.
+    peer.kept = Some(Vec::new());
     from_lan(&mut ioc, &nic, own, 20);
     pump(&mut ioc, &mut peer, s, true);
     assert_eq!(peer.frames, 20);
+    let kept = peer.kept.take().unwrap();
+    assert!(kept.iter().all(|f| *f == frame(own, LAN_PEER, 1400)));
     assert_eq!(ioc.reg.stats().protection_errors, 0);
     assert_eq!(peer.reg.stats().protection_errors, 0);
 }

@@ -307,7 +307,12 @@ async fn handshake(
         false => None,
     };
     if let Some(a) = &arena {
-        ioc.borrow_mut().reg.attach_arena(domain, a.region());
+        // A new session's domain has no regions yet, so this cannot be refused.
+        let attached = ioc.borrow_mut().reg.attach_arena(domain, a.region());
+        if let Err(e) = attached {
+            warn!(%peer, "cannot lay out pools for a new host: {e}");
+            return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+        }
     }
     let mut s = Session::new(domain, ioc.borrow().session_config());
     let started = s.start(&mut ioc.borrow_mut().reg);

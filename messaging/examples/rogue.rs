@@ -755,9 +755,12 @@ impl ShmSession {
 /// Attacks over shared memory, each on a session of its own; the IOC must end each session
 /// (the set-up socket reaches its end):
 /// - `shm-bad-ring-index`: publishes a ring index the ring refuses and rings the doorbell;
-/// - `shm-doorbell-flood`: rings the IOC's doorbell without end, with nothing published.
+/// - `shm-doorbell-flood`: rings the IOC's doorbell without end, with nothing published;
+/// - `shm-placed-ungranted`: publishes a placed write (a header alone) naming no element it
+///   was granted.
 fn shm_attacks(path: &str) -> Vec<&'static str> {
-    use splitnet_messaging::adapter::shm::SharedMem;
+    use splitnet_messaging::adapter::shm::{ring_config, setup, Producer, SharedMem, KIND_PLACED};
+    use splitnet_messaging::adapter::{Op, OpHeader};
     let bad_index = || -> Result<bool, String> {
         let s = ShmSession::open(path)?;
         // `head` of the ring to the IOC (offset 64): not a multiple of 8.
@@ -781,6 +784,21 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
         }
         Ok(false)
     };
+    let placed = || -> Result<bool, String> {
+        let s = ShmSession::open(path)?;
+        let cfg = ring_config(setup::RING_DATA, setup::MAX_PAYLOAD).map_err(|e| e.to_string())?;
+        let mut ring = Producer::attach(&s.to_ioc, cfg).map_err(|e| e.to_string())?;
+        let op = Op::Write {
+            handle: 0x7777_0000_0001,
+            addr: 1 << 40,
+        };
+        let header = OpHeader { op, len: 1000 }.emit();
+        let _ = ring
+            .push(KIND_PLACED, &[&header])
+            .map_err(|e| format!("{e:?}"))?;
+        s.ioc_bell.ring().map_err(|e| e.to_string())?;
+        Ok(s.ended())
+    };
     let mut missed = Vec::new();
     for (name, attack) in [
         (
@@ -788,6 +806,7 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
             &bad_index as &dyn Fn() -> Result<bool, String>,
         ),
         ("shm-doorbell-flood", &flood),
+        ("shm-placed-ungranted", &placed),
     ] {
         match attack() {
             Ok(refused) => verdict(&mut missed, name, refused, "session ended"),

@@ -300,7 +300,7 @@ impl Pair<ShmPipe> {
         d1.set_peer_pools(arena_a.clone());
         let registry = |d, arena| {
             let mut reg = Registry::new(1 << 30);
-            reg.attach_arena(d, std::sync::Arc::new(arena));
+            reg.attach_arena(d, std::sync::Arc::new(arena)).unwrap();
             reg
         };
         Pair {

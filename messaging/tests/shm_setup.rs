@@ -44,7 +44,7 @@ fn ioc_sees(send: impl FnOnce(&UnixStream)) -> Result<ShmTransport, FabricError>
     ))
 }
 
-const POOLS: u32 = POOL_RANGE.0;
+const POOLS: u64 = POOL_RANGE.0;
 
 /// The IOC's pool arena for the host.
 fn arena() -> PoolArena {
@@ -116,7 +116,9 @@ fn offer_and_accept_agree_and_carry_operations() {
     assert!(!i.input_pending());
     // The IOC places a write straight into the host's pool, laid out in the host's arena.
     let mut host_reg = Registry::new(1 << 20);
-    host_reg.attach_arena(DomainId(1), h.pools().expect("the host has a pool arena"));
+    host_reg
+        .attach_arena(DomainId(1), h.pools().expect("the host has a pool arena"))
+        .unwrap();
     let pool = host_reg
         .register(RegionSpec {
             domain: DomainId(1),
@@ -156,7 +158,9 @@ fn offer_and_accept_agree_and_carry_operations() {
     assert!(copy.iter().all(|&b| b == 0xab));
     // And the host places its writes into the IOC's pool for it, in the IOC's arena.
     let mut ioc_reg = Registry::new(1 << 20);
-    ioc_reg.attach_arena(DomainId(1), i.pools().expect("the IOC has a pool arena"));
+    ioc_reg
+        .attach_arena(DomainId(1), i.pools().expect("the IOC has a pool arena"))
+        .unwrap();
     let pool = ioc_reg
         .register(RegionSpec {
             domain: DomainId(1),

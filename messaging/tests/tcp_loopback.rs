@@ -302,7 +302,7 @@ fn exchange(listener: Listener, path_kind: DataPath) {
             let arena = d.pools();
             assert_eq!(arena.is_some(), path_kind != DataPath::Stream);
             if let Some(a) = arena {
-                reg.attach_arena(DomainId(1), a);
+                reg.attach_arena(DomainId(1), a).unwrap();
             }
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
@@ -329,7 +329,7 @@ fn exchange(listener: Listener, path_kind: DataPath) {
             let arena = d.pools();
             assert_eq!(arena.is_some(), path_kind != DataPath::Stream);
             if let Some(a) = arena {
-                reg.attach_arena(DomainId(1), a);
+                reg.attach_arena(DomainId(1), a).unwrap();
             }
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();

@@ -41,12 +41,15 @@ for k in 1 3; do
     assert_positive "$down" "host $k's throughput from the LAN"
     log "host $k: $up Gb/s to the LAN, $down Gb/s from it"
 done
-# A rogue host over shared memory publishes a ring index its ring refuses, then another
-# floods the IOC's doorbell: each session ends, and the other hosts go on.
+# A rogue host over shared memory publishes a ring index its ring refuses, another floods
+# the IOC's doorbell, a third publishes a placed write into no pool it was granted: each
+# session ends, its shared memory is unmapped, and the other hosts go on.
 ip netns exec sd-host "$ROGUE" shm "$sock" >"$T/rogue.out" 2>&1 || fail "rogue shm: $(cat "$T/rogue.out")"
 log "rogue: $(cat "$T/rogue.out")"
 assert_grep "$T/ioc.log" "shared-memory ring" "the IOC's reason for ending the bad-index session"
 assert_grep "$T/ioc.log" "doorbell rung 64 times" "the IOC's reason for ending the flooding session"
+assert_grep "$T/ioc.log" "host broke the protocol: .*(protection error|unknown memory handle)" "the IOC's reason for ending the placed-write session"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 4 "the IOC's shared memory after the rogue sessions (host 1's only)"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host3 10.50.0.2
 assert_eq "$(json status "d['status']['fabric']['hosts']")" 3 "hosts after the rogue"
@@ -62,12 +65,13 @@ ping_ok sd-host 10.50.0.2
 ping_ok sd-host3 10.50.0.1
 assert_eq "${HOST_PID[1]}" "$hp" "host-driver's pid (never restarted)"
 assert_match "$(json hosts "' '.join(h['address'] for h in d['hosts']['hosts'])")" "shared memory" "shared memory after the restart"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 4 "host 1's shared memory after reconnecting (the old session's unmapped)"
 # A graceful stop of a shared-memory host: the IOC sees it leave (Goodbye), nothing else.
 stop_host 1 TERM
 assert_eq "$STOP_RC" 0 "host 1's exit status after SIGTERM"
 eventually 5 [ "$(json status "d['status']['fabric']['hosts']")" = 2 ] || fail "host 1 still listed"
 assert_grep "$T/ioc.log" "host removed: host disconnected \(ShuttingDown\)" "the IOC's reason for host 1's leaving"
-assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 0 "the IOC's ring mappings after host 1 left"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 0 "the IOC's shared memory after host 1 left"
 ping_ok sd-host3 10.50.0.2
 stop_ioc TERM
 assert_eq "$STOP_RC" 0 "the IOC's exit status after SIGTERM"

@@ -49,6 +49,10 @@ pub enum RxError {
     /// An RDMA write on a channel that carries none (the control channel).
     #[error("RDMA write on the control channel")]
     WriteNotAllowed,
+    /// An RDMA write carried on a stream into a pool in shared memory, where only the writer
+    /// places its bytes (a pool of a shared-memory session named on a socket).
+    #[error("RDMA write carried into a pool in shared memory")]
+    SharedPool,
     /// A SEND longer than the receive buffer.
     #[error("SEND of {len} bytes exceeds the receive buffer of {max}")]
     SendTooLong {
@@ -284,6 +288,10 @@ impl RxStream {
             Op::WriteImm { handle, addr, imm } => (handle, addr, Some(imm)),
         };
         let placement = reg.begin_write(self.domain, handle, addr, h.len)?;
+        if reg.is_shared(placement.handle) {
+            reg.abort_write(&placement);
+            return Err(RxError::SharedPool);
+        }
         if placement.len == 0 {
             return Ok(Some(Self::finish(reg, &placement, imm)));
         }

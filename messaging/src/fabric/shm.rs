@@ -170,8 +170,9 @@ pub struct PoolArena {
 
 impl PoolArena {
     /// An arena of `size` bytes (a whole number of pages).
-    pub fn new(name: &std::ffi::CStr, size: u32) -> Result<PoolArena, FabricError> {
-        let fd = Memfd::create(name, size as usize).map_err(shm_err)?;
+    pub fn new(name: &std::ffi::CStr, size: u64) -> Result<PoolArena, FabricError> {
+        let len = usize::try_from(size).map_err(shm_err)?;
+        let fd = Memfd::create(name, len).map_err(shm_err)?;
         let map = Arc::new(fd.map()?);
         Ok(PoolArena { fd, map })
     }
@@ -182,9 +183,8 @@ impl PoolArena {
     }
 
     /// Its size in bytes.
-    pub fn size(&self) -> u32 {
-        // Created from a u32.
-        self.fd.len() as u32
+    pub fn size(&self) -> u64 {
+        self.fd.len() as u64
     }
 }
 
@@ -279,9 +279,8 @@ pub async fn offer(
     let Ok::<[_; 2], _>([peer, ioc_fd]) = fds.try_into() else {
         return Err(refused());
     };
-    let ioc_map = Memfd::verify(ioc_fd, ioc_pools as usize)
-        .map_err(shm_err)?
-        .map()?;
+    let ioc_len = usize::try_from(ioc_pools).map_err(|_| refused())?;
+    let ioc_map = Memfd::verify(ioc_fd, ioc_len).map_err(shm_err)?.map()?;
     let mut ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
     ch.set_peer_pools(ioc_map);
     let mut t = ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock);
@@ -314,7 +313,7 @@ pub async fn accept(
         verify(rx_fd, cfg.region_len())?,
         verify(tx_fd, cfg.region_len())?,
     );
-    let host_pools = verify(pools_fd, setup.pool_size as usize)?;
+    let host_pools = verify(pools_fd, usize::try_from(setup.pool_size).map_err(shm_err)?)?;
     let mut ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
     ch.set_peer_pools(host_pools);
     let bell = EventFd::new()?;

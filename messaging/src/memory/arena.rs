@@ -64,6 +64,11 @@ impl Arena {
         };
         let len = len.max(ARENA_ALIGN);
         let i = self.free.partition_point(|&(o, _)| o < off);
+        debug_assert!(
+            self.free.get(i).is_none_or(|&(next, _)| off + len <= next)
+                && (i == 0 || self.free[i - 1].0 + self.free[i - 1].1 <= off),
+            "freeing {len} bytes at {off}, which overlap a free range"
+        );
         self.free.insert(i, (off, len));
         // Merge with the next range, then with the previous one.
         if let Some(&(next, nlen)) = self.free.get(i + 1) {

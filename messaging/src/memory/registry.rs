@@ -154,6 +154,9 @@ pub enum RegistryError {
     /// The region is quiescing: no new grants.
     #[error("region {0} is quiescing")]
     Quiescing(Handle),
+    /// An arena cannot be attached to a domain that has regions already.
+    #[error("{0} has regions already")]
+    DomainInUse(DomainId),
     /// The region lies in shared memory: its bytes are read through [`Registry::frame`].
     #[error("region {0} is in shared memory")]
     Shared(Handle),
@@ -276,11 +279,23 @@ impl Registry {
     }
 
     /// Lays out the regions `domain` registers from now on in `mem`, shared with the peer
-    /// of that domain, which then writes frames straight into their elements. Replaces an
-    /// arena attached before (regions already in it keep their memory).
-    pub fn attach_arena(&mut self, domain: DomainId, mem: SharedRegion) {
+    /// of that domain, which then writes frames straight into their elements. Refused while
+    /// the domain has regions (an arena is attached before its session registers any).
+    pub fn attach_arena(
+        &mut self,
+        domain: DomainId,
+        mem: SharedRegion,
+    ) -> Result<(), RegistryError> {
+        if self
+            .slots
+            .iter()
+            .any(|s| s.region.as_ref().is_some_and(|r| r.domain == domain))
+        {
+            return Err(RegistryError::DomainInUse(domain));
+        }
         self.arenas.retain(|(d, _)| *d != domain);
         self.arenas.push((domain, Arena::new(mem)));
+        Ok(())
     }
 
     /// Forgets `domain`'s arena (its peer is gone); regions still in it keep their memory
@@ -325,10 +340,11 @@ impl Registry {
         let len = usize::try_from(size).map_err(|_| bad)?;
         let mem = match self.arena_mut(spec.domain) {
             Some(a) => {
+                let total = a.mem().len() as u64;
                 let full = RegistryError::OutOfMemory {
                     requested: size,
-                    used,
-                    limit: a.mem().len() as u64,
+                    used: total.saturating_sub(a.free_bytes() as u64),
+                    limit: total,
                 };
                 let off = a.alloc(len).ok_or(full)?;
                 Mem::Shared {

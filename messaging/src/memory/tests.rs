@@ -261,3 +261,56 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_domain_with_an_arena_lays_its_regions_out_there_until_it_is_full() {
+    use crate::adapter::shm::HeapShared;
+    let mut reg = Registry::new(1 << 30);
+    let spec = |count| RegionSpec {
+        domain: PD_A,
+        access: Access::REMOTE_WRITE,
+        element_size: 1000,
+        element_count: count,
+        single_use: false,
+    };
+    let private = reg.register(spec(1)).unwrap();
+    assert!(
+        matches!(
+            reg.attach_arena(PD_A, std::sync::Arc::new(HeapShared::new(8192))),
+            Err(RegistryError::DomainInUse(PD_A))
+        ),
+        "not once the domain has regions"
+    );
+    reg.deregister(private).unwrap();
+    reg.attach_arena(PD_A, std::sync::Arc::new(HeapShared::new(8192)))
+        .unwrap();
+    // 4000 bytes take 4032 (64-byte aligned): two fit, a third does not.
+    let a = reg.register(spec(4)).unwrap();
+    let b = reg.register(spec(4)).unwrap();
+    assert!(reg.is_shared(a) && reg.is_shared(b));
+    assert_eq!(reg.address(b).unwrap() % (1 << 40), 4032);
+    let e = reg.register(spec(4)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RegistryError::OutOfMemory {
+                requested: 4000,
+                used: 8064,
+                limit: 8192
+            }
+        ),
+        "{e}"
+    );
+    // Another domain's regions stay private.
+    let other = pool(&mut reg, PD_B, Access::REMOTE_WRITE, false);
+    assert!(!reg.is_shared(other));
+    // Freed space is reused, at the same offset and under a new handle.
+    reg.deregister(a).unwrap();
+    let c = reg.register(spec(4)).unwrap();
+    assert_ne!(c, a);
+    assert_eq!(reg.address(c).unwrap() % (1 << 40), 0);
+    // Once the peer is gone, new regions are private again.
+    reg.detach_arena(PD_A);
+    let d = reg.register(spec(1)).unwrap();
+    assert!(!reg.is_shared(d));
+}

@@ -48,6 +48,10 @@ pub enum MemfdError {
         /// The agreed size.
         expected: u64,
     },
+    /// Not ordinary shared memory (a `memfd` on hugetlbfs, say): a page that cannot be
+    /// allocated when touched would raise `SIGBUS` in the process that touched it.
+    #[error("shared memory is not an ordinary memfd (file system {0:#x})")]
+    NotShmem(u64),
     /// The requested size is zero, not a multiple of 4 or too large.
     #[error("shared memory size {0} is not a positive multiple of 4 below 2^40")]
     BadLen(usize),
@@ -118,6 +122,16 @@ impl Memfd {
         cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(MemfdError::NotSealable);
+        }
+        // SAFETY: `statfs` is plain old data; all-zero bytes are a valid value.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `fstatfs` writes into the struct we own, valid for the call.
+        cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) })?;
+        // A memfd without MFD_HUGETLB lives on the kernel's internal tmpfs (shmem), whose
+        // pages are allocated like any anonymous memory; hugetlbfs' come from a pool that a
+        // hole punched by the peer and an exhausted pool turn into SIGBUS.
+        if fs.f_type as u64 != libc::TMPFS_MAGIC as u64 {
+            return Err(MemfdError::NotShmem(fs.f_type as u64));
         }
         if st.st_size as u64 != len as u64 {
             return Err(MemfdError::Size {
@@ -561,6 +575,29 @@ mod tests {
         // Sealed and of the right size: accepted and mappable.
         let ok = Memfd::verify(raw_memfd(len, REQUIRED_SEALS), len).unwrap();
         assert_eq!(ok.map().unwrap().len(), len);
+    }
+
+    #[test]
+    fn verify_refuses_a_hugetlb_memfd() {
+        let len = 2 << 20;
+        // SAFETY: test-only syscalls on a descriptor we create and own.
+        let fd = unsafe {
+            let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB;
+            let raw = libc::memfd_create(c"huge".as_ptr(), flags);
+            if raw < 0 {
+                // A kernel without hugetlbfs cannot make one: nothing to refuse.
+                eprintln!("no hugetlb memfd here: {}", io::Error::last_os_error());
+                return;
+            }
+            let fd = OwnedFd::from_raw_fd(raw);
+            assert_eq!(libc::ftruncate(raw, len as libc::off_t), 0);
+            assert_eq!(libc::fcntl(raw, libc::F_ADD_SEALS, REQUIRED_SEALS), 0);
+            fd
+        };
+        assert!(matches!(
+            Memfd::verify(fd, len),
+            Err(MemfdError::NotShmem(m)) if m == libc::HUGETLBFS_MAGIC as u64
+        ));
     }
 
     /// `probe` reads end of stream once every copy of its peer end is closed.

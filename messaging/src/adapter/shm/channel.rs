@@ -665,7 +665,7 @@ mod tests {
         let mem = HeapShared::new(arena);
         a.set_peer_pools(mem.clone());
         let mut reg = Registry::new(1 << 20);
-        reg.attach_arena(PD, std::sync::Arc::new(mem));
+        reg.attach_arena(PD, std::sync::Arc::new(mem)).unwrap();
         (a, b, reg)
     }
 
@@ -782,7 +782,8 @@ mod tests {
         for (shared, kind, record, what) in cases {
             let mut reg = Registry::new(1 << 20);
             if shared {
-                reg.attach_arena(PD, std::sync::Arc::new(HeapShared::new(64 << 10)));
+                reg.attach_arena(PD, std::sync::Arc::new(HeapShared::new(64 << 10)))
+                    .unwrap();
             }
             let h = pool(&mut reg, 2, 256);
             let base = reg.address(h).unwrap();

@@ -24,8 +24,8 @@ pub enum SetupError {
     /// Records of another size than [`MAX_PAYLOAD`].
     #[error("records of {0} bytes (not {MAX_PAYLOAD})")]
     MaxPayload(u32),
-    /// A pool arena outside [`POOL_RANGE`] or not a whole number of pages.
-    #[error("a pool arena of {0} bytes (pages of 4 KiB, from {lo} to {hi})", lo = POOL_RANGE.0, hi = POOL_RANGE.1)]
+    /// A pool arena outside [`POOL_RANGE`].
+    #[error("a pool arena of {0} pages of 4 KiB (from {lo} to {hi} bytes)", lo = POOL_RANGE.0, hi = POOL_RANGE.1)]
     PoolSize(u32),
 }
 
@@ -50,11 +50,15 @@ pub const RING_DATA: u32 = 2 << 20;
 /// The smallest and largest data areas the IOC accepts: it maps two per host, so a host
 /// costs it at most 4 MiB of ring memory.
 pub const RING_DATA_RANGE: (u32, u32) = (256 << 10, 2 << 20);
-/// The smallest and largest pool arenas (the host's receive pools, in shared memory) the
-/// IOC maps: address space only, the memory is the host's.
-pub const POOL_RANGE: (u32, u32) = (1 << 20, 1 << 30);
-/// The page size a pool arena is a multiple of.
-pub const PAGE: u32 = 4096;
+/// The smallest and largest pool arenas (receive pools in shared memory) either side maps:
+/// room for the largest pools a configuration allows (`pools.max_granted_bytes`, at most
+/// 4 GiB). Mapping one costs address space; the pages the mapper writes (elements the peer
+/// granted it) are charged to it as its own memory would be.
+pub const POOL_RANGE: (u64, u64) = (1 << 20, 8 << 30);
+/// The page size a pool arena is a multiple of, and the unit its size travels in.
+pub const PAGE: u64 = 4096;
+/// Room an arena keeps beyond its pools' bytes: each pool starts on a 64-byte boundary.
+const POOL_SLACK: u64 = 64 << 10;
 /// Largest operation payload a ring carries: a SendData or a frame's RDMA write.
 pub const MAX_PAYLOAD: u32 = wire::MAX_MESSAGE_LEN as u32;
 
@@ -66,30 +70,31 @@ pub struct Setup {
     pub data_size: u32,
     /// Largest record payload (an operation header and its payload).
     pub max_payload: u32,
-    /// Bytes of the host's pool arena, where the IOC places its writes.
-    pub pool_size: u32,
+    /// Bytes of the host's pool arena, where the IOC places its writes: a multiple of
+    /// [`PAGE`] within [`POOL_RANGE`].
+    pub pool_size: u64,
 }
 
 impl Setup {
     /// Its [`SETUP_LEN`] bytes: magic, version (u16), reserved (u16), data size, largest
-    /// payload, pool arena size, all big-endian.
+    /// payload, pool arena size in pages, all big-endian.
     pub fn emit(&self) -> [u8; SETUP_LEN] {
         let mut b = [0u8; SETUP_LEN];
         b[..4].copy_from_slice(&MAGIC);
         b[4..6].copy_from_slice(&VERSION.to_be_bytes());
         b[8..12].copy_from_slice(&self.data_size.to_be_bytes());
         b[12..16].copy_from_slice(&self.max_payload.to_be_bytes());
-        b[16..20].copy_from_slice(&self.pool_size.to_be_bytes());
+        b[16..20].copy_from_slice(&pages(self.pool_size).to_be_bytes());
         b
     }
 
-    /// The pool arena for pools of `bytes` in all: rounded up to pages, within
-    /// [`POOL_RANGE`].
-    pub fn pool_size_for(bytes: u64) -> u32 {
+    /// The pool arena for pools of `bytes` in all: with room for their alignment, rounded
+    /// up to pages, within [`POOL_RANGE`].
+    pub fn pool_size_for(bytes: u64) -> u64 {
         let (lo, hi) = POOL_RANGE;
-        let b = bytes.clamp(u64::from(lo), u64::from(hi));
-        // At most 1 GiB: a multiple of the page fits u32.
-        b.next_multiple_of(u64::from(PAGE)) as u32
+        (bytes.min(hi) + POOL_SLACK)
+            .next_multiple_of(PAGE)
+            .clamp(lo, hi)
     }
 
     /// Parses and checks a set-up against the IOC's limits.
@@ -111,11 +116,7 @@ impl Setup {
         if max_payload != MAX_PAYLOAD {
             return Err(SetupError::MaxPayload(max_payload));
         }
-        let pool_size = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
-        let (lo, hi) = POOL_RANGE;
-        if !pool_size.is_multiple_of(PAGE) || !(lo..=hi).contains(&pool_size) {
-            return Err(SetupError::PoolSize(pool_size));
-        }
+        let pool_size = pool_bytes(u32::from_be_bytes([b[16], b[17], b[18], b[19]]))?;
         Ok(Setup {
             data_size,
             max_payload,
@@ -123,31 +124,41 @@ impl Setup {
         })
     }
 
-    /// The IOC's answer, with the size of its pool arena.
-    pub fn emit_ack(pool_size: u32) -> [u8; ACK_LEN] {
+    /// The IOC's answer, with the size of its pool arena (bytes, a multiple of [`PAGE`]).
+    pub fn emit_ack(pool_size: u64) -> [u8; ACK_LEN] {
         let mut b = [0u8; ACK_LEN];
         b[..4].copy_from_slice(&ACK);
-        b[4..].copy_from_slice(&pool_size.to_be_bytes());
+        b[4..].copy_from_slice(&pages(pool_size).to_be_bytes());
         b
     }
 
-    /// The size of the IOC's pool arena from its answer, checked as the host's is.
-    pub fn parse_ack(b: &[u8]) -> Result<u32, SetupError> {
+    /// The size in bytes of the IOC's pool arena from its answer, checked as the host's is.
+    pub fn parse_ack(b: &[u8]) -> Result<u64, SetupError> {
         let b: &[u8; ACK_LEN] = b.try_into().map_err(|_| SetupError::Length(b.len()))?;
         if b[..4] != ACK {
             return Err(SetupError::Magic);
         }
-        let size = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
-        let (lo, hi) = POOL_RANGE;
-        if !size.is_multiple_of(PAGE) || !(lo..=hi).contains(&size) {
-            return Err(SetupError::PoolSize(size));
-        }
-        Ok(size)
+        pool_bytes(u32::from_be_bytes([b[4], b[5], b[6], b[7]]))
     }
 
     /// The rings' configuration.
     pub fn ring(&self) -> Result<RingConfig, ConfigError> {
         ring_config(self.data_size, self.max_payload)
+    }
+}
+
+/// Pages of an arena of `bytes` (within [`POOL_RANGE`], so the count fits u32).
+fn pages(bytes: u64) -> u32 {
+    u32::try_from(bytes / PAGE).unwrap_or(u32::MAX)
+}
+
+/// The bytes of an arena of `pages` pages, if within [`POOL_RANGE`].
+fn pool_bytes(pages: u32) -> Result<u64, SetupError> {
+    let bytes = u64::from(pages) * PAGE;
+    let (lo, hi) = POOL_RANGE;
+    match (lo..=hi).contains(&bytes) {
+        true => Ok(bytes),
+        false => Err(SetupError::PoolSize(pages)),
     }
 }
 
@@ -182,23 +193,27 @@ mod tests {
             with(12, &7u32.to_be_bytes()),
             Err(SetupError::MaxPayload(7))
         );
-        for bad in [0u32, 4096, (1 << 20) + 1, (1 << 30) + 4096] {
+        // Pages: 255 is below 1 MiB, 2 Mi + 1 beyond 8 GiB.
+        for bad in [0u32, 255, (2 << 20) + 1, u32::MAX] {
             assert_eq!(with(16, &bad.to_be_bytes()), Err(SetupError::PoolSize(bad)));
         }
         assert_eq!(Setup::pool_size_for(0), 1 << 20);
-        assert_eq!(Setup::pool_size_for((64 << 20) + 1), (64 << 20) + 4096);
-        assert_eq!(Setup::pool_size_for(u64::MAX), 1 << 30);
+        assert_eq!(Setup::pool_size_for(64 << 20), (64 << 20) + (64 << 10));
+        assert_eq!(
+            Setup::pool_size_for((64 << 20) + 1),
+            (64 << 20) + (68 << 10)
+        );
+        // The largest pools a configuration allows (4 GiB) fit.
+        assert!(Setup::pool_size_for(4 << 30) > 4 << 30);
+        assert_eq!(Setup::pool_size_for(u64::MAX), 8 << 30);
         let ack = Setup::emit_ack(8 << 20);
         assert_eq!(Setup::parse_ack(&ack), Ok(8 << 20));
         assert_eq!(Setup::parse_ack(&ack[..4]), Err(SetupError::Length(4)));
         let mut bad = ack;
         bad[0] = b'X';
         assert_eq!(Setup::parse_ack(&bad), Err(SetupError::Magic));
-        let odd = Setup::emit_ack((8 << 20) + 1);
-        assert_eq!(
-            Setup::parse_ack(&odd),
-            Err(SetupError::PoolSize((8 << 20) + 1))
-        );
+        let tiny = Setup::emit_ack(4096);
+        assert_eq!(Setup::parse_ack(&tiny), Err(SetupError::PoolSize(1)));
     }
 
     proptest! {
