@@ -220,6 +220,12 @@ impl Introspect for Snapshot {
             l.tx_inline,
         )
         .metric(
+            "splitnet_host_tx_in_place_total",
+            "counter",
+            "Frames read from the TAP straight into an IOC element (shared memory).",
+            l.tx_in_place,
+        )
+        .metric(
             "splitnet_host_tx_backpressure_total",
             "counter",
             "Times a frame waited for credit.",

@@ -11,8 +11,11 @@ need_root; need_tool ip ping iperf3 python3 ss; need_daemons; need_rogue
 sock=$T/run/fabric.sock
 sed "s|^listen = .*|&\nlisten_local = \"$sock\"|" "$IOC_CONF" >"$T/ioc.toml"
 # The shared-memory host polls before it sleeps (fabric.spin_max_us, off by default).
-sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^spin_max_us = .*|spin_max_us = 100|" "$HOST_CONF" >"$T/host-shm.toml"
+# Its metrics tell how many frames it read straight into the IOC's elements.
+sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^spin_max_us = .*|spin_max_us = 100|" \
+    -e 's/^# listen = "127.0.0.1:9701"/listen = "127.0.0.1:9701"/' "$HOST_CONF" >"$T/host-shm.toml"
 grep -q "^spin_max_us = 100" "$T/host-shm.toml" || fail "could not set spin_max_us"
+grep -q '^listen = "127.0.0.1:9701"' "$T/host-shm.toml" || fail "could not set the metrics listener"
 sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^shared_memory = .*|shared_memory = false|" "$HOST_CONF" >"$T/host-unix.toml"
 grep -q "^listen_local = \"$sock\"" "$T/ioc.toml" || fail "could not set listen_local"
 grep -q "^shared_memory = false" "$T/host-unix.toml" || fail "could not set shared_memory"
@@ -41,6 +44,14 @@ for k in 1 3; do
     assert_positive "$down" "host $k's throughput from the LAN"
     log "host $k: $up Gb/s to the LAN, $down Gb/s from it"
 done
+# Host 1's frames to the LAN were read straight into the IOC's pool elements.
+metric() { ip netns exec sd-host python3 -c "import urllib.request as u
+for l in u.urlopen('http://127.0.0.1:9701/metrics', timeout=3).read().decode().splitlines():
+    if l.split(' ')[0] == '$1': print(l.split(' ')[1])"; }
+in_place=$(metric splitnet_host_tx_in_place_total)
+sent=$(metric splitnet_host_tx_frames_total)
+log "host 1: $in_place of $sent frames read from the TAP straight into the IOC's elements"
+assert_positive "$in_place" "frames read in place"
 # A rogue host over shared memory publishes a ring index its ring refuses, another floods
 # the IOC's doorbell, a third publishes a placed write into no pool it was granted: each
 # session ends, its shared memory is unmapped, and the other hosts go on.

@@ -3,7 +3,7 @@
 use super::op::Op;
 use super::rx::{RxCompletion, RxError, RxStream};
 use super::tx::{Payload, TxQueue};
-use crate::memory::{DomainId, Registry, SendBufCache};
+use crate::memory::{DomainId, Registry, SendBufCache, SharedBytes};
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use thiserror::Error;
 
@@ -56,6 +56,21 @@ pub trait Channel {
     /// Tears the queue pair down: aborts a write in progress and drops what is queued; the
     /// send buffers of dropped operations come back through [`Channel::reclaim`].
     fn close(&mut self, reg: &mut Registry);
+    /// The `len` bytes at `addr` of the peer's memory, where this side may put a write's
+    /// payload itself (a frame read straight into the peer's element) and then post only its
+    /// header with [`Channel::post_placed`]: a transport whose peer's pools are shared
+    /// memory. `None` otherwise (the default).
+    fn peer_window(&self, addr: u64, len: usize) -> Option<SharedBytes<'_>> {
+        let _ = (addr, len);
+        None
+    }
+    /// Posts write `op` of `len` bytes whose payload this side already put in the peer's
+    /// memory through [`Channel::peer_window`]. Only a transport that gives windows is asked;
+    /// the default, for one that gives none, carries `len` zero bytes so that the stream
+    /// stays whole.
+    fn post_placed(&mut self, op: Op, len: u32) {
+        self.post(op, &[], Payload::Bytes(vec![0; len as usize]));
+    }
     /// Before the caller sleeps on the channel's readiness: asks to be woken by what the
     /// peer does next. `false`: something may be waiting already, poll again instead. A
     /// socket needs no asking (it is always `true`).

@@ -50,6 +50,17 @@ pub struct Reservation {
     pub indicate: Option<Indicate>,
 }
 
+/// A peer element taken for a frame not read yet ([`Initiator::take_element`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Element {
+    pool_ref: u32,
+    element: u32,
+    /// Its address in the peer's memory.
+    pub addr: u64,
+    /// Its size in bytes.
+    pub size: u32,
+}
+
 #[derive(Debug)]
 struct RemotePool {
     entry: PoolEntry,
@@ -194,38 +205,7 @@ impl Initiator {
             let Some(element) = pool.free.pop() else {
                 continue;
             };
-            // A frame is never empty (it carries a virtio-net header), but a zero would
-            // read as free: count at least one byte.
-            let bytes = (len as u32).max(1);
-            if let Some(u) = pool.in_use.get_mut(element as usize) {
-                *u = bytes;
-                self.inflight += u64::from(bytes);
-            }
-            // Validated in on_pools: address + element_size * element_count does not overflow.
-            let addr = e.address + u64::from(element) * u64::from(e.element_size);
-            let len32 = len as u32;
-            let (op, indicate) = match Idata::new(e.pool_ref, element, len32) {
-                Some(id) => (
-                    Op::WriteImm {
-                        handle: e.handle,
-                        addr,
-                        imm: id.to_u32(),
-                    },
-                    None,
-                ),
-                None => (
-                    Op::Write {
-                        handle: e.handle,
-                        addr,
-                    },
-                    Some(Indicate {
-                        pool_ref: e.pool_ref,
-                        element,
-                        length: len32,
-                    }),
-                ),
-            };
-            return Route::Rdma(Reservation { op, indicate });
+            return Route::Rdma(Self::write(pool, element, len, &mut self.inflight));
         }
         if fits_somewhere {
             Route::Backpressure
@@ -233,6 +213,93 @@ impl Initiator {
             Route::SendData
         } else {
             Route::TooLarge
+        }
+    }
+
+    /// The write of `len` bytes into `element` of `pool` (taken from its free list): the
+    /// element counts as in use, its bytes as in flight.
+    fn write(pool: &mut RemotePool, element: u32, len: usize, inflight: &mut u64) -> Reservation {
+        let e = &pool.entry;
+        // A frame is never empty (it carries a virtio-net header), but a zero would read as
+        // free: count at least one byte.
+        let bytes = (len as u32).max(1);
+        if let Some(u) = pool.in_use.get_mut(element as usize) {
+            *u = bytes;
+            *inflight += u64::from(bytes);
+        }
+        // Validated in on_pools: address + element_size * element_count does not overflow.
+        let addr = e.address + u64::from(element) * u64::from(e.element_size);
+        let len32 = len as u32;
+        let (op, indicate) = match Idata::new(e.pool_ref, element, len32) {
+            Some(id) => (
+                Op::WriteImm {
+                    handle: e.handle,
+                    addr,
+                    imm: id.to_u32(),
+                },
+                None,
+            ),
+            None => (
+                Op::Write {
+                    handle: e.handle,
+                    addr,
+                },
+                Some(Indicate {
+                    pool_ref: e.pool_ref,
+                    element,
+                    length: len32,
+                }),
+            ),
+        };
+        Reservation { op, indicate }
+    }
+
+    /// Takes a free element of at least `size` bytes for a frame to be read straight into
+    /// it (over shared memory): the caller reads into it, then posts the write with
+    /// [`Initiator::post_placed`], or gives it back with [`Initiator::untake`] (nothing read).
+    pub fn take_element(&mut self, size: u32) -> Option<Element> {
+        let pool = self
+            .pools
+            .iter_mut()
+            .filter(|p| p.entry.element_size >= size)
+            .find(|p| !p.free.is_empty())?;
+        let element = pool.free.pop()?;
+        let e = &pool.entry;
+        Some(Element {
+            pool_ref: e.pool_ref,
+            element,
+            addr: e.address + u64::from(element) * u64::from(e.element_size),
+            size: e.element_size,
+        })
+    }
+
+    /// Gives back an element [`Initiator::take_element`] took, unwritten.
+    pub fn untake(&mut self, taken: Element) {
+        if let Some(p) = self
+            .pools
+            .iter_mut()
+            .find(|p| p.entry.pool_ref == taken.pool_ref)
+        {
+            p.free.push(taken.element);
+        }
+    }
+
+    /// Posts the write of the `len` bytes (at most the element's) read into `taken` on
+    /// `ch`, which placed them ([`Channel::peer_window`]): only its header travels.
+    pub fn post_placed<C: Channel>(&mut self, ch: &mut C, taken: Element, len: usize) {
+        let Some(pool) = self
+            .pools
+            .iter_mut()
+            .find(|p| p.entry.pool_ref == taken.pool_ref)
+        else {
+            return;
+        };
+        let r = Self::write(pool, taken.element, len, &mut self.inflight);
+        ch.post_placed(r.op, len as u32);
+        if let Some(ind) = r.indicate {
+            let mut msg = Vec::with_capacity(wire::HEADER_LEN + 12);
+            Message::BufferRdmaIndicate(ind).emit(0, &mut msg);
+            ch.post(Op::Send, &[], Payload::Bytes(msg));
         }
     }
 

@@ -11,7 +11,7 @@ use super::outbox::Lane;
 use super::session::{Incoming, Session};
 use super::target::PoolGetOutcome;
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, RxError};
-use crate::memory::{Frame, Registry, SendBuf, SendBufCache};
+use crate::memory::{Frame, Registry, SendBuf, SendBufCache, SharedBytes};
 use crate::wire::{CfgCode, ErrorCode, Goodbye, Message};
 use thiserror::Error;
 
@@ -116,6 +116,8 @@ pub struct LinkStats {
     pub tx_bytes: u64,
     /// Frames sent inline as SendData.
     pub tx_inline: u64,
+    /// Frames read straight into the peer's element (over shared memory).
+    pub tx_in_place: u64,
     /// Times a frame met backpressure (no credit).
     pub tx_backpressure: u64,
     /// Frames refused as too large.
@@ -130,6 +132,7 @@ impl std::ops::AddAssign for LinkStats {
         self.tx_frames += o.tx_frames;
         self.tx_bytes += o.tx_bytes;
         self.tx_inline += o.tx_inline;
+        self.tx_in_place += o.tx_in_place;
         self.tx_backpressure += o.tx_backpressure;
         self.tx_too_large += o.tx_too_large;
     }
@@ -321,6 +324,24 @@ impl<C: Channel> Link<C> {
             Posted::TooLarge(_) => self.stats.tx_too_large += 1,
         }
         posted
+    }
+
+    /// Reads a frame straight into the peer's memory over shared memory and posts its write
+    /// (see [`Session::read_in_place`]); a frame read is counted as sent.
+    pub fn read_in_place<E>(
+        &mut self,
+        size: u32,
+        read: impl FnOnce(&SharedBytes<'_>) -> Result<usize, E>,
+    ) -> Option<Result<usize, E>> {
+        let got = self.session.read_in_place(&mut self.data, size, read);
+        if let Some(Ok(n)) = got {
+            if n > 0 {
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += n as u64;
+                self.stats.tx_in_place += 1;
+            }
+        }
+        got
     }
 
     /// Posts the session's queued messages and flushes both channels (the doorbell).

@@ -12,7 +12,9 @@ mod target;
 mod tests;
 
 pub use error::ProtocolError;
-pub use initiator::{send_data_prefix, Initiator, InitiatorConfig, Posted, Reservation, Route};
+pub use initiator::{
+    send_data_prefix, Element, Initiator, InitiatorConfig, Posted, Reservation, Route,
+};
 pub use link::{Link, LinkError, LinkEvent, LinkStats};
 pub use liveness::{Keepalive, Liveness};
 pub use outbox::{Lane, Outbox};

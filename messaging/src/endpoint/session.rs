@@ -13,7 +13,7 @@ use super::initiator::{Initiator, InitiatorConfig, Posted};
 use super::outbox::{Lane, Outbox};
 use super::target::{Delivery, PoolGetOutcome, PoolSpec, Target, TargetConfig};
 use crate::adapter::Channel;
-use crate::memory::{DomainId, Frame, Handle, Registry, RegistryError, SendBuf};
+use crate::memory::{DomainId, Frame, Handle, Registry, RegistryError, SendBuf, SharedBytes};
 use crate::wire::{self, CfgCode, ErrorCode, Message};
 
 /// Configuration of one session.
@@ -242,6 +242,34 @@ impl Session {
     /// Routes a frame and posts it on the data channel.
     pub fn post_frame<C: Channel>(&mut self, data: &mut C, buf: SendBuf) -> Posted {
         self.initiator.post_frame(data, buf, &mut self.outbox)
+    }
+
+    /// Reads a frame straight into an element of the peer's of at least `size` bytes and
+    /// posts its write, over a transport whose peer's pools are shared memory: `read` gets
+    /// the element's bytes ([`Channel::peer_window`]) and says how many it filled. `None`
+    /// when no free element of that size, or no window, is there; else what `read` said (a
+    /// read of nothing, or an error, gives the element back).
+    pub fn read_in_place<C: Channel, E>(
+        &mut self,
+        data: &mut C,
+        size: u32,
+        read: impl FnOnce(&SharedBytes<'_>) -> Result<usize, E>,
+    ) -> Option<Result<usize, E>> {
+        let taken = self.initiator.take_element(size)?;
+        let got = match data.peer_window(taken.addr, taken.size as usize) {
+            Some(window) => read(&window),
+            None => {
+                self.initiator.untake(taken);
+                return None;
+            }
+        };
+        match got {
+            Ok(n) if n > 0 && n <= taken.size as usize => {
+                self.initiator.post_placed(data, taken, n)
+            }
+            _ => self.initiator.untake(taken),
+        }
+        Some(got.map(|n| n.min(taken.size as usize)))
     }
 
     /// Queues a CfgUtilRequest; returns its transaction context.

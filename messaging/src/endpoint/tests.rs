@@ -637,3 +637,68 @@ fn error_codes_follow_the_document() {
         );
     }
 }
+
+mod in_place {
+    use super::*;
+
+    #[test]
+    fn a_frame_read_straight_into_the_peers_element_arrives_and_its_credit_is_spent() {
+        let mut p = pair_shm_pools();
+        let before = p.a.link.session().initiator().credits();
+        let f = frame(30_000, 7);
+        let got = p.a.link.read_in_place(65_600, |w| -> Result<usize, ()> {
+            assert_eq!(w.len(), 65_600, "the whole element");
+            w.copy_in(0, &f).unwrap();
+            Ok(f.len())
+        });
+        assert_eq!(got, Some(Ok(30_000)));
+        assert_eq!(p.a.link.session().initiator().credits(), before - 1);
+        assert_eq!(p.a.link.session().initiator().inflight_bytes(), 30_000);
+        assert_eq!(p.a.link.stats().tx_frames, 1);
+        assert_eq!(p.a.link.stats().tx_in_place, 1);
+        p.drive().unwrap();
+        assert_eq!(p.b.received, vec![f]);
+        assert_eq!(
+            p.a.link.session().initiator().credits(),
+            before,
+            "credit back"
+        );
+    }
+
+    #[test]
+    fn an_element_nothing_was_read_into_goes_back() {
+        let mut p = pair_shm_pools();
+        let before = p.a.link.session().initiator().credits();
+        let err =
+            p.a.link
+                .read_in_place(65_600, |_| Err::<usize, _>("would block"));
+        assert_eq!(err, Some(Err("would block")));
+        let none = p.a.link.read_in_place(65_600, |_| Ok::<_, ()>(0));
+        assert_eq!(none, Some(Ok(0)));
+        assert_eq!(p.a.link.session().initiator().credits(), before);
+        assert_eq!(p.a.link.stats().tx_frames, 0);
+        // No element that large: nothing taken, nothing read.
+        let big = p.a.link.read_in_place(1 << 20, |_| -> Result<usize, ()> {
+            panic!("no element to read into")
+        });
+        assert_eq!(big, None);
+        p.drive().unwrap();
+        assert!(p.b.received.is_empty());
+    }
+
+    #[test]
+    fn without_shared_pools_there_is_no_window() {
+        let no_read = |_: &crate::memory::SharedBytes<'_>| -> Result<usize, ()> {
+            panic!("no window to read into")
+        };
+        // Over the TCP framing, and over rings whose peer keeps its pools private.
+        let mut p = pair();
+        let before = p.a.link.session().initiator().credits();
+        assert_eq!(p.a.link.read_in_place(2048, no_read), None);
+        assert_eq!(p.a.link.session().initiator().credits(), before);
+        let mut p = pair_shm();
+        let before = p.a.link.session().initiator().credits();
+        assert_eq!(p.a.link.read_in_place(2048, no_read), None);
+        assert_eq!(p.a.link.session().initiator().credits(), before);
+    }
+}

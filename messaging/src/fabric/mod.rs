@@ -164,6 +164,12 @@ impl Channel for FabricChannel {
     fn take_rang_peer(&mut self) -> bool {
         each!(self, c => c.take_rang_peer())
     }
+    fn peer_window(&self, addr: u64, len: usize) -> Option<crate::memory::SharedBytes<'_>> {
+        each!(self, c => c.peer_window(addr, len))
+    }
+    fn post_placed(&mut self, op: Op, len: u32) {
+        each!(self, c => c.post_placed(op, len))
+    }
 }
 
 impl FabricChannel {

@@ -27,7 +27,7 @@ use super::{FabricError, Ready};
 use crate::adapter::shm::setup::{Setup, ACK_LEN, MAX_PAYLOAD, RING_DATA, SETUP_LEN};
 use crate::adapter::shm::{Consumer, Producer, RingConfig, ShmChannel};
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
-use crate::memory::{DomainId, Registry, SendBufCache, SharedRegion};
+use crate::memory::{DomainId, Registry, SendBufCache, SharedBytes, SharedRegion};
 use crate::sys::eventfd::EventFd;
 use crate::sys::shm::{recv_fds, send_fds, Mapping, Memfd};
 use std::io;
@@ -142,6 +142,14 @@ impl Channel for ShmTransport {
 
     fn prepare_sleep(&mut self) -> bool {
         self.ch.prepare_sleep()
+    }
+
+    fn peer_window(&self, addr: u64, len: usize) -> Option<SharedBytes<'_>> {
+        self.ch.peer_window(addr, len)
+    }
+
+    fn post_placed(&mut self, op: Op, len: u32) {
+        self.ch.post_placed(op, len);
     }
 
     fn input_pending(&mut self) -> bool {

@@ -110,6 +110,12 @@ impl<'a> SharedBytes<'a> {
         self.mem.copy_out(self.off + at, buf)
     }
 
+    /// Copies `data` into the range, starting `at` bytes into it.
+    pub fn copy_in(&self, at: usize, data: &[u8]) -> Result<(), MemError> {
+        MemError::check(at, data.len(), self.len)?;
+        self.mem.copy_in(self.off + at, data)
+    }
+
     /// The words of the shared memory, and the range's offset and length in bytes within
     /// them (in bounds by construction): what `sys` hands the kernel.
     pub fn raw(&self) -> (&'a [AtomicU32], usize, usize) {
@@ -145,6 +151,11 @@ mod tests {
         assert_eq!(&two, b"89");
         let (words, off, len) = s.raw();
         assert_eq!((words.len(), off, len), (16, 8, 10));
+        s.copy_in(8, b"xy").unwrap();
+        assert!(s.copy_in(9, b"xy").is_err(), "past the frame's end");
+        s.copy_out(8, &mut two).unwrap();
+        assert_eq!(&two, b"xy");
+        s.copy_in(8, b"89").unwrap();
         let rest = s.after(4);
         assert_eq!(rest.raw().1..rest.raw().1 + rest.len(), 12..18);
         rest.copy_out(0, &mut two).unwrap();

@@ -58,6 +58,15 @@ impl<T> Scheduler<T> {
         self.held.take().or_else(|| self.queue.pop())
     }
 
+    /// Whether a new frame may go at once, past the queue, with `inflight` bytes
+    /// outstanding: nothing waits and the limit lets one more go (a refusal counts as the
+    /// sender being held back, as the frame will wait).
+    pub fn may_bypass(&mut self, inflight: u64) -> bool {
+        self.held.is_none()
+            && self.queue.is_empty()
+            && self.limit.as_mut().is_none_or(|l| l.admits(inflight))
+    }
+
     /// Puts back a frame [`Scheduler::next`] gave that met no credit: it goes first next
     /// time.
     pub fn hold(&mut self, frame: T) {

@@ -87,6 +87,20 @@ pub fn write_parts(
     cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) })
 }
 
+/// Reads into the bytes `dst` names in shared memory with one `read(2)`: the kernel writes
+/// them, so no Rust reference to memory the peer may rewrite is formed.
+pub fn read_into(fd: BorrowedFd<'_>, dst: &crate::memory::SharedBytes<'_>) -> io::Result<usize> {
+    let (words, off, len) = dst.raw();
+    if off.checked_add(len).is_none_or(|end| end > words.len() * 4) {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    let ptr = words.as_ptr().cast::<u8>().wrapping_add(off).cast_mut();
+    // SAFETY: `off + len` lies inside `words`, a live slice of atomics, valid for the call;
+    // atomics may be written through a shared reference (interior mutability), and the
+    // kernel's write races only with the peer's, which changes bytes, not memory safety.
+    cvt_size(unsafe { libc::read(fd.as_raw_fd(), ptr.cast(), len) })
+}
+
 /// `write(2)` on an owned descriptor.
 pub(crate) fn write(fd: &OwnedFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: `buf` is a valid readable region of `buf.len()` bytes for the whole call.

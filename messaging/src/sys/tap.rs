@@ -219,6 +219,12 @@ impl Tap {
         write(&self.fd, frame)
     }
 
+    /// Reads one frame (virtio-net header first) straight into `dst`, in memory shared with
+    /// the IOC.
+    pub fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize> {
+        super::read_into(self.fd.as_fd(), dst)
+    }
+
     /// Writes one frame whose first bytes are `head` (a private copy, the virtio-net
     /// header first) and the rest `tail`, in memory shared with the IOC.
     pub fn send_parts(&self, head: &[u8], tail: &SharedBytes<'_>) -> io::Result<usize> {

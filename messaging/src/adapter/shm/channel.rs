@@ -24,7 +24,7 @@ use crate::adapter::op::{Op, OpHeader, OP_HEADER_LEN};
 use crate::adapter::rx::{RxCompletion, RxError};
 use crate::adapter::tx::{Payload, TxQueue};
 use crate::adapter::{Channel, ChannelError};
-use crate::memory::{arena_offset, DomainId, Registry, SendBufCache};
+use crate::memory::{arena_offset, DomainId, Registry, SendBufCache, SharedBytes};
 use thiserror::Error;
 
 /// The record kind of an operation.
@@ -365,7 +365,7 @@ impl<M: SharedMem> ShmChannel<M> {
     }
 }
 
-impl<M: SharedMem> Channel for ShmChannel<M> {
+impl<M: SharedMem + Send + Sync> Channel for ShmChannel<M> {
     fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
         if let Op::Write { addr, .. } | Op::WriteImm { addr, .. } = op {
             if self.place_in_peer(addr, prefix, payload.as_slice()) {
@@ -441,6 +441,16 @@ impl<M: SharedMem> Channel for ShmChannel<M> {
     fn close(&mut self, _reg: &mut Registry) {
         // Writes are placed whole when their record is popped: none is ever half done.
         self.queue.clear();
+    }
+
+    fn peer_window(&self, addr: u64, len: usize) -> Option<SharedBytes<'_>> {
+        let mem = self.peer_pools.as_ref()?;
+        let off = usize::try_from(arena_offset(addr)).ok()?;
+        SharedBytes::new(mem, off, len).ok()
+    }
+
+    fn post_placed(&mut self, op: Op, len: u32) {
+        self.queue.post_placed(op, len);
     }
 }
 
