@@ -213,6 +213,21 @@ fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
     f
 }
 
+/// A TCP/IPv4 segmentation super-frame of 20,000 bytes of payload.
+fn tso_frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+    let mut f = frame(dst, src, 20_000);
+    let h = VnetHdr {
+        flags: 1,
+        gso_type: 1,
+        hdr_len: 54,
+        gso_size: 1448,
+        csum_start: 34,
+        csum_offset: 16,
+    };
+    f[..VNET_HDR_LEN].copy_from_slice(&h.emit());
+    f
+}
+
 const LAN_PEER: [u8; 6] = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
 
 fn mac(ioc: &Ioc, session: u64) -> [u8; 6] {
@@ -448,19 +463,7 @@ fn frames_beyond_what_the_host_negotiated_are_dropped_and_counted() {
     let (mut ioc, nic) = ioc_with("");
     let (s, mut peer) = connect(&mut ioc, 3, false, 128);
     let own = mac(&ioc, s);
-    let tso = {
-        let mut f = frame(LAN_PEER, own, 20_000);
-        let h = VnetHdr {
-            flags: 1,
-            gso_type: 1,
-            hdr_len: 54,
-            gso_size: 1448,
-            csum_start: 34,
-            csum_offset: 16,
-        };
-        f[..VNET_HDR_LEN].copy_from_slice(&h.emit());
-        f
-    };
+    let tso = tso_frame(LAN_PEER, own);
     // The host turns its offloads off (as with lan.offload = false it must).
     peer.link.session_mut().cfg_request(
         CfgCode::SetFeatures,
@@ -495,16 +498,7 @@ fn over_shared_memory_frames_are_placed_in_the_peers_pools_both_ways() {
     let (mut ioc, nic) = ioc_with("");
     let (s, mut peer) = connect_shm(&mut ioc, 3);
     let own = mac(&ioc, s);
-    let mut tso = frame(LAN_PEER, own, 20_000);
-    let h = VnetHdr {
-        flags: 1,
-        gso_type: 1,
-        hdr_len: 54,
-        gso_size: 1448,
-        csum_start: 34,
-        csum_offset: 16,
-    };
-    tso[..VNET_HDR_LEN].copy_from_slice(&h.emit());
+    let mut tso = tso_frame(LAN_PEER, own);
     for (i, b) in tso.iter_mut().enumerate().skip(60) {
         *b = i as u8;
     }

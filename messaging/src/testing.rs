@@ -176,21 +176,10 @@ fn peer_sized<S: std::io::Read + std::io::Write>(
         StreamChannel::new(ctrl, d, max),
         StreamChannel::new(data, d, max),
     );
-    peer_with(d, config, ctrl, data, sizes)
-}
-
-/// A peer whose pools are in domain `d`, over the channels given.
-fn peer_with<C: Channel>(
-    d: DomainId,
-    config: SessionConfig,
-    ctrl: C,
-    data: C,
-    sizes: Sizes,
-) -> Peer<C> {
     peer_in(Registry::new(1 << 30), d, config, ctrl, data, sizes)
 }
 
-/// As [`peer_with`], with the pools registered in `reg`.
+/// A peer whose pools are in domain `d`, registered in `reg`, over the channels given.
 fn peer_in<C: Channel>(
     mut reg: Registry,
     d: DomainId,
@@ -265,24 +254,16 @@ impl Pair<TcpChannel> {
 impl Pair<ShmPipe> {
     /// Two peers over shared-memory rings (one pair per channel, 1 MiB each way).
     pub fn shm(a: SessionConfig, b: SessionConfig) -> Pair<ShmPipe> {
-        let sizes = Sizes::FULL;
-        let cfg = shm::ring_config(1 << 20, sizes.send_buf.max(sizes.max_send) as u32)
-            .expect("a 1 MiB ring holds the largest operation twice");
-        let (da, db) = (DomainId(1), DomainId(2));
-        let rings = || {
-            shm::heap_pair(cfg, (da, db), sizes.max_send).expect("freshly initialised rings attach")
-        };
-        let (c0, c1) = rings();
-        let (d0, d1) = rings();
-        Pair {
-            a: peer_with(da, a, c0, d0, sizes),
-            b: peer_with(db, b, c1, d1, sizes),
-        }
+        Pair::shm_with(a, b, false)
     }
 
     /// As [`Pair::shm`], with each peer's pools in a shared arena of 16 MiB that the other
     /// places its writes in (only headers travel in the data rings).
     pub fn shm_pools(a: SessionConfig, b: SessionConfig) -> Pair<ShmPipe> {
+        Pair::shm_with(a, b, true)
+    }
+
+    fn shm_with(a: SessionConfig, b: SessionConfig, pools: bool) -> Pair<ShmPipe> {
         let sizes = Sizes::FULL;
         let cfg = shm::ring_config(1 << 20, sizes.send_buf.max(sizes.max_send) as u32)
             .expect("a 1 MiB ring holds the largest operation twice");
@@ -292,20 +273,25 @@ impl Pair<ShmPipe> {
         };
         let (c0, c1) = rings();
         let (mut d0, mut d1) = rings();
-        let (arena_a, arena_b) = (
-            shm::HeapShared::new(16 << 20),
-            shm::HeapShared::new(16 << 20),
-        );
-        d0.set_peer_pools(arena_b.clone());
-        d1.set_peer_pools(arena_a.clone());
-        let registry = |d, arena| {
-            let mut reg = Registry::new(1 << 30);
-            reg.attach_arena(d, std::sync::Arc::new(arena)).unwrap();
-            reg
-        };
+        let (mut reg_a, mut reg_b) = (Registry::new(1 << 30), Registry::new(1 << 30));
+        if pools {
+            let (arena_a, arena_b) = (
+                shm::HeapShared::new(16 << 20),
+                shm::HeapShared::new(16 << 20),
+            );
+            d0.set_peer_pools(arena_b.clone());
+            d1.set_peer_pools(arena_a.clone());
+            let fresh = "a new registry has no regions";
+            reg_a
+                .attach_arena(da, std::sync::Arc::new(arena_a))
+                .expect(fresh);
+            reg_b
+                .attach_arena(db, std::sync::Arc::new(arena_b))
+                .expect(fresh);
+        }
         Pair {
-            a: peer_in(registry(da, arena_a), da, a, c0, d0, sizes),
-            b: peer_in(registry(db, arena_b), db, b, c1, d1, sizes),
+            a: peer_in(reg_a, da, a, c0, d0, sizes),
+            b: peer_in(reg_b, db, b, c1, d1, sizes),
         }
     }
 }

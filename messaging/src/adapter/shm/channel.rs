@@ -24,7 +24,7 @@ use crate::adapter::op::{Op, OpHeader, OP_HEADER_LEN};
 use crate::adapter::rx::{RxCompletion, RxError};
 use crate::adapter::tx::{Payload, TxQueue};
 use crate::adapter::{Channel, ChannelError};
-use crate::memory::{arena_offset, DomainId, Registry, SendBufCache, SharedBytes};
+use crate::memory::{arena_offset, DomainId, Placement, Registry, SendBufCache, SharedBytes};
 use thiserror::Error;
 
 /// The record kind of an operation.
@@ -237,70 +237,56 @@ impl<M: SharedMem> ShmChannel<M> {
         self.tx.memory()
     }
 
+    /// Checks a write into `reg` with the registry's checks, and that its pool lies where
+    /// the record says: in shared memory for a placed write, else in private memory.
+    fn begin(
+        &self,
+        reg: &mut Registry,
+        (handle, addr): (u64, u64),
+        len: u32,
+        placed: bool,
+    ) -> Result<Placement, ChannelError> {
+        if !self.writes {
+            return Err(RxError::WriteNotAllowed.into());
+        }
+        let p = reg
+            .begin_write(self.domain, handle, addr, len)
+            .map_err(RxError::from)?;
+        if reg.is_shared(p.handle) != placed {
+            reg.abort_write(&p);
+            let (kind, mem) = match placed {
+                true => ("placed", "private"),
+                false => ("carried", "shared"),
+            };
+            return Err(ShmError::Misplaced { kind, mem }.into());
+        }
+        Ok(p)
+    }
+
     /// Places the write of the held record's payload (after the operation header) through
-    /// `reg`'s checks, copying it from the ring straight into the element.
+    /// `reg`'s checks, copying it from the ring straight into the element; or, for a write
+    /// the peer `placed` in this side's shared pool itself, only checks it.
     fn place(
         &mut self,
         reg: &mut Registry,
         (handle, addr, imm): (u64, u64, Option<u32>),
         len: u32,
+        placed: bool,
     ) -> Result<RxCompletion, ChannelError> {
-        if !self.writes {
-            return Err(RxError::WriteNotAllowed.into());
-        }
-        let p = reg
-            .begin_write(self.domain, handle, addr, len)
-            .map_err(RxError::from)?;
-        if reg.is_shared(p.handle) {
-            reg.abort_write(&p);
-            return Err(ShmError::Misplaced {
-                kind: "carried",
-                mem: "shared",
+        let p = self.begin(reg, (handle, addr), len, placed)?;
+        if !placed {
+            let dst = reg.placement_mut(&p);
+            if dst.len() != len as usize {
+                reg.abort_write(&p);
+                return Err(ShmError::BadRecord {
+                    len: OP_HEADER_LEN + len as usize,
+                }
+                .into());
             }
-            .into());
-        }
-        let dst = reg.placement_mut(&p);
-        if dst.len() != len as usize {
-            reg.abort_write(&p);
-            return Err(ShmError::BadRecord {
-                len: OP_HEADER_LEN + len as usize,
+            if let Err(e) = self.rx.copy_out(OP_HEADER_LEN, dst) {
+                reg.abort_write(&p);
+                return Err(ShmError::Ring(e).into());
             }
-            .into());
-        }
-        if let Err(e) = self.rx.copy_out(OP_HEADER_LEN, dst) {
-            reg.abort_write(&p);
-            return Err(ShmError::Ring(e).into());
-        }
-        reg.finish_write(&p);
-        Ok(RxCompletion::Write {
-            handle: p.handle,
-            element: p.element,
-            len: p.len,
-            imm,
-        })
-    }
-
-    /// Checks a write the peer placed in this side's shared pool itself: the same checks
-    /// as any write, and its pool must be in shared memory.
-    fn placed(
-        &mut self,
-        reg: &mut Registry,
-        (handle, addr, imm): (u64, u64, Option<u32>),
-        len: u32,
-    ) -> Result<RxCompletion, ChannelError> {
-        if !self.writes {
-            return Err(RxError::WriteNotAllowed.into());
-        }
-        let p = reg
-            .begin_write(self.domain, handle, addr, len)
-            .map_err(RxError::from)?;
-        if !reg.is_shared(p.handle) {
-            reg.abort_write(&p);
-            return Err(ShmError::Misplaced {
-                kind: "placed",
-                mem: "private",
-            }
-            .into());
         }
         reg.finish_write(&p);
         Ok(RxCompletion::Write {
@@ -333,17 +319,21 @@ impl<M: SharedMem> ShmChannel<M> {
             if rec.len != OP_HEADER_LEN {
                 return Err(ShmError::BadRecord { len: rec.len }.into());
             }
-            return self.placed(reg, target, h.len).map(Some);
+            return self.place(reg, target, h.len, true).map(Some);
         }
         if h.len as usize != rec.len - OP_HEADER_LEN {
             return Err(ShmError::BadRecord { len: rec.len }.into());
         }
         match h.op {
             Op::Write { handle, addr } => {
-                return self.place(reg, (handle, addr, None), h.len).map(Some)
+                return self
+                    .place(reg, (handle, addr, None), h.len, false)
+                    .map(Some)
             }
             Op::WriteImm { handle, addr, imm } => {
-                return self.place(reg, (handle, addr, Some(imm)), h.len).map(Some)
+                return self
+                    .place(reg, (handle, addr, Some(imm)), h.len, false)
+                    .map(Some)
             }
             Op::Send => {}
         }
@@ -730,66 +720,21 @@ mod tests {
     fn a_write_that_does_not_match_where_its_pool_lives_is_refused() {
         let cfg = ring_config(16 << 10, 4096).unwrap();
         // Each case: whether b's pool is in a shared arena, the record's kind and bytes.
-        type Record = fn(Handle, u64) -> Vec<u8>;
-        let cases: [(bool, u32, Record, &str); 4] = [
+        // Each case: whether b's pool is in a shared arena, the record's kind, whether it
+        // holds a SEND (else a write), whether 8 payload bytes follow the header.
+        let cases = [
+            (true, KIND_OP, false, true, "carried into shared"),
+            (false, KIND_PLACED, false, false, "placed into private"),
+            (true, KIND_PLACED, true, false, "a placed SEND"),
             (
                 true,
-                KIND_OP,
-                |h, base| {
-                    let mut r = OpHeader {
-                        op: write(h, base, 0),
-                        len: 8,
-                    }
-                    .emit()
-                    .to_vec();
-                    r.extend_from_slice(&[7; 8]);
-                    r
-                },
-                "carried into shared",
-            ),
-            (
+                KIND_PLACED,
                 false,
-                KIND_PLACED,
-                |h, base| {
-                    OpHeader {
-                        op: write(h, base, 0),
-                        len: 8,
-                    }
-                    .emit()
-                    .to_vec()
-                },
-                "placed into private",
-            ),
-            (
                 true,
-                KIND_PLACED,
-                |_, _| {
-                    OpHeader {
-                        op: Op::Send,
-                        len: 8,
-                    }
-                    .emit()
-                    .to_vec()
-                },
-                "a placed SEND",
-            ),
-            (
-                true,
-                KIND_PLACED,
-                |h, base| {
-                    let mut r = OpHeader {
-                        op: write(h, base, 0),
-                        len: 8,
-                    }
-                    .emit()
-                    .to_vec();
-                    r.extend_from_slice(&[7; 8]);
-                    r
-                },
                 "a placed write with bytes behind it",
             ),
         ];
-        for (shared, kind, record, what) in cases {
+        for (shared, kind, send, bytes, what) in cases {
             let mut reg = Registry::new(1 << 20);
             if shared {
                 reg.attach_arena(PD, std::sync::Arc::new(HeapShared::new(64 << 10)))
@@ -799,7 +744,12 @@ mod tests {
             let base = reg.address(h).unwrap();
             let (a, mut b) = heap_pair(cfg, (PD, PD), 4096).unwrap();
             let mut raw = Producer::attach(a.tx.memory().clone(), cfg).unwrap();
-            let _ = raw.push(kind, &[&record(h, base)]).unwrap();
+            let op = if send { Op::Send } else { write(h, base, 0) };
+            let mut record = OpHeader { op, len: 8 }.emit().to_vec();
+            if bytes {
+                record.extend_from_slice(&[7; 8]);
+            }
+            let _ = raw.push(kind, &[&record]).unwrap();
             let err = b.poll_recv(&mut reg).unwrap_err();
             match what {
                 "carried into shared" | "placed into private" => assert!(
