@@ -11,11 +11,11 @@ use splitnet_control::report::{offload_names, Counters, Interface};
 use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig};
 use splitnet_messaging::adapter::Channel;
 use splitnet_messaging::endpoint::{
-    InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
+    InPlace, InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
 };
 use splitnet_messaging::fabric::{self, DataPath, FabricChannel, FabricLink, StreamConn};
-use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBuf, SendBufCache};
+use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBuf, SendBufCache, SharedBytes};
 use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
 use splitnet_messaging::service::{self, notify};
 use splitnet_messaging::sys::netdev;
@@ -936,26 +936,27 @@ impl<'a> Conn<'a> {
             // Nothing waits and the limit lets one more go: over shared memory the frame is
             // read straight into an element of the IOC's, and no copy of it is made here.
             let inflight = self.tl.link.session().initiator().inflight_bytes();
-            if self.tx.may_bypass(inflight) {
+            if self.tl.link.places_writes() && self.tx.may_bypass(inflight) {
                 let tap = self.tap;
-                match self
-                    .tl
-                    .link
-                    .read_in_place(TAP_FRAME_MAX, |dst| tap.recv_into(dst))
-                {
-                    Some(Ok(n)) if n > 0 => continue,
-                    Some(Ok(_)) => {
+                let read = |dst: &SharedBytes<'_>| tap.recv_into(dst);
+                match self.tl.link.read_in_place(TAP_FRAME_MAX, read) {
+                    Some(InPlace::Posted(_)) => continue,
+                    Some(InPlace::Dropped(n)) => {
+                        warn!(len = n, "frame larger than an IOC element; dropped");
+                        continue;
+                    }
+                    Some(InPlace::Empty) => {
                         drained = true;
                         break;
                     }
-                    Some(Err(e)) => {
+                    Some(InPlace::Failed(e)) => {
                         if e.kind() != io::ErrorKind::WouldBlock {
                             warn!("TAP read failed: {e}");
                         }
                         drained = true;
                         break;
                     }
-                    // No element that large is free, or no shared memory: a send buffer.
+                    // No element that large is free: a send buffer.
                     None => {}
                 }
             }

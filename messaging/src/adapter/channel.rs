@@ -56,18 +56,24 @@ pub trait Channel {
     /// Tears the queue pair down: aborts a write in progress and drops what is queued; the
     /// send buffers of dropped operations come back through [`Channel::reclaim`].
     fn close(&mut self, reg: &mut Registry);
+    /// Whether this side may put writes' payloads in the peer's memory itself
+    /// ([`Channel::peer_window`], [`Channel::post_placed`]): a transport whose peer's pools
+    /// are shared memory. `false` (the default) for a byte stream.
+    fn places_writes(&self) -> bool {
+        false
+    }
     /// The `len` bytes at `addr` of the peer's memory, where this side may put a write's
     /// payload itself (a frame read straight into the peer's element) and then post only its
-    /// header with [`Channel::post_placed`]: a transport whose peer's pools are shared
-    /// memory. `None` otherwise (the default).
+    /// header with [`Channel::post_placed`]. `None` when it does not place writes (the
+    /// default) or the bytes lie outside the peer's memory.
     fn peer_window(&self, addr: u64, len: usize) -> Option<SharedBytes<'_>> {
         let _ = (addr, len);
         None
     }
     /// Posts write `op` of `len` bytes whose payload this side already put in the peer's
-    /// memory through [`Channel::peer_window`]. Only a transport that gives windows is asked;
-    /// the default, for one that gives none, carries `len` zero bytes so that the stream
-    /// stays whole.
+    /// memory through [`Channel::peer_window`]. A transport that places writes overrides it;
+    /// the default, for one that does not and so is never asked, carries `len` zero bytes so
+    /// that its stream stays whole.
     fn post_placed(&mut self, op: Op, len: u32) {
         self.post(op, &[], Payload::Bytes(vec![0; len as usize]));
     }

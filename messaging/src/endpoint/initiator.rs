@@ -50,15 +50,16 @@ pub struct Reservation {
     pub indicate: Option<Indicate>,
 }
 
-/// A peer element taken for a frame not read yet ([`Initiator::take_element`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Element {
+/// A peer element taken for a frame not read yet ([`Initiator::take_element`]): used once,
+/// by [`Initiator::post_placed`] or [`Initiator::untake`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Element {
     pool_ref: u32,
     element: u32,
     /// Its address in the peer's memory.
-    pub addr: u64,
+    pub(crate) addr: u64,
     /// Its size in bytes.
-    pub size: u32,
+    pub(crate) size: u32,
 }
 
 #[derive(Debug)]
@@ -257,12 +258,15 @@ impl Initiator {
     /// Takes a free element of at least `size` bytes for a frame to be read straight into
     /// it (over shared memory): the caller reads into it, then posts the write with
     /// [`Initiator::post_placed`], or gives it back with [`Initiator::untake`] (nothing read).
-    pub fn take_element(&mut self, size: u32) -> Option<Element> {
+    /// A frame read so may be small and takes a large element all the same: a quarter of
+    /// each pool's elements stays for the frames that need them (`None` then: they take the
+    /// send-buffer path).
+    pub(crate) fn take_element(&mut self, size: u32) -> Option<Element> {
         let pool = self
             .pools
             .iter_mut()
             .filter(|p| p.entry.element_size >= size)
-            .find(|p| !p.free.is_empty())?;
+            .find(|p| p.free.len() > (p.entry.element_count as usize).div_ceil(4))?;
         let element = pool.free.pop()?;
         let e = &pool.entry;
         Some(Element {
@@ -274,7 +278,7 @@ impl Initiator {
     }
 
     /// Gives back an element [`Initiator::take_element`] took, unwritten.
-    pub fn untake(&mut self, taken: Element) {
+    pub(crate) fn untake(&mut self, taken: Element) {
         if let Some(p) = self
             .pools
             .iter_mut()
@@ -284,15 +288,27 @@ impl Initiator {
         }
     }
 
-    /// Posts the write of the `len` bytes (at most the element's) read into `taken` on
-    /// `ch`, which placed them ([`Channel::peer_window`]): only its header travels.
-    pub fn post_placed<C: Channel>(&mut self, ch: &mut C, taken: Element, len: usize) {
+    /// Posts the write of the `len` bytes (1 to the element's size) read into `taken` on
+    /// `ch`, which placed them ([`Channel::peer_window`]): only its header travels. False
+    /// (nothing posted) if `len` is out of range (the element goes back), or the element's
+    /// pool is gone (it cannot go between taking and posting: nothing reaches the session
+    /// meanwhile).
+    pub(crate) fn post_placed<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        taken: Element,
+        len: usize,
+    ) -> bool {
+        if len == 0 || len > taken.size as usize {
+            self.untake(taken);
+            return false;
+        }
         let Some(pool) = self
             .pools
             .iter_mut()
             .find(|p| p.entry.pool_ref == taken.pool_ref)
         else {
-            return;
+            return false;
         };
         let r = Self::write(pool, taken.element, len, &mut self.inflight);
         ch.post_placed(r.op, len as u32);
@@ -301,6 +317,7 @@ impl Initiator {
             Message::BufferRdmaIndicate(ind).emit(0, &mut msg);
             ch.post(Op::Send, &[], Payload::Bytes(msg));
         }
+        true
     }
 
     /// Routes a frame and posts it on the data channel `ch`.

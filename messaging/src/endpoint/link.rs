@@ -8,7 +8,7 @@
 use super::error::ProtocolError;
 use super::initiator::Posted;
 use super::outbox::Lane;
-use super::session::{Incoming, Session};
+use super::session::{InPlace, Incoming, Session};
 use super::target::PoolGetOutcome;
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, RxError};
 use crate::memory::{Frame, Registry, SendBuf, SendBufCache, SharedBytes};
@@ -326,20 +326,29 @@ impl<C: Channel> Link<C> {
         posted
     }
 
+    /// Whether frames can be read straight into the peer's memory
+    /// ([`Link::read_in_place`]): its data channel places writes.
+    pub fn places_writes(&self) -> bool {
+        self.data.places_writes()
+    }
+
     /// Reads a frame straight into the peer's memory over shared memory and posts its write
-    /// (see [`Session::read_in_place`]); a frame read is counted as sent.
+    /// (see [`Session::read_in_place`]); a frame posted is counted as sent, one dropped as
+    /// too large.
     pub fn read_in_place<E>(
         &mut self,
         size: u32,
         read: impl FnOnce(&SharedBytes<'_>) -> Result<usize, E>,
-    ) -> Option<Result<usize, E>> {
+    ) -> Option<InPlace<E>> {
         let got = self.session.read_in_place(&mut self.data, size, read);
-        if let Some(Ok(n)) = got {
-            if n > 0 {
+        match got {
+            Some(InPlace::Posted(n)) => {
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += n as u64;
                 self.stats.tx_in_place += 1;
             }
+            Some(InPlace::Dropped(_)) => self.stats.tx_too_large += 1,
+            _ => {}
         }
         got
     }

@@ -12,13 +12,11 @@ mod target;
 mod tests;
 
 pub use error::ProtocolError;
-pub use initiator::{
-    send_data_prefix, Element, Initiator, InitiatorConfig, Posted, Reservation, Route,
-};
+pub use initiator::{send_data_prefix, Initiator, InitiatorConfig, Posted, Reservation, Route};
 pub use link::{Link, LinkError, LinkEvent, LinkStats};
 pub use liveness::{Keepalive, Liveness};
 pub use outbox::{Lane, Outbox};
-pub use session::{Incoming, Session, SessionConfig};
+pub use session::{InPlace, Incoming, Session, SessionConfig};
 pub use target::{
     Delivery, PoolGetOutcome, PoolSpec, PoolUsage, Target, TargetConfig, ELEMENT_OVERHEAD,
     MAX_ELEMENT_COUNT, MIN_ELEMENT_SIZE,

@@ -27,6 +27,21 @@ pub struct SessionConfig {
     pub initiator: InitiatorConfig,
 }
 
+/// What became of a frame read straight into the peer's element
+/// ([`Session::read_in_place`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum InPlace<E> {
+    /// Read, `n` bytes, and its write posted.
+    Posted(usize),
+    /// The read found nothing; the element went back.
+    Empty,
+    /// The read said the frame had more bytes than the element holds (it was cut short), so
+    /// it was dropped and the element went back.
+    Dropped(usize),
+    /// The read failed; the element went back.
+    Failed(E),
+}
+
 /// What a received message means for the shell.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Incoming<'a> {
@@ -246,15 +261,18 @@ impl Session {
 
     /// Reads a frame straight into an element of the peer's of at least `size` bytes and
     /// posts its write, over a transport whose peer's pools are shared memory: `read` gets
-    /// the element's bytes ([`Channel::peer_window`]) and says how many it filled. `None`
-    /// when no free element of that size, or no window, is there; else what `read` said (a
-    /// read of nothing, or an error, gives the element back).
+    /// the element's bytes ([`Channel::peer_window`]) and says how many the frame had.
+    /// `None` when the transport does not place writes or no such element is free (a
+    /// quarter of each pool stays for frames read the other way); else what became of it.
     pub fn read_in_place<C: Channel, E>(
         &mut self,
         data: &mut C,
         size: u32,
         read: impl FnOnce(&SharedBytes<'_>) -> Result<usize, E>,
-    ) -> Option<Result<usize, E>> {
+    ) -> Option<InPlace<E>> {
+        if !data.places_writes() {
+            return None;
+        }
         let taken = self.initiator.take_element(size)?;
         let got = match data.peer_window(taken.addr, taken.size as usize) {
             Some(window) => read(&window),
@@ -263,13 +281,20 @@ impl Session {
                 return None;
             }
         };
-        match got {
-            Ok(n) if n > 0 && n <= taken.size as usize => {
-                self.initiator.post_placed(data, taken, n)
+        Some(match got {
+            Ok(0) => {
+                self.initiator.untake(taken);
+                InPlace::Empty
             }
-            _ => self.initiator.untake(taken),
-        }
-        Some(got.map(|n| n.min(taken.size as usize)))
+            Ok(n) => match self.initiator.post_placed(data, taken, n) {
+                true => InPlace::Posted(n),
+                false => InPlace::Dropped(n),
+            },
+            Err(e) => {
+                self.initiator.untake(taken);
+                InPlace::Failed(e)
+            }
+        })
     }
 
     /// Queues a CfgUtilRequest; returns its transaction context.

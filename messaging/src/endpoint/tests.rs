@@ -640,42 +640,56 @@ fn error_codes_follow_the_document() {
 
 mod in_place {
     use super::*;
+    use crate::endpoint::InPlace;
+    use crate::memory::SharedBytes;
+
+    /// A read that fills the window with `f`.
+    fn reads(f: &[u8]) -> impl FnOnce(&SharedBytes<'_>) -> Result<usize, ()> + '_ {
+        move |w| {
+            w.copy_in(0, f).unwrap();
+            Ok(f.len())
+        }
+    }
 
     #[test]
-    fn a_frame_read_straight_into_the_peers_element_arrives_and_its_credit_is_spent() {
+    fn frames_read_straight_into_the_peers_elements_arrive_whatever_their_size() {
         let mut p = pair_shm_pools();
         let before = p.a.link.session().initiator().credits();
-        let f = frame(30_000, 7);
-        let got = p.a.link.read_in_place(65_600, |w| -> Result<usize, ()> {
-            assert_eq!(w.len(), 65_600, "the whole element");
-            w.copy_in(0, &f).unwrap();
-            Ok(f.len())
-        });
-        assert_eq!(got, Some(Ok(30_000)));
-        assert_eq!(p.a.link.session().initiator().credits(), before - 1);
-        assert_eq!(p.a.link.session().initiator().inflight_bytes(), 30_000);
-        assert_eq!(p.a.link.stats().tx_frames, 1);
-        assert_eq!(p.a.link.stats().tx_in_place, 1);
+        // A small frame, a large one, and one too long for idata's 16-bit length (the
+        // write then goes with a BufferRDMAIndicate).
+        let frames = [frame(60, 1), frame(30_000, 2), frame(65_563, 3)];
+        for (i, f) in frames.iter().enumerate() {
+            let got = p.a.link.read_in_place(65_600, reads(f));
+            assert_eq!(got, Some(InPlace::Posted(f.len())));
+            assert_eq!(p.a.link.stats().tx_in_place, i as u64 + 1);
+        }
+        let ini = p.a.link.session().initiator();
+        assert_eq!(ini.credits(), before - 3);
+        assert_eq!(ini.inflight_bytes(), 60 + 30_000 + 65_563);
+        assert_eq!(p.a.link.stats().tx_frames, 3);
         p.drive().unwrap();
-        assert_eq!(p.b.received, vec![f]);
+        assert_eq!(p.b.received, frames.to_vec());
         assert_eq!(
             p.a.link.session().initiator().credits(),
             before,
-            "credit back"
+            "credits back"
         );
     }
 
     #[test]
-    fn an_element_nothing_was_read_into_goes_back() {
+    fn an_element_nothing_was_posted_into_goes_back() {
         let mut p = pair_shm_pools();
         let before = p.a.link.session().initiator().credits();
-        let err =
-            p.a.link
-                .read_in_place(65_600, |_| Err::<usize, _>("would block"));
-        assert_eq!(err, Some(Err("would block")));
-        let none = p.a.link.read_in_place(65_600, |_| Ok::<_, ()>(0));
-        assert_eq!(none, Some(Ok(0)));
-        assert_eq!(p.a.link.session().initiator().credits(), before);
+        let failed = p.a.link.read_in_place(65_600, |_| Err("would block"));
+        assert_eq!(failed, Some(InPlace::Failed("would block")));
+        let empty = p.a.link.read_in_place(65_600, |_| Ok::<_, ()>(0));
+        assert_eq!(empty, Some(InPlace::Empty));
+        // The read says the frame was longer than the element: cut short, so dropped.
+        let cut = p.a.link.read_in_place(65_600, |_| Ok::<_, ()>(70_000));
+        assert_eq!(cut, Some(InPlace::Dropped(70_000)));
+        assert_eq!(p.a.link.stats().tx_too_large, 1);
+        let ini = p.a.link.session().initiator();
+        assert_eq!((ini.credits(), ini.inflight_bytes()), (before, 0));
         assert_eq!(p.a.link.stats().tx_frames, 0);
         // No element that large: nothing taken, nothing read.
         let big = p.a.link.read_in_place(1 << 20, |_| -> Result<usize, ()> {
@@ -687,18 +701,45 @@ mod in_place {
     }
 
     #[test]
+    fn a_quarter_of_the_large_elements_stays_for_frames_read_the_other_way() {
+        let mut p = pair_shm_pools();
+        // The large pool has 8 elements: 6 may be read into, 2 stay.
+        for i in 0..6 {
+            let f = frame(100, i);
+            assert_eq!(
+                p.a.link.read_in_place(65_600, reads(&f)),
+                Some(InPlace::Posted(100))
+            );
+        }
+        assert_eq!(p.a.link.read_in_place(65_600, reads(&frame(100, 9))), None);
+        assert_eq!(
+            p.send(Side::A, &frame(60_000, 7)),
+            Outcome::Rdma,
+            "a TSO frame still goes"
+        );
+        p.drive().unwrap();
+        assert_eq!(p.b.received.len(), 7);
+        let f = frame(100, 8);
+        assert_eq!(
+            p.a.link.read_in_place(65_600, reads(&f)),
+            Some(InPlace::Posted(100)),
+            "once credits came back"
+        );
+    }
+
+    #[test]
     fn without_shared_pools_there_is_no_window() {
-        let no_read = |_: &crate::memory::SharedBytes<'_>| -> Result<usize, ()> {
-            panic!("no window to read into")
-        };
+        let no_read =
+            |_: &SharedBytes<'_>| -> Result<usize, ()> { panic!("no window to read into") };
         // Over the TCP framing, and over rings whose peer keeps its pools private.
         let mut p = pair();
+        assert!(!p.a.link.places_writes());
         let before = p.a.link.session().initiator().credits();
         assert_eq!(p.a.link.read_in_place(2048, no_read), None);
         assert_eq!(p.a.link.session().initiator().credits(), before);
         let mut p = pair_shm();
-        let before = p.a.link.session().initiator().credits();
+        assert!(!p.a.link.places_writes());
         assert_eq!(p.a.link.read_in_place(2048, no_read), None);
-        assert_eq!(p.a.link.session().initiator().credits(), before);
+        assert!(pair_shm_pools().a.link.places_writes());
     }
 }

@@ -164,6 +164,9 @@ impl Channel for FabricChannel {
     fn take_rang_peer(&mut self) -> bool {
         each!(self, c => c.take_rang_peer())
     }
+    fn places_writes(&self) -> bool {
+        each!(self, c => c.places_writes())
+    }
     fn peer_window(&self, addr: u64, len: usize) -> Option<crate::memory::SharedBytes<'_>> {
         each!(self, c => c.peer_window(addr, len))
     }

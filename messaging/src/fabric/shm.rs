@@ -144,6 +144,10 @@ impl Channel for ShmTransport {
         self.ch.prepare_sleep()
     }
 
+    fn places_writes(&self) -> bool {
+        self.ch.places_writes()
+    }
+
     fn peer_window(&self, addr: u64, len: usize) -> Option<SharedBytes<'_>> {
         self.ch.peer_window(addr, len)
     }

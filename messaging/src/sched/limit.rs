@@ -93,6 +93,12 @@ impl ByteLimit {
         false
     }
 
+    /// True when a frame may be posted with `inflight` bytes outstanding, counting nothing
+    /// (no frame waits yet).
+    pub fn would_admit(&self, inflight: u64) -> bool {
+        inflight < self.limit
+    }
+
     /// `completed` bytes completed at `now`; `inflight` bytes remain outstanding.
     pub fn completed(&mut self, completed: u64, inflight: u64, now: Instant) {
         if self.limited && inflight == 0 && completed > 0 {

@@ -59,12 +59,12 @@ impl<T> Scheduler<T> {
     }
 
     /// Whether a new frame may go at once, past the queue, with `inflight` bytes
-    /// outstanding: nothing waits and the limit lets one more go (a refusal counts as the
-    /// sender being held back, as the frame will wait).
-    pub fn may_bypass(&mut self, inflight: u64) -> bool {
+    /// outstanding: nothing waits and the limit lets one more go. Counts nothing: no frame
+    /// waits yet (one that then does is counted by [`Scheduler::next`]).
+    pub fn may_bypass(&self, inflight: u64) -> bool {
         self.held.is_none()
             && self.queue.is_empty()
-            && self.limit.as_mut().is_none_or(|l| l.admits(inflight))
+            && self.limit.as_ref().is_none_or(|l| l.would_admit(inflight))
     }
 
     /// Puts back a frame [`Scheduler::next`] gave that met no credit: it goes first next
@@ -193,5 +193,24 @@ mod tests {
         assert_eq!(s.next(0), Some(first));
         assert_eq!(s.drain().count(), 1);
         assert_eq!(s.waiting(), 0);
+    }
+
+    #[test]
+    fn a_frame_bypasses_only_an_empty_queue_within_the_limit_and_counts_no_wait() {
+        let mut s = sched();
+        assert!(s.may_bypass(0));
+        assert!(s.may_bypass(2999));
+        assert!(!s.may_bypass(3000), "at the limit");
+        assert_eq!(s.stats().unwrap().held_back, 0, "nothing waited");
+        // Running dry after that is no reason to grow: nothing was held back.
+        s.completed(3000, 0, Instant::now());
+        assert_eq!(s.stats().unwrap().limit, 3000);
+        push(&mut s, 5001, 0, 100);
+        assert!(!s.may_bypass(0), "a frame waits in the queue");
+        let f = s.next(0).unwrap();
+        s.hold(f);
+        assert!(!s.may_bypass(0), "a frame is held for credit");
+        assert_eq!(s.next(0), Some(f));
+        assert!(s.may_bypass(0));
     }
 }

@@ -124,3 +124,40 @@ pub fn hostname() -> String {
         .collect();
     String::from_utf8_lossy(&name).into_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter::shm::HeapShared;
+    use crate::memory::SharedBytes;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixDatagram;
+
+    #[test]
+    fn frames_go_between_a_descriptor_and_shared_memory_without_a_reference() {
+        let mem = HeapShared::new(4096);
+        let (a, b) = UnixDatagram::pair().unwrap();
+        // A datagram read straight into a range of shared memory, at an unaligned offset.
+        a.send(b"a frame from the TAP").unwrap();
+        let dst = SharedBytes::new(&mem, 1001, 100).unwrap();
+        assert_eq!(read_into(b.as_fd(), &dst).unwrap(), 20);
+        let mut got = [0u8; 20];
+        dst.copy_out(0, &mut got).unwrap();
+        assert_eq!(&got, b"a frame from the TAP");
+        // And written out as a private head and the rest from shared memory, in one piece.
+        let rest = SharedBytes::new(&mem, 1001 + 8, 12).unwrap();
+        assert_eq!(write_parts(b.as_fd(), b"HEAD", &rest).unwrap(), 16);
+        let mut out = [0u8; 64];
+        let n = a.recv(&mut out).unwrap();
+        assert_eq!(&out[..n], b"HEADfrom the TAP");
+        // A stream is a descriptor as well.
+        let (mut x, y) = std::os::unix::net::UnixStream::pair().unwrap();
+        x.write_all(b"xyz").unwrap();
+        let dst = SharedBytes::new(&mem, 0, 3).unwrap();
+        assert_eq!(read_into(y.as_fd(), &dst).unwrap(), 3);
+        let mut back = [0u8; 3];
+        dst.copy_out(0, &mut back).unwrap();
+        assert_eq!(&back, b"xyz");
+    }
+}

@@ -433,6 +433,10 @@ impl<M: SharedMem + Send + Sync> Channel for ShmChannel<M> {
         self.queue.clear();
     }
 
+    fn places_writes(&self) -> bool {
+        self.peer_pools.is_some()
+    }
+
     fn peer_window(&self, addr: u64, len: usize) -> Option<SharedBytes<'_>> {
         let mem = self.peer_pools.as_ref()?;
         let off = usize::try_from(arena_offset(addr)).ok()?;
