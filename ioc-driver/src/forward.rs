@@ -324,6 +324,7 @@ impl Ioc {
             return Err(HostEnd::Gone);
         };
         let mut events = Vec::new();
+        let mut head = [0u8; HEAD];
         let r = link.poll(
             reg,
             lane,
@@ -331,7 +332,6 @@ impl Ioc {
             &mut |frame| {
                 // A frame in a shared pool is checked from a private copy of its head
                 // (see [`HostFrame`]).
-                let mut head = [0u8; HEAD];
                 let frame = HostFrame::new(frame, &mut head);
                 from_host(
                     session, frame, hosts, &**nic, lan_tx, cache, stats, flow_keys, &policy,

@@ -8,7 +8,9 @@ use splitnet_messaging::adapter::shm::setup::{
 use splitnet_messaging::adapter::{Channel, Op, Payload, RxCompletion};
 use splitnet_messaging::fabric::shm::{accept, offer, PoolArena, ShmTransport};
 use splitnet_messaging::fabric::FabricError;
-use splitnet_messaging::memory::{Access, DomainId, Frame, RegionSpec, Registry};
+use splitnet_messaging::memory::{
+    Access, DomainId, Frame, Handle, RegionSpec, Registry, SharedRegion,
+};
 use splitnet_messaging::sys::eventfd::EventFd;
 use splitnet_messaging::sys::shm::{send_fds, Memfd};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -78,6 +80,22 @@ fn shm_error(r: Result<ShmTransport, FabricError>) -> String {
     }
 }
 
+/// A registry laying domain 1's pools out in `arena`, and a pool of `count` 2 KiB elements.
+fn pool_in(arena: SharedRegion, count: u32) -> (Registry, Handle) {
+    let mut reg = Registry::new(1 << 20);
+    reg.attach_arena(DomainId(1), arena).unwrap();
+    let pool = reg
+        .register(RegionSpec {
+            domain: DomainId(1),
+            access: Access::REMOTE_WRITE,
+            element_size: 2048,
+            element_count: count,
+            single_use: false,
+        })
+        .unwrap();
+    (reg, pool)
+}
+
 #[test]
 fn offer_and_accept_agree_and_carry_operations() {
     let (host, ioc) = pair();
@@ -115,19 +133,7 @@ fn offer_and_accept_agree_and_carry_operations() {
     assert!(i.poll_recv(&mut reg).unwrap().is_some());
     assert!(!i.input_pending());
     // The IOC places a write straight into the host's pool, laid out in the host's arena.
-    let mut host_reg = Registry::new(1 << 20);
-    host_reg
-        .attach_arena(DomainId(1), h.pools().expect("the host has a pool arena"))
-        .unwrap();
-    let pool = host_reg
-        .register(RegionSpec {
-            domain: DomainId(1),
-            access: Access::REMOTE_WRITE,
-            element_size: 2048,
-            element_count: 4,
-            single_use: false,
-        })
-        .unwrap();
+    let (mut host_reg, pool) = pool_in(h.pools().expect("the host has a pool arena"), 4);
     host_reg.grant(pool, 2).unwrap();
     let addr = host_reg.address(pool).unwrap() + 2 * 2048;
     let op = Op::WriteImm {
@@ -157,19 +163,7 @@ fn offer_and_accept_agree_and_carry_operations() {
     bytes.copy_out(0, &mut copy).unwrap();
     assert!(copy.iter().all(|&b| b == 0xab));
     // And the host places its writes into the IOC's pool for it, in the IOC's arena.
-    let mut ioc_reg = Registry::new(1 << 20);
-    ioc_reg
-        .attach_arena(DomainId(1), i.pools().expect("the IOC has a pool arena"))
-        .unwrap();
-    let pool = ioc_reg
-        .register(RegionSpec {
-            domain: DomainId(1),
-            access: Access::REMOTE_WRITE,
-            element_size: 2048,
-            element_count: 2,
-            single_use: false,
-        })
-        .unwrap();
+    let (mut ioc_reg, pool) = pool_in(i.pools().expect("the IOC has a pool arena"), 2);
     ioc_reg.grant(pool, 1).unwrap();
     let op = Op::Write {
         handle: pool.to_u64(),

@@ -70,6 +70,27 @@ struct RemotePool {
     in_use: Vec<u32>,
 }
 
+impl RemotePool {
+    /// Where `element` starts in the peer's memory. (Validated in on_pools: address +
+    /// element_size * element_count does not overflow.)
+    fn element_addr(&self, element: u32) -> u64 {
+        self.entry.address + u64::from(element) * u64::from(self.entry.element_size)
+    }
+}
+
+impl Reservation {
+    /// Posts the write on `ch`, its payload given by `post` (carried, or already placed),
+    /// then the BufferRDMAIndicate when idata could not carry the indication.
+    fn post<C: Channel>(self, ch: &mut C, post: impl FnOnce(&mut C, Op)) {
+        post(ch, self.op);
+        if let Some(ind) = self.indicate {
+            let mut msg = Vec::with_capacity(wire::HEADER_LEN + 12);
+            Message::BufferRdmaIndicate(ind).emit(0, &mut msg);
+            ch.post(Op::Send, &[], Payload::Bytes(msg));
+        }
+    }
+}
+
 /// The peer's pools and our credits in them.
 #[derive(Debug)]
 pub struct Initiator {
@@ -228,8 +249,7 @@ impl Initiator {
             *u = bytes;
             *inflight += u64::from(bytes);
         }
-        // Validated in on_pools: address + element_size * element_count does not overflow.
-        let addr = e.address + u64::from(element) * u64::from(e.element_size);
+        let addr = pool.element_addr(element);
         let len32 = len as u32;
         let (op, indicate) = match Idata::new(e.pool_ref, element, len32) {
             Some(id) => (
@@ -272,7 +292,7 @@ impl Initiator {
         Some(Element {
             pool_ref: e.pool_ref,
             element,
-            addr: e.address + u64::from(element) * u64::from(e.element_size),
+            addr: pool.element_addr(element),
             size: e.element_size,
         })
     }
@@ -311,12 +331,7 @@ impl Initiator {
             return false;
         };
         let r = Self::write(pool, taken.element, len, &mut self.inflight);
-        ch.post_placed(r.op, len as u32);
-        if let Some(ind) = r.indicate {
-            let mut msg = Vec::with_capacity(wire::HEADER_LEN + 12);
-            Message::BufferRdmaIndicate(ind).emit(0, &mut msg);
-            ch.post(Op::Send, &[], Payload::Bytes(msg));
-        }
+        r.post(ch, |ch, op| ch.post_placed(op, len as u32));
         true
     }
 
@@ -328,12 +343,7 @@ impl Initiator {
                 Posted::SendData
             }
             Route::Rdma(r) => {
-                ch.post(r.op, &[], Payload::Buf(buf));
-                if let Some(ind) = r.indicate {
-                    let mut msg = Vec::with_capacity(wire::HEADER_LEN + 12);
-                    Message::BufferRdmaIndicate(ind).emit(0, &mut msg);
-                    ch.post(Op::Send, &[], Payload::Bytes(msg));
-                }
+                r.post(ch, |ch, op| ch.post(op, &[], Payload::Buf(buf)));
                 Posted::Rdma
             }
             Route::Backpressure => {

@@ -195,8 +195,6 @@ struct Region {
     element_count: u32,
     in_flight: u32,
     granted: Vec<bool>,
-    /// The address of its first byte.
-    base: u64,
     mem: Mem,
 }
 
@@ -217,6 +215,15 @@ impl Region {
         match &self.mem {
             Mem::Heap(m) => m.len() as u64,
             Mem::Shared { len, .. } => *len as u64,
+        }
+    }
+
+    /// Where it starts in its pool arena (0 in private memory): what its base address adds
+    /// to the slot's.
+    fn arena_offset(&self) -> u64 {
+        match self.mem {
+            Mem::Heap(_) => 0,
+            Mem::Shared { off, .. } => off as u64,
         }
     }
 
@@ -366,7 +373,6 @@ impl Registry {
             element_count: spec.element_count,
             in_flight: 0,
             granted: vec![false; spec.element_count as usize],
-            base: 0,
             mem,
         };
         let index = match self.free.pop() {
@@ -386,12 +392,6 @@ impl Registry {
                 }
             },
         };
-        let mut region = region;
-        region.base = Registry::base_address(Handle::new(index, 0))
-            + match region.mem {
-                Mem::Shared { off, .. } => off as u64,
-                Mem::Heap(_) => 0,
-            };
         let slot = &mut self.slots[index as usize];
         slot.region = Some(region);
         self.stats.regions += 1;
@@ -407,7 +407,7 @@ impl Registry {
 
     /// Base address the peer must use for the region.
     pub fn address(&self, handle: Handle) -> Result<u64, RegistryError> {
-        Ok(self.region(handle)?.base)
+        Ok(Registry::base_address(handle) + self.region(handle)?.arena_offset())
     }
 
     /// Whether the region lies in a pool arena shared with its writer.
@@ -579,7 +579,7 @@ impl Registry {
         if r.single_use && r.used {
             return Err(ProtectionError::SingleUseReused(handle));
         }
-        let base = r.base;
+        let base = Registry::base_address(handle) + r.arena_offset();
         let size = r.size();
         let out_of_bounds = ProtectionError::OutOfBounds {
             handle,

@@ -52,6 +52,18 @@ pub fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(n == 1 && p.revents & libc::POLLIN != 0)
 }
 
+/// The address and length of the bytes `b` names in shared memory, for the kernel. Formed
+/// from the atomics' own pointer, so no Rust reference to the bytes exists; checked again
+/// against the words (in bounds by `SharedBytes`' construction) since `unsafe` relies on it.
+fn shared_range(b: &crate::memory::SharedBytes<'_>) -> io::Result<(*mut libc::c_void, usize)> {
+    let (words, off, len) = b.raw();
+    if off.checked_add(len).is_none_or(|end| end > words.len() * 4) {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    let ptr = words.as_ptr().cast::<u8>().wrapping_add(off).cast_mut();
+    Ok((ptr.cast(), len))
+}
+
 /// Writes `head` (private) then the bytes `tail` names in shared memory with one
 /// `writev(2)`: the kernel copies the shared bytes itself, so no Rust reference to memory
 /// the peer may rewrite is ever formed. `head` is what was checked; only it must not
@@ -61,44 +73,31 @@ pub fn write_parts(
     head: &[u8],
     tail: &crate::memory::SharedBytes<'_>,
 ) -> io::Result<usize> {
-    let (words, off, len) = tail.raw();
-    // In bounds by `SharedBytes`' construction; checked again since `unsafe` relies on it.
-    if off.checked_add(len).is_none_or(|end| end > words.len() * 4) {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    }
+    let (base, len) = shared_range(tail)?;
     let iov = [
         libc::iovec {
             iov_base: head.as_ptr().cast_mut().cast(),
             iov_len: head.len(),
         },
         libc::iovec {
-            iov_base: words
-                .as_ptr()
-                .cast::<u8>()
-                .wrapping_add(off)
-                .cast_mut()
-                .cast(),
+            iov_base: base,
             iov_len: len,
         },
     ];
     // SAFETY: both iovecs name readable memory valid for the call: `head` is a live slice,
-    // and `off + len` lies inside `words`, a live slice of atomics (the kernel only reads
-    // it; racing writes by the peer change the bytes sent, never memory safety).
+    // and the tail lies inside a live slice of atomics (the kernel only reads it; racing
+    // writes by the peer change the bytes sent, never memory safety).
     cvt_size(unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) })
 }
 
 /// Reads into the bytes `dst` names in shared memory with one `read(2)`: the kernel writes
 /// them, so no Rust reference to memory the peer may rewrite is formed.
 pub fn read_into(fd: BorrowedFd<'_>, dst: &crate::memory::SharedBytes<'_>) -> io::Result<usize> {
-    let (words, off, len) = dst.raw();
-    if off.checked_add(len).is_none_or(|end| end > words.len() * 4) {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    }
-    let ptr = words.as_ptr().cast::<u8>().wrapping_add(off).cast_mut();
-    // SAFETY: `off + len` lies inside `words`, a live slice of atomics, valid for the call;
-    // atomics may be written through a shared reference (interior mutability), and the
-    // kernel's write races only with the peer's, which changes bytes, not memory safety.
-    cvt_size(unsafe { libc::read(fd.as_raw_fd(), ptr.cast(), len) })
+    let (base, len) = shared_range(dst)?;
+    // SAFETY: the range lies inside a live slice of atomics, valid for the call; atomics
+    // may be written through a shared reference (interior mutability), and the kernel's
+    // write races only with the peer's, which changes bytes, not memory safety.
+    cvt_size(unsafe { libc::read(fd.as_raw_fd(), base, len) })
 }
 
 /// `write(2)` on an owned descriptor.

@@ -168,22 +168,6 @@ impl<M: SharedMem> ShmChannel<M> {
         self.peer_pools = Some(mem);
     }
 
-    /// Places a write's bytes at `addr` of the peer's pool arena; false if there is no
-    /// arena or the bytes do not fit in it (the write then travels in the ring, and the
-    /// peer's checks refuse it).
-    fn place_in_peer(&self, addr: u64, prefix: &[u8], payload: &[u8]) -> bool {
-        let Some(mem) = &self.peer_pools else {
-            return false;
-        };
-        let Ok(off) = usize::try_from(arena_offset(addr)) else {
-            return false;
-        };
-        let fits = off
-            .checked_add(prefix.len() + payload.len())
-            .is_some_and(|end| end <= mem.len());
-        fits && mem.copy_in(off, prefix).is_ok() && mem.copy_in(off + prefix.len(), payload).is_ok()
-    }
-
     /// Changes the protection domain whose writes this channel carries.
     pub fn set_domain(&mut self, domain: DomainId) {
         self.domain = domain;
@@ -357,9 +341,15 @@ impl<M: SharedMem> ShmChannel<M> {
 
 impl<M: SharedMem + Send + Sync> Channel for ShmChannel<M> {
     fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
+        // With the peer's arena, a write's bytes go straight to their element there. One
+        // that does not fit the arena travels in the ring, and the peer's checks refuse it.
         if let Op::Write { addr, .. } | Op::WriteImm { addr, .. } = op {
-            if self.place_in_peer(addr, prefix, payload.as_slice()) {
-                let len = prefix.len() + payload.as_slice().len();
+            let bytes = payload.as_slice();
+            let len = prefix.len() + bytes.len();
+            let placed = self.peer_window(addr, len).is_some_and(|w| {
+                w.copy_in(0, prefix).is_ok() && w.copy_in(prefix.len(), bytes).is_ok()
+            });
+            if placed {
                 // A write is at most one element, far below 4 GiB.
                 self.queue.post_placed(op, len as u32);
                 self.queue.retire(payload);
