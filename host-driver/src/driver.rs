@@ -14,7 +14,7 @@ use splitnet_messaging::endpoint::{
     InPlace, InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
 };
-use splitnet_messaging::fabric::{self, DataPath, FabricChannel, FabricLink, StreamConn};
+use splitnet_messaging::fabric::{self, DataPath, FabricChannel, FabricLink};
 use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBuf, SendBufCache, SharedBytes};
 use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
 use splitnet_messaging::service::{self, notify};
@@ -470,7 +470,7 @@ async fn connect(
     queue: Queue,
     first: u64,
     timeout: Duration,
-) -> Result<(StreamConn, FabricChannel, HelloReply), fabric::FabricError> {
+) -> Result<(FabricChannel, FabricChannel, HelloReply), fabric::FabricError> {
     match &cfg.ioc {
         FabricAddr::Tcp(a) => {
             let dial = || fabric::dial_tcp(*a);
@@ -611,7 +611,7 @@ impl<'a> Conn<'a> {
         queue: Queue,
         tap: &'a Tap,
         tap_ready: &'a fabric::Ready,
-        ctrl: StreamConn,
+        ctrl: FabricChannel,
         data: fabric::FabricChannel,
         snap: Option<Rc<RefCell<Snapshot>>>,
     ) -> io::Result<Conn<'a>> {
@@ -760,8 +760,10 @@ impl<'a> Conn<'a> {
             if sleep {
                 (sleep, idle_since) = self.poll_before_sleep(tap_wanted);
             }
+            let sleep_ctrl = self.tl.link.prepare_sleep(Lane::Control);
             let FabricLink { ready, link } = &mut self.tl;
-            let data_writable = ready.data_writable();
+            let (ctrl_writable, data_writable) =
+                (ready.writable(Lane::Control), ready.writable(Lane::Data));
             let mut rx_seen = false;
             // Woken by what a poll before sleeping could have caught (the doorbell, the TAP).
             let mut woke_for_input = false;
@@ -780,10 +782,14 @@ impl<'a> Conn<'a> {
                     }
                     Err(e) => Err(e.to_string()),
                 },
-                g = ready.ctrl.readable() => match g {
-                    Ok(g) => { rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, Some(g), &mut events) }
+                g = ready.ctrl.readable(), if sleep_ctrl => match g {
+                    Ok(g) => { link.wake(Lane::Control); rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, Some(g), &mut events) }
                     Err(e) => Err(e.to_string()),
                 },
+                _ = std::future::ready(()), if !sleep_ctrl => {
+                    rx_seen = true;
+                    Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, None, &mut events)
+                }
                 g = ready.data.readable(), if sleep => match g {
                     Ok(g) => { link.wake(Lane::Data); rx_seen = true; woke_for_input = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, Some(g), &mut events) }
                     Err(e) => Err(e.to_string()),
@@ -792,7 +798,7 @@ impl<'a> Conn<'a> {
                     rx_seen = true;
                     Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, None, &mut events)
                 }
-                _ = ready.peer_gone() => Err("the IOC's shared-memory data channel closed".into()),
+                _ = ready.peer_gone() => Err("the IOC's shared-memory channels closed".into()),
                 g = ready.data.writable(), if pending && data_writable => match g {
                     Ok(mut g) => match link.flush() {
                         Ok(true) => Ok(()),
@@ -801,7 +807,7 @@ impl<'a> Conn<'a> {
                     },
                     Err(e) => Err(e.to_string()),
                 },
-                g = ready.ctrl.writable(), if pending => match g {
+                g = ready.ctrl.writable(), if pending && ctrl_writable => match g {
                     Ok(mut g) => match link.flush() {
                         Ok(true) => Ok(()),
                         Ok(false) => { g.clear_ready(); Ok(()) }

@@ -17,32 +17,35 @@ use tokio::sync::Notify;
 /// else writes to it, so a host that stops reading costs the IOC no work at all.
 pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: Rc<Notify>) {
     let end = loop {
-        let (pending, deadline, sleep) = {
+        let (pending, deadline, sleep_ctrl, sleep) = {
             let mut ioc = ioc.borrow_mut();
             match ioc.hosts.get_mut(&session) {
                 Some(h) => {
-                    // Shared memory: ask for the doorbell; records may be waiting already.
-                    let sleep = h.link.as_mut().is_none_or(|l| l.prepare_sleep(Lane::Data));
-                    (h.pending() > 0, h.keepalive.deadline(), sleep)
+                    // Shared memory: ask for the doorbells; records may be waiting already.
+                    let mut sleep = |lane| h.link.as_mut().is_none_or(|l| l.prepare_sleep(lane));
+                    let (c, d) = (sleep(Lane::Control), sleep(Lane::Data));
+                    (h.pending() > 0, h.keepalive.deadline(), c, d)
                 }
                 None => return,
             }
         };
         let deadline = tokio::time::Instant::from_std(deadline);
-        let data_writable = ready.data_writable();
+        let (ctrl_writable, data_writable) =
+            (ready.writable(Lane::Control), ready.writable(Lane::Data));
         let step = tokio::select! {
-            g = ready.ctrl.readable() => g.map(|g| (Some(Lane::Control), Some(g))),
+            g = ready.ctrl.readable(), if sleep_ctrl => g.map(|g| (Some(Lane::Control), Some(g))),
+            _ = std::future::ready(()), if !sleep_ctrl => Ok((Some(Lane::Control), None)),
             g = ready.data.readable(), if sleep => g.map(|g| (Some(Lane::Data), Some(g))),
             _ = std::future::ready(()), if !sleep => Ok((Some(Lane::Data), None)),
             g = ready.data.writable(), if pending && data_writable => g.map(|g| (None, Some(g))),
-            g = ready.ctrl.writable(), if pending => g.map(|g| (None, Some(g))),
+            g = ready.ctrl.writable(), if pending && ctrl_writable => g.map(|g| (None, Some(g))),
             _ = wake.notified() => Ok((None, None)),
             _ = tokio::time::sleep_until(deadline) => Ok((None, None)),
             _ = ready.peer_gone() => {
                 // A host that leaves says Goodbye on the control channel first.
                 let why = match ioc.borrow_mut().drive_host(session, Lane::Control) {
                     Err(HostEnd::Closed(why)) => why,
-                    _ => "its shared-memory data channel closed".into(),
+                    _ => "its shared-memory channels closed".into(),
                 };
                 break Err(HostEnd::Closed(why));
             }
@@ -53,6 +56,12 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
             .get_mut(&session)
             .and_then(|h| h.link.as_mut())
         {
+            // The control channel's doorbell is read only when it woke this task (its
+            // request stays armed otherwise, and is rung at most once); the data channel's
+            // is withdrawn every time, as it carries the traffic.
+            if matches!(step, Ok((Some(Lane::Control), Some(_)))) {
+                l.wake(Lane::Control);
+            }
             l.wake(Lane::Data);
         }
         let (lane, guard) = match step {

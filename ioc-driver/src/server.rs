@@ -13,7 +13,7 @@ use splitnet_messaging::fabric::{self, Ready, Stream, StreamConn};
 use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::service::{self, notify, Introspect};
 use splitnet_messaging::sys::{netdev, packet::PacketSocket};
-use splitnet_messaging::wire::{self, fmt_mac, ErrorCode, Hello, Role};
+use splitnet_messaging::wire::{fmt_mac, ErrorCode, Hello, Role};
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::path::PathBuf;
@@ -161,7 +161,7 @@ impl Cluster {
         }
         // A host's first queue goes where the fewest sessions are; its other queues and
         // every data channel go to the worker their token names.
-        let to = if hello.channel == wire::CONTROL_CHANNEL && hello.queue.is_first() {
+        let to = if fabric::is_control(hello.channel) && hello.queue.is_first() {
             self.observer.least_loaded()
         } else {
             shard::worker_of(hello.session)

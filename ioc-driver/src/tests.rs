@@ -137,16 +137,19 @@ fn connect_with(ioc: &mut Ioc, node_id: u64, small: bool, config: SessionConfig)
     (session, peer)
 }
 
-/// Connects a host whose data channel is in shared memory (over a Unix socket pair, as
-/// through `fabric.listen_local`), each side's pools in an arena the other places its
-/// writes in. Returns its session id.
+/// Connects a host whose channels are in shared memory (over Unix socket pairs, as through
+/// `fabric.listen_local`), each side's pools in an arena the other places its writes in.
+/// Returns its session id.
 fn connect_shm(ioc: &mut Ioc, node_id: u64) -> (u64, Peer) {
     use splitnet_messaging::fabric::shm::{accept, offer, PoolArena};
-    let (ictrl, hctrl) = pair(false);
-    let (idata, hdata) = std::os::unix::net::UnixStream::pair().unwrap();
-    for s in [&idata, &hdata] {
-        s.set_nonblocking(true).unwrap();
-    }
+    let unix = || {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        for s in [&a, &b] {
+            s.set_nonblocking(true).unwrap();
+        }
+        (a, b)
+    };
+    let ((ictrl, hctrl), (idata, hdata)) = (unix(), unix());
     let (session, token) = ioc.new_session();
     let domain = DomainId(session as u32);
     let arena = PoolArena::new(c"test-ioc-pools", 64 << 20).unwrap();
@@ -157,29 +160,31 @@ fn connect_shm(ioc: &mut Ioc, node_id: u64) -> (u64, Peer) {
         .unwrap();
     let timeout = std::time::Duration::from_secs(5);
     let max = wire::MAX_MESSAGE_LEN;
-    let (h, i) = rt.block_on(async {
-        tokio::join!(
-            offer(hdata, DomainId(1), max, 16 << 20, timeout),
-            accept(idata, domain, max, arena, timeout)
-        )
+    let (hc, ic, hd, id) = rt.block_on(async {
+        let (hc, ic) = tokio::join!(
+            offer(hctrl, DomainId(1), max, None, timeout),
+            accept(ictrl, domain, max, None, timeout)
+        );
+        let (hd, id) = tokio::join!(
+            offer(hdata, DomainId(1), max, Some(16 << 20), timeout),
+            accept(idata, domain, max, Some(arena), timeout)
+        );
+        (hc, ic, hd, id)
     });
-    let (h, i) = (h.unwrap(), i.unwrap());
+    let shm = |t: Result<_, _>| FabricChannel::Shm(Box::new(t.unwrap()));
+    let (hc, ic, hd, id) = (shm(hc), shm(ic), shm(hd), shm(id));
     let mut s = Session::new(domain, ioc.session_config());
     s.start(&mut ioc.reg).unwrap();
-    let link = Link::new(
-        s,
-        channel(ictrl, session as u32),
-        FabricChannel::Shm(Box::new(i)),
-    );
+    let link = Link::new(s, ic, id);
     let peer_addr = "local".to_string();
     ioc.add_host(session, token, node_id, Queue::SINGLE, 0, link, peer_addr)
         .unwrap();
     let mut reg = Registry::new(64 << 20);
-    reg.attach_arena(DomainId(1), h.pools().unwrap()).unwrap();
+    reg.attach_arena(DomainId(1), hd.pools().unwrap()).unwrap();
     let mut hs = Session::new(DomainId(1), host_config(128));
     hs.start(&mut reg).unwrap();
     let mut peer = Peer {
-        link: Link::new(hs, channel(hctrl, 1), FabricChannel::Shm(Box::new(h))),
+        link: Link::new(hs, hc, hd),
         reg,
         frames: 0,
         kept: None,

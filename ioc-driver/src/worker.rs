@@ -35,7 +35,7 @@ const INBOX_BATCH: usize = 64;
 /// A control channel waiting for its data channel.
 #[derive(Debug)]
 pub struct Waiting {
-    ch: StreamConn,
+    ch: FabricChannel,
     session: u64,
     node_id: u64,
     queue: Queue,
@@ -212,7 +212,12 @@ async fn handshake(
         warn!(%peer, ?status, "connection refused: {why}");
         fabric::refuse(ch, version, status, timeout)
     };
-    if hello.channel == wire::CONTROL_CHANNEL {
+    if fabric::is_control(hello.channel) {
+        // A control channel in shared memory needs the local socket.
+        let shm = hello.channel == fabric::shm::SHM_CONTROL_CHANNEL;
+        if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
+            return refuse(ch, ErrorCode::Refused, "shared memory asked for over TCP").await;
+        }
         let admitted = {
             let mut st = ioc.borrow_mut();
             if st.stopping {
@@ -240,15 +245,26 @@ async fn handshake(
             Err((status, why)) => return refuse(ch, status, why).await,
         };
         fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
-        let flushed = fabric::flush(&mut ch, timeout).await;
+        let opened = match shm {
+            true => shm_channel(ch, DomainId(session as u32), None, timeout)
+                .await
+                .map(|t| FabricChannel::Shm(Box::new(t))),
+            false => fabric::flush(&mut ch, timeout)
+                .await
+                .map(|()| FabricChannel::Stream(ch)),
+        };
         {
             let mut st = ioc.borrow_mut();
             st.admitting -= 1;
-            if let Err(e) = flushed {
-                st.publish_load();
-                warn!(%peer, "cannot answer the Hello: {e}");
-                return;
-            }
+            let ch = match opened {
+                Ok(ch) => ch,
+                Err(e) => {
+                    st.stats.handshake_failures += 1;
+                    st.publish_load();
+                    warn!(%peer, "cannot open the control channel: {e}");
+                    return;
+                }
+            };
             let waiting = Waiting {
                 ch,
                 session,
@@ -324,7 +340,7 @@ async fn handshake(
     // The reply goes first on the data channel, ahead of anything posted to the host later.
     fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
     let data = if let Some(arena) = arena {
-        match shm_data(ch, domain, arena, timeout).await {
+        match shm_channel(ch, domain, Some(arena), timeout).await {
             Ok(t) => FabricChannel::Shm(Box::new(t)),
             Err(e) => {
                 ioc.borrow_mut().stats.handshake_failures += 1;
@@ -367,13 +383,13 @@ async fn handshake(
     }
 }
 
-/// Sends the HelloReply of a shared-memory data channel, then takes the host's rings,
-/// doorbell and pool arena over the socket and answers with `arena`
-/// ([`fabric::shm::accept`]).
-async fn shm_data(
+/// Sends the HelloReply of a shared-memory channel, then takes the host's rings, doorbell
+/// and (a data channel's) pool arena over the socket and answers, with `arena` for a data
+/// channel ([`fabric::shm::accept`]).
+async fn shm_channel(
     mut ch: StreamConn,
     domain: DomainId,
-    arena: fabric::shm::PoolArena,
+    arena: Option<fabric::shm::PoolArena>,
     timeout: Duration,
 ) -> Result<fabric::shm::ShmTransport, fabric::FabricError> {
     fabric::flush(&mut ch, timeout).await?;

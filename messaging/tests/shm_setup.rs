@@ -41,7 +41,7 @@ fn ioc_sees(send: impl FnOnce(&UnixStream)) -> Result<ShmTransport, FabricError>
         ioc,
         DomainId(1),
         MAX_PAYLOAD as usize,
-        arena(),
+        Some(arena()),
         TIMEOUT,
     ))
 }
@@ -102,8 +102,8 @@ fn offer_and_accept_agree_and_carry_operations() {
     let rt = rt();
     let (h, i) = rt.block_on(async {
         tokio::join!(
-            offer(host, DomainId(1), 4096, 64 << 10, TIMEOUT),
-            accept(ioc, DomainId(1), 4096, arena(), TIMEOUT)
+            offer(host, DomainId(1), 4096, Some(64 << 10), TIMEOUT),
+            accept(ioc, DomainId(1), 4096, Some(arena()), TIMEOUT)
         )
     });
     let (mut h, mut i) = (h.unwrap(), i.unwrap());
@@ -217,7 +217,7 @@ fn a_rogue_hosts_set_ups_are_refused() {
     let e = shm_error(ioc_sees(|s| {
         send(s, &good_setup(), &[a.as_fd(), b.as_fd(), bell.as_fd()])
     }));
-    assert!(e.contains("four descriptors"), "{e}");
+    assert!(e.contains("needs 4 descriptors"), "{e}");
     // A ring of the wrong size.
     let small = Memfd::create(c"small", len / 2).unwrap();
     let e = shm_error(ioc_sees(|s| {
@@ -262,4 +262,59 @@ fn a_rogue_hosts_set_ups_are_refused() {
         )
     }));
     assert!(e.contains("magic"), "{e}");
+}
+
+#[test]
+fn a_control_channel_is_set_up_without_a_pool_arena_and_refused_with_one() {
+    let rt = rt();
+    // Agreed: smaller rings, no arena either way, messages carried.
+    let (host, ioc) = pair();
+    let (h, i) = rt.block_on(async {
+        tokio::join!(
+            offer(host, DomainId(1), 4096, None, TIMEOUT),
+            accept(ioc, DomainId(1), 4096, None, TIMEOUT)
+        )
+    });
+    let (mut h, mut i) = (h.unwrap(), i.unwrap());
+    assert!(h.pools().is_none() && i.pools().is_none());
+    assert!(!h.places_writes() && !i.places_writes());
+    h.post(Op::Send, &[], Payload::Bytes(b"credits".to_vec()));
+    assert!(h.flush().unwrap());
+    let mut reg = Registry::new(0);
+    assert!(matches!(
+        i.poll_recv(&mut reg).unwrap(),
+        Some(RxCompletion::Recv { len: 7 })
+    ));
+    assert_eq!(i.received(), b"credits");
+    // A data channel's set-up (with its arena) where a control channel is expected, and
+    // the other way round: refused.
+    let (host, ioc) = pair();
+    let (h, i) = rt.block_on(async {
+        tokio::join!(
+            offer(host, DomainId(1), 4096, Some(64 << 10), TIMEOUT),
+            accept(ioc, DomainId(1), 4096, None, TIMEOUT)
+        )
+    });
+    assert!(h.is_err());
+    let e = shm_error(i);
+    assert!(e.contains("descriptors"), "{e}");
+    let (host, ioc) = pair();
+    let (h, i) = rt.block_on(async {
+        tokio::join!(
+            offer(host, DomainId(1), 4096, None, TIMEOUT),
+            accept(ioc, DomainId(1), 4096, Some(arena()), TIMEOUT)
+        )
+    });
+    assert!(h.is_err());
+    assert!(shm_error(i).contains("needs 4 descriptors"));
+    // Three descriptors but a set-up that names an arena.
+    let (host, ioc) = pair();
+    let (a, b) = (
+        Memfd::create(c"a", ring_len()).unwrap(),
+        Memfd::create(c"b", ring_len()).unwrap(),
+    );
+    let bell = EventFd::new().unwrap();
+    send_fds(&host, &good_setup(), &[a.as_fd(), b.as_fd(), bell.as_fd()]).unwrap();
+    let e = shm_error(rt.block_on(accept(ioc, DomainId(1), 4096, None, TIMEOUT)));
+    assert!(e.contains("has no pool arena"), "{e}");
 }

@@ -111,12 +111,14 @@ impl Side {
             let pending = link.pending() > 0;
             // Shared memory: ask for the doorbell first; records may be there already.
             let sleep = link.prepare_sleep(Lane::Data);
+            let sleep_ctrl = link.prepare_sleep(Lane::Control);
             let (lane, guard) = tokio::select! {
-                g = ready.ctrl.readable() => (Some(Lane::Control), Some(g.unwrap())),
+                g = ready.ctrl.readable(), if sleep_ctrl => (Some(Lane::Control), Some(g.unwrap())),
+                _ = std::future::ready(()), if !sleep_ctrl => (Some(Lane::Control), None),
                 g = ready.data.readable(), if sleep => (Some(Lane::Data), Some(g.unwrap())),
                 _ = std::future::ready(()), if !sleep => (Some(Lane::Data), None),
-                g = ready.data.writable(), if pending && ready.data_writable() => (None, Some(g.unwrap())),
-                g = ready.ctrl.writable(), if pending => (None, Some(g.unwrap())),
+                g = ready.data.writable(), if pending && ready.writable(Lane::Data) => (None, Some(g.unwrap())),
+                g = ready.ctrl.writable(), if pending && ready.writable(Lane::Control) => (None, Some(g.unwrap())),
                 r = ready.peer_gone(), if !self.finished => panic!("peer gone: {r:?}"),
                 // Finished: look again soon whether the other side is too.
                 _ = tokio::time::sleep(Duration::from_millis(5)), if self.finished => (None, None),
@@ -127,6 +129,7 @@ impl Side {
                     link.pending_on(Lane::Control),
                 ),
             };
+            link.wake(Lane::Control);
             link.wake(Lane::Data);
             let Some(lane) = lane else {
                 if guard.is_none() {
@@ -271,6 +274,25 @@ fn exchange(listener: Listener, path_kind: DataPath) {
             assert_eq!(hello.session, 0);
             fabric::post_reply(&mut c, v, ErrorCode::Ok, 1);
             fabric::flush(&mut c, TIMEOUT).await.unwrap();
+            // Over shared memory the control channel is in rings of its own too.
+            let c: fabric::FabricChannel = match path_kind {
+                DataPath::Stream => {
+                    assert_eq!(hello.channel, wire::CONTROL_CHANNEL);
+                    c.into()
+                }
+                #[cfg(feature = "sys")]
+                DataPath::Shm { .. } => {
+                    assert_eq!(hello.channel, fabric::shm::SHM_CONTROL_CHANNEL);
+                    let fabric::Stream::Unix(sock) = c.into_stream() else {
+                        panic!("not a Unix socket")
+                    };
+                    let t = fabric::shm::accept(sock, DomainId(1), MAX_MESSAGE_LEN, None, TIMEOUT)
+                        .await
+                        .unwrap();
+                    assert!(t.pools().is_none(), "a control channel has no pool arena");
+                    fabric::FabricChannel::Shm(Box::new(t))
+                }
+            };
             let d = listener.accept();
             let (mut d, hello, v) = fabric::accept_hello(d, TIMEOUT).await.unwrap();
             // Posted first: the link's first flush sends it ahead of any frame.
@@ -291,9 +313,15 @@ fn exchange(listener: Listener, path_kind: DataPath) {
                         panic!("not a Unix socket")
                     };
                     let arena = fabric::shm::PoolArena::new(c"test-pools", 16 << 20).unwrap();
-                    let t = fabric::shm::accept(sock, DomainId(1), MAX_MESSAGE_LEN, arena, TIMEOUT)
-                        .await
-                        .unwrap();
+                    let t = fabric::shm::accept(
+                        sock,
+                        DomainId(1),
+                        MAX_MESSAGE_LEN,
+                        Some(arena),
+                        TIMEOUT,
+                    )
+                    .await
+                    .unwrap();
                     fabric::FabricChannel::Shm(Box::new(t))
                 }
             };

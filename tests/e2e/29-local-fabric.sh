@@ -29,8 +29,8 @@ addrs=$(json hosts "' | '.join(sorted(h['address'] for h in d['hosts']['hosts'])
 log "the IOC's hosts: $addrs"
 assert_match "$addrs" "^10\.200\.0\.12:[0-9]+ \| unix:$sock \(pid ${HOST_PID[1]}\), shared memory \| unix:$sock \(pid ${HOST_PID[3]}\)$" "hosts' addresses"
 # The rings and both pool arenas (the host's and the IOC's for it) are mapped in both daemons.
-assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 4 "host 1's rings and both pool arenas"
-assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 4 "the IOC's rings and both pool arenas"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 6 "host 1's rings (two per channel) and both pool arenas"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 6 "the IOC's rings (two per channel) and both pool arenas"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host fd50::2 -6
 ping_ok sd-host 10.50.0.3
@@ -60,7 +60,7 @@ log "rogue: $(cat "$T/rogue.out")"
 assert_grep "$T/ioc.log" "shared-memory ring" "the IOC's reason for ending the bad-index session"
 assert_grep "$T/ioc.log" "doorbell rung 64 times" "the IOC's reason for ending the flooding session"
 assert_grep "$T/ioc.log" "host broke the protocol: .*(protection error|unknown memory handle)" "the IOC's reason for ending the placed-write session"
-assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 4 "the IOC's shared memory after the rogue sessions (host 1's only)"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 6 "the IOC's shared memory after the rogue sessions (host 1's only)"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host3 10.50.0.2
 assert_eq "$(json status "d['status']['fabric']['hosts']")" 3 "hosts after the rogue"
@@ -76,7 +76,7 @@ ping_ok sd-host 10.50.0.2
 ping_ok sd-host3 10.50.0.1
 assert_eq "${HOST_PID[1]}" "$hp" "host-driver's pid (never restarted)"
 assert_match "$(json hosts "' '.join(h['address'] for h in d['hosts']['hosts'])")" "shared memory" "shared memory after the restart"
-assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 4 "host 1's shared memory after reconnecting (the old session's unmapped)"
+assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 6 "host 1's shared memory after reconnecting (the old session's unmapped)"
 # A graceful stop of a shared-memory host: the IOC sees it leave (Goodbye), nothing else.
 stop_host 1 TERM
 assert_eq "$STOP_RC" 0 "host 1's exit status after SIGTERM"

@@ -191,6 +191,15 @@ impl FabricChannel {
         }
     }
 
+    /// For shared memory, the readiness of its set-up socket (the peer's sign of life).
+    fn setup_socket(&self) -> io::Result<Option<Ready>> {
+        match self {
+            FabricChannel::Stream(_) => Ok(None),
+            #[cfg(feature = "sys")]
+            FabricChannel::Shm(t) => Ready::new(t.socket()).map(Some),
+        }
+    }
+
     /// What the caller waits on for this channel's progress: its socket, or the doorbell.
     fn readiness(&self) -> io::Result<Ready> {
         match self {
@@ -346,7 +355,7 @@ pub enum DataPath {
 }
 
 /// The connecting side: opens both channels of `queue`'s session with `dial` (see
-/// [`dial_tcp`], [`dial_unix`]) and completes the handshake, the data channel over `path`.
+/// [`dial_tcp`], [`dial_unix`]) and completes the handshake, both channels over `path`.
 /// A further queue (index above 0) names `first`, the session of the host's first queue,
 /// which it joins; the first queue passes 0.
 pub async fn connect<D, F>(
@@ -356,7 +365,7 @@ pub async fn connect<D, F>(
     queue: Queue,
     first: u64,
     timeout: Duration,
-) -> Result<(StreamConn, FabricChannel, HelloReply), FabricError>
+) -> Result<(FabricChannel, FabricChannel, HelloReply), FabricError>
 where
     D: Fn() -> F,
     F: Future<Output = io::Result<Stream>>,
@@ -383,39 +392,71 @@ where
             }
         }
     };
-    let (ctrl, r) = open(wire::CONTROL_CHANNEL, first).await?;
-    let channel_no = match path {
-        DataPath::Stream => 1,
+    let (ctrl_no, data_no) = match path {
+        DataPath::Stream => (wire::CONTROL_CHANNEL, 1),
         #[cfg(feature = "sys")]
-        DataPath::Shm { .. } => shm::SHM_CHANNEL,
+        DataPath::Shm { .. } => (shm::SHM_CONTROL_CHANNEL, shm::SHM_CHANNEL),
     };
-    let (data, r2) = open(channel_no, r.session).await?;
+    let (ctrl, r) = open(ctrl_no, first).await?;
+    let ctrl = match path {
+        DataPath::Stream => FabricChannel::Stream(ctrl),
+        #[cfg(feature = "sys")]
+        DataPath::Shm { .. } => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
+    };
+    let (data, r2) = open(data_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
         goodbye(data, ErrorCode::Malformed, timeout).await;
-        goodbye(ctrl, ErrorCode::Malformed, timeout).await;
+        goodbye_on(ctrl, ErrorCode::Malformed, timeout).await;
         return Err(HandshakeError::Unexpected("the data channel's HelloReply to match").into());
     }
     let data = match path {
         DataPath::Stream => FabricChannel::Stream(data),
         #[cfg(feature = "sys")]
         DataPath::Shm { pool_bytes } => {
-            let Stream::Unix(sock) = data.into_stream() else {
-                return Err(FabricError::Shm("shared memory needs a Unix socket".into()));
-            };
-            let max = wire::MAX_MESSAGE_LEN;
-            let t = shm::offer(sock, DomainId(0), max, pool_bytes, timeout).await?;
-            FabricChannel::Shm(Box::new(t))
+            FabricChannel::Shm(Box::new(shm_offer(data, Some(pool_bytes), timeout).await?))
         }
     };
     Ok((ctrl, data, r))
 }
 
+/// The host's shared-memory set-up on a channel whose HelloReply it read (see
+/// [`shm::offer`]).
+#[cfg(feature = "sys")]
+async fn shm_offer(
+    ch: StreamConn,
+    pool_bytes: Option<u64>,
+    timeout: Duration,
+) -> Result<shm::ShmTransport, FabricError> {
+    let Stream::Unix(sock) = ch.into_stream() else {
+        return Err(FabricError::Shm("shared memory needs a Unix socket".into()));
+    };
+    let max = wire::MAX_MESSAGE_LEN;
+    shm::offer(sock, DomainId(0), max, pool_bytes, timeout).await
+}
+
 /// Sends Goodbye with `code` on a channel whose handshake failed, and closes it.
 async fn goodbye(mut ch: StreamConn, code: ErrorCode, timeout: Duration) {
+    post_goodbye(&mut ch, code);
+    let _ = flush(&mut ch, timeout).await;
+}
+
+/// [`goodbye`] on a channel on its socket or in shared memory, where it is published at
+/// once and read by the peer before it sees the set-up socket's end.
+async fn goodbye_on(ch: FabricChannel, code: ErrorCode, timeout: Duration) {
+    match ch {
+        FabricChannel::Stream(c) => goodbye(c, code, timeout).await,
+        #[cfg(feature = "sys")]
+        FabricChannel::Shm(mut t) => {
+            post_goodbye(&mut *t, code);
+            let _ = t.flush();
+        }
+    }
+}
+
+fn post_goodbye(ch: &mut impl Channel, code: ErrorCode) {
     let mut msg = Vec::new();
     wire::Message::Goodbye(wire::Goodbye { code }).emit(0, &mut msg);
     ch.post(Op::Send, &[], Payload::Bytes(msg));
-    let _ = flush(&mut ch, timeout).await;
 }
 
 /// The listening side: reads the Hello of a new connection within `timeout`.
@@ -465,33 +506,40 @@ pub async fn refuse(mut ch: StreamConn, version: u16, status: ErrorCode, timeout
 /// Readiness of a link's two channels.
 #[derive(Debug)]
 pub struct LinkReady {
-    /// Channel 0.
+    /// Channel 0: its socket, or for shared memory this side's doorbell of that channel.
     pub ctrl: Ready,
     /// Channel 1: its socket, or for shared memory this side's doorbell (rung for records
     /// and for room alike: never wait for it to be writable).
     pub data: Ready,
-    /// For shared memory, the set-up socket, readable once the peer has gone.
-    pub peer: Option<Ready>,
+    /// For each channel in shared memory (control, data), its set-up socket, readable once
+    /// the peer has gone.
+    pub peer: [Option<Ready>; 2],
 }
 
 impl LinkReady {
-    /// Whether waiting for the data channel to be writable makes sense (a socket), rather
-    /// than for its doorbell (shared memory).
-    pub fn data_writable(&self) -> bool {
-        self.peer.is_none()
+    /// Whether waiting for `lane` to be writable makes sense (a socket), rather than for its
+    /// doorbell (shared memory).
+    pub fn writable(&self, lane: Lane) -> bool {
+        self.peer[lane_index(lane)].is_none()
     }
 
     /// Whether the data channel is in shared memory.
     pub fn is_shared_memory(&self) -> bool {
-        self.peer.is_some()
+        !self.writable(Lane::Data)
     }
 
-    /// Completes when the peer of a shared-memory channel has gone (its set-up socket
-    /// reached end of stream, or carried anything at all); never for sockets.
+    /// Completes when the peer of a shared-memory channel has gone (a set-up socket reached
+    /// end of stream, or carried anything at all); never for sockets.
     pub async fn peer_gone(&self) -> io::Result<()> {
-        match &self.peer {
-            Some(p) => p.readable().await.map(|_| ()),
-            None => std::future::pending().await,
+        async fn gone(p: Option<&Ready>) -> io::Result<()> {
+            match p {
+                Some(p) => p.readable().await.map(|_| ()),
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            r = gone(self.peer[0].as_ref()) => r,
+            r = gone(self.peer[1].as_ref()) => r,
         }
     }
 
@@ -501,6 +549,24 @@ impl LinkReady {
             Lane::Control => &self.ctrl,
             Lane::Data => &self.data,
         }
+    }
+}
+
+/// Whether a Hello's channel number opens a session's control channel: on its socket, or
+/// in shared memory ([`shm::SHM_CONTROL_CHANNEL`]).
+pub fn is_control(channel: u8) -> bool {
+    #[cfg(feature = "sys")]
+    if channel == shm::SHM_CONTROL_CHANNEL {
+        return true;
+    }
+    channel == wire::CONTROL_CHANNEL
+}
+
+/// Index of `lane` in per-channel arrays.
+fn lane_index(lane: Lane) -> usize {
+    match lane {
+        Lane::Control => 0,
+        Lane::Data => 1,
     }
 }
 
@@ -518,26 +584,22 @@ impl FabricLink {
     /// domain; the control channel carries none.
     pub fn new(
         session: Session,
-        mut ctrl: StreamConn,
+        ctrl: impl Into<FabricChannel>,
         data: impl Into<FabricChannel>,
     ) -> io::Result<FabricLink> {
-        let mut data = data.into();
+        let (mut ctrl, mut data) = (ctrl.into(), data.into());
         let d = session.domain();
         ctrl.set_domain(d);
         data.set_domain(d);
         data.set_writes_allowed(true);
         let ready = LinkReady {
-            ctrl: Ready::new(ctrl.stream())?,
+            ctrl: ctrl.readiness()?,
             data: data.readiness()?,
-            peer: match &data {
-                FabricChannel::Stream(_) => None,
-                #[cfg(feature = "sys")]
-                FabricChannel::Shm(t) => Some(Ready::new(t.socket())?),
-            },
+            peer: [ctrl.setup_socket()?, data.setup_socket()?],
         };
         Ok(FabricLink {
             ready,
-            link: Link::new(session, FabricChannel::Stream(ctrl), data),
+            link: Link::new(session, ctrl, data),
         })
     }
 }

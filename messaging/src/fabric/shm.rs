@@ -21,17 +21,19 @@
 //! doorbell it created and rings the peer's when the peer asked to be woken. The socket
 //! carries nothing more: its end of stream says that the peer is gone.
 
-pub use crate::adapter::shm::setup::SHM_CHANNEL;
+pub use crate::adapter::shm::setup::{SHM_CHANNEL, SHM_CONTROL_CHANNEL};
 
 use super::{FabricError, Ready};
-use crate::adapter::shm::setup::{Setup, ACK_LEN, MAX_PAYLOAD, RING_DATA, SETUP_LEN};
+use crate::adapter::shm::setup::{
+    Setup, ACK_LEN, MAX_PAYLOAD, RING_DATA, RING_DATA_CONTROL, SETUP_LEN,
+};
 use crate::adapter::shm::{Consumer, Producer, RingConfig, ShmChannel};
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
 use crate::memory::{DomainId, Registry, SendBufCache, SharedBytes, SharedRegion};
 use crate::sys::eventfd::EventFd;
 use crate::sys::shm::{recv_fds, send_fds, Mapping, Memfd};
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -257,83 +259,117 @@ fn new_ring(cfg: RingConfig, name: &std::ffi::CStr) -> Result<(Memfd, Mapping), 
     Ok((fd, map))
 }
 
-/// The host's side: after the HelloReply on `sock`, sets up the rings, doorbells and a
-/// pool arena for `pool_bytes` of receive pools, and waits for the IOC's acknowledgement.
+/// Maps a peer's sealed `memfd` of exactly `len` bytes.
+fn verify(fd: OwnedFd, len: usize) -> Result<Mapping, FabricError> {
+    Ok(Memfd::verify(fd, len).map_err(shm_err)?.map()?)
+}
+
+/// The host's side: after the HelloReply on `sock`, sets up the rings and doorbells and,
+/// for a data channel, a pool arena for `pool_bytes` of receive pools (`None`: a control
+/// channel, no arena, smaller rings); then waits for the IOC's acknowledgement.
 pub async fn offer(
     sock: UnixStream,
     domain: DomainId,
     max_send: usize,
-    pool_bytes: u64,
+    pool_bytes: Option<u64>,
     timeout: Duration,
 ) -> Result<ShmTransport, FabricError> {
     let setup = Setup {
-        data_size: RING_DATA,
+        data_size: pool_bytes.map_or(RING_DATA_CONTROL, |_| RING_DATA),
         max_payload: MAX_PAYLOAD,
-        pool_size: Setup::pool_size_for(pool_bytes),
+        pool_size: pool_bytes.map_or(0, Setup::pool_size_for),
     };
     let cfg = ring(&setup)?;
     let (tx_fd, tx_map) = new_ring(cfg, c"splitnet-host-to-ioc")?;
     let (rx_fd, rx_map) = new_ring(cfg, c"splitnet-ioc-to-host")?;
-    let pools = PoolArena::new(c"splitnet-host-pools", setup.pool_size)?;
+    let pools = match pool_bytes {
+        Some(_) => Some(PoolArena::new(c"splitnet-host-pools", setup.pool_size)?),
+        None => None,
+    };
     let bell = EventFd::new()?;
-    let sent = send_fds(
-        &sock,
-        &setup.emit(),
-        &[tx_fd.as_fd(), rx_fd.as_fd(), bell.as_fd(), pools.fd.as_fd()],
-    )?;
-    if sent != SETUP_LEN {
+    let mut fds = vec![tx_fd.as_fd(), rx_fd.as_fd(), bell.as_fd()];
+    fds.extend(pools.as_ref().map(|p| p.fd.as_fd()));
+    if send_fds(&sock, &setup.emit(), &fds)? != SETUP_LEN {
         return Err(FabricError::Shm("the set-up was cut short".into()));
     }
     let mut ack = [0u8; ACK_LEN];
-    let (n, fds) = recv_setup(&sock, &mut ack, 2, timeout).await?;
+    let (n, fds) = recv_setup(&sock, &mut ack, 1 + usize::from(pools.is_some()), timeout).await?;
     let refused = || FabricError::Shm("the IOC refused the shared memory".into());
     let ioc_pools = Setup::parse_ack(&ack[..n]).map_err(|_| refused())?;
-    let Ok::<[_; 2], _>([peer, ioc_fd]) = fds.try_into() else {
-        return Err(refused());
+    let mut fds = fds.into_iter();
+    let peer = fds.next().ok_or_else(refused)?;
+    let ioc_map = match (fds.next(), ioc_pools, &pools) {
+        (Some(fd), len @ 1.., Some(_)) => {
+            Some(verify(fd, usize::try_from(len).map_err(|_| refused())?)?)
+        }
+        (None, 0, None) => None,
+        _ => return Err(refused()),
     };
-    let ioc_len = usize::try_from(ioc_pools).map_err(|_| refused())?;
-    let ioc_map = Memfd::verify(ioc_fd, ioc_len).map_err(shm_err)?.map()?;
     let mut ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
-    ch.set_peer_pools(ioc_map);
+    if let Some(m) = ioc_map {
+        ch.set_peer_pools(m);
+    }
     let mut t = ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock);
-    t.pools = Some(pools.map);
+    t.pools = pools.map(|p| p.map);
     Ok(t)
 }
 
 /// The IOC's side: after the HelloReply on `sock`, takes the host's set-up, checks it, and
-/// acknowledges it with `pools`, the arena its pools for this host lie in. Anything wrong
-/// is an error (the caller closes the connection: the host sees its end).
+/// acknowledges it: for a data channel with `pools`, the arena its pools for this host lie
+/// in; for a control channel (`None`) with no arena, and the set-up must offer none. Anything
+/// wrong is an error (the caller closes the connection: the host sees its end).
 pub async fn accept(
     sock: UnixStream,
     domain: DomainId,
     max_send: usize,
-    pools: PoolArena,
+    pools: Option<PoolArena>,
     timeout: Duration,
 ) -> Result<ShmTransport, FabricError> {
+    let want = 3 + usize::from(pools.is_some());
     let mut buf = [0u8; SETUP_LEN];
-    let (n, fds) = recv_setup(&sock, &mut buf, 4, timeout).await?;
+    let (n, fds) = recv_setup(&sock, &mut buf, want, timeout).await?;
     let setup = Setup::parse(&buf[..n]).map_err(shm_err)?;
-    let Ok::<[_; 4], _>([rx_fd, tx_fd, peer, pools_fd]) = fds.try_into() else {
-        return Err(FabricError::Shm("the set-up needs four descriptors".into()));
-    };
+    if fds.len() != want {
+        return Err(FabricError::Shm(format!(
+            "the set-up needs {want} descriptors"
+        )));
+    }
+    if (setup.pool_size > 0) != pools.is_some() {
+        return Err(FabricError::Shm(match pools {
+            Some(_) => "a data channel's set-up needs a pool arena".into(),
+            None => "a control channel's set-up has no pool arena".into(),
+        }));
+    }
     let cfg = ring(&setup)?;
-    let verify = |fd, len| -> Result<Mapping, FabricError> {
-        let m = Memfd::verify(fd, len).map_err(shm_err)?;
-        Ok(m.map()?)
+    let mut fds = fds.into_iter();
+    let mut next = || {
+        fds.next()
+            .ok_or_else(|| FabricError::Shm("descriptor missing".into()))
     };
+    let (rx_fd, tx_fd, peer) = (next()?, next()?, next()?);
     let (rx_map, tx_map) = (
         verify(rx_fd, cfg.region_len())?,
         verify(tx_fd, cfg.region_len())?,
     );
-    let host_pools = verify(pools_fd, usize::try_from(setup.pool_size).map_err(shm_err)?)?;
+    let host_pools = match &pools {
+        Some(_) => Some(verify(
+            next()?,
+            usize::try_from(setup.pool_size).map_err(shm_err)?,
+        )?),
+        None => None,
+    };
     let mut ch = attach(tx_map, rx_map, cfg, domain, max_send)?;
-    ch.set_peer_pools(host_pools);
+    if let Some(m) = host_pools {
+        ch.set_peer_pools(m);
+    }
     let bell = EventFd::new()?;
-    let ack = Setup::emit_ack(pools.size());
-    if send_fds(&sock, &ack, &[bell.as_fd(), pools.fd.as_fd()])? != ACK_LEN {
+    let ack = Setup::emit_ack(pools.as_ref().map_or(0, PoolArena::size));
+    let mut fds = vec![bell.as_fd()];
+    fds.extend(pools.as_ref().map(|p| p.fd.as_fd()));
+    if send_fds(&sock, &ack, &fds)? != ACK_LEN {
         return Err(FabricError::Shm("the answer was cut short".into()));
     }
     let mut t = ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock);
-    t.pools = Some(pools.map);
+    t.pools = pools.map(|p| p.map);
     Ok(t)
 }

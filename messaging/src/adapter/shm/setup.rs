@@ -24,8 +24,8 @@ pub enum SetupError {
     /// Records of another size than [`MAX_PAYLOAD`].
     #[error("records of {0} bytes (not {MAX_PAYLOAD})")]
     MaxPayload(u32),
-    /// A pool arena outside [`POOL_RANGE`].
-    #[error("a pool arena of {0} pages of 4 KiB (from {lo} to {hi} bytes)", lo = POOL_RANGE.0, hi = POOL_RANGE.1)]
+    /// A pool arena outside [`POOL_RANGE`] (and not 0, a control channel's).
+    #[error("a pool arena of {0} pages of 4 KiB (from {lo} to {hi} bytes, or none)", lo = POOL_RANGE.0, hi = POOL_RANGE.1)]
     PoolSize(u32),
 }
 
@@ -35,6 +35,9 @@ pub const SETUP_LEN: usize = 20;
 /// The channel number a Hello names for a data channel over shared memory (local socket
 /// only).
 pub const SHM_CHANNEL: u8 = 2;
+/// The channel number a Hello names for a control channel over shared memory (local socket
+/// only): its set-up has no pool arena, and its rings are [`RING_DATA_CONTROL`] bytes.
+pub const SHM_CONTROL_CHANNEL: u8 = 3;
 /// The set-up message's magic: the bytes `SNSH`.
 pub const MAGIC: [u8; 4] = *b"SNSH";
 /// The set-up layout version (2: the host's pools are in shared memory).
@@ -47,9 +50,12 @@ pub const ACK_LEN: usize = 8;
 /// Each ring's data area as a host sets it up: 2 MiB (about 30 largest frames, 1,400 of
 /// 1,500 bytes).
 pub const RING_DATA: u32 = 2 << 20;
-/// The smallest and largest data areas the IOC accepts: it maps two per host, so a host
-/// costs it at most 4 MiB of ring memory.
-pub const RING_DATA_RANGE: (u32, u32) = (256 << 10, 2 << 20);
+/// Each control ring's data area: 256 KiB, room for the largest message twice, and for
+/// hundreds of credit updates.
+pub const RING_DATA_CONTROL: u32 = 256 << 10;
+/// The smallest and largest data areas the IOC accepts: it maps four per host (two for each
+/// channel), so a host costs it at most 8 MiB of ring memory.
+pub const RING_DATA_RANGE: (u32, u32) = (RING_DATA_CONTROL, 2 << 20);
 /// The smallest and largest pool arenas (receive pools in shared memory) either side maps:
 /// room for the largest pools a configuration allows (`pools.max_granted_bytes`, at most
 /// 4 GiB). Mapping one costs address space; the pages the mapper writes (elements the peer
@@ -71,7 +77,7 @@ pub struct Setup {
     /// Largest record payload (an operation header and its payload).
     pub max_payload: u32,
     /// Bytes of the host's pool arena, where the IOC places its writes: a multiple of
-    /// [`PAGE`] within [`POOL_RANGE`].
+    /// [`PAGE`] within [`POOL_RANGE`] for a data channel, 0 (none) for a control channel.
     pub pool_size: u64,
 }
 
@@ -124,7 +130,8 @@ impl Setup {
         })
     }
 
-    /// The IOC's answer, with the size of its pool arena (bytes, a multiple of [`PAGE`]).
+    /// The IOC's answer, with the size of its pool arena (bytes, a multiple of [`PAGE`]; 0
+    /// for a control channel).
     pub fn emit_ack(pool_size: u64) -> [u8; ACK_LEN] {
         let mut b = [0u8; ACK_LEN];
         b[..4].copy_from_slice(&ACK);
@@ -152,11 +159,11 @@ fn pages(bytes: u64) -> u32 {
     u32::try_from(bytes / PAGE).unwrap_or(u32::MAX)
 }
 
-/// The bytes of an arena of `pages` pages, if within [`POOL_RANGE`].
+/// The bytes of an arena of `pages` pages, if within [`POOL_RANGE`] or none (0).
 fn pool_bytes(pages: u32) -> Result<u64, SetupError> {
     let bytes = u64::from(pages) * PAGE;
     let (lo, hi) = POOL_RANGE;
-    match (lo..=hi).contains(&bytes) {
+    match bytes == 0 || (lo..=hi).contains(&bytes) {
         true => Ok(bytes),
         false => Err(SetupError::PoolSize(pages)),
     }
@@ -194,9 +201,18 @@ mod tests {
             Err(SetupError::MaxPayload(7))
         );
         // Pages: 255 is below 1 MiB, 2 Mi + 1 beyond 8 GiB.
-        for bad in [0u32, 255, (2 << 20) + 1, u32::MAX] {
+        for bad in [1u32, 255, (2 << 20) + 1, u32::MAX] {
             assert_eq!(with(16, &bad.to_be_bytes()), Err(SetupError::PoolSize(bad)));
         }
+        // None: a control channel's set-up, with its smaller rings.
+        let control = Setup {
+            data_size: RING_DATA_CONTROL,
+            max_payload: MAX_PAYLOAD,
+            pool_size: 0,
+        };
+        assert_eq!(Setup::parse(&control.emit()), Ok(control));
+        assert!(control.ring().is_ok());
+        assert_eq!(Setup::parse_ack(&Setup::emit_ack(0)), Ok(0));
         assert_eq!(Setup::pool_size_for(0), 1 << 20);
         assert_eq!(Setup::pool_size_for(64 << 20), (64 << 20) + (64 << 10));
         assert_eq!(
