@@ -655,61 +655,33 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
     missed
 }
 
-/// A session of a host over the IOC's local socket at `path` with its data channel in
-/// shared memory (docs/protocol.md section 9), set up and then left to an attack.
-struct ShmSession {
-    /// The data channel's socket: its end of stream says the IOC ended the session.
-    sock: UnixStream,
+/// One channel's shared memory as a rogue host sets it up (docs/protocol.md section 9).
+struct ShmChannelSetup {
     /// The ring this host produces into.
     to_ioc: splitnet_messaging::sys::shm::Mapping,
     /// The IOC's doorbell.
     ioc_bell: splitnet_messaging::sys::eventfd::EventFd,
-    /// Kept open for the session's lifetime: the control channel, the other ring, this
-    /// host's doorbell and its pool arena.
+    /// Kept open for the session's lifetime: the other ring, this host's doorbell and (a
+    /// data channel's) pool arena.
     _keep: (
-        StreamChannel<UnixStream>,
         splitnet_messaging::sys::shm::Mapping,
         splitnet_messaging::sys::eventfd::EventFd,
-        splitnet_messaging::sys::shm::Memfd,
+        Option<splitnet_messaging::sys::shm::Memfd>,
     ),
 }
 
-impl ShmSession {
-    fn open(path: &str) -> Result<ShmSession, String> {
+impl ShmChannelSetup {
+    /// Sends a correct set-up on `sock` (with a pool arena for a data channel) and takes the
+    /// IOC's answer.
+    fn offer(sock: &UnixStream, data: bool) -> Result<ShmChannelSetup, String> {
         use splitnet_messaging::adapter::shm::setup::{
-            Setup, ACK_LEN, MAX_PAYLOAD, POOL_RANGE, RING_DATA, SHM_CHANNEL,
+            Setup, ACK_LEN, MAX_PAYLOAD, POOL_RANGE, RING_DATA, RING_DATA_CONTROL,
         };
         use splitnet_messaging::sys::{eventfd::EventFd, shm};
-        let uch = |s: UnixStream| {
-            s.set_read_timeout(Some(Duration::from_millis(50))).ok();
-            StreamChannel::new(s, DomainId(0), wire::MAX_MESSAGE_LEN)
-        };
-        let mut reg = Registry::new(0);
-        let mut ctrl = uch(UnixStream::connect(path).map_err(|e| e.to_string())?);
-        send(
-            &mut ctrl,
-            handshake::hello(Role::Host, 0, Queue::SINGLE, 0, 0x5c1, 70_000),
-        );
-        let r = recv(&mut ctrl, &mut reg).ok_or("no HelloReply")?;
-        let r = handshake::accept_reply(&r).map_err(|e| e.to_string())?;
-        let mut data = uch(UnixStream::connect(path).map_err(|e| e.to_string())?);
-        let hello = handshake::hello(
-            Role::Host,
-            SHM_CHANNEL,
-            Queue::SINGLE,
-            r.session,
-            0x5c1,
-            70_000,
-        );
-        send(&mut data, hello);
-        recv(&mut data, &mut reg).ok_or("no data HelloReply")?;
-        let sock = data.into_stream();
-        sock.set_read_timeout(Some(WAIT))
-            .map_err(|e| e.to_string())?;
         let setup = Setup {
-            data_size: RING_DATA,
+            data_size: if data { RING_DATA } else { RING_DATA_CONTROL },
             max_payload: MAX_PAYLOAD,
-            pool_size: POOL_RANGE.0,
+            pool_size: if data { POOL_RANGE.0 } else { 0 },
         };
         let cfg = setup.ring().map_err(|e| e.to_string())?;
         let ring = |name| -> Result<(shm::Memfd, shm::Mapping), String> {
@@ -721,27 +693,71 @@ impl ShmSession {
         let (to_ioc, to_ioc_map) = ring(c"rogue-to-ioc")?;
         let (from_ioc, from_ioc_map) = ring(c"rogue-from-ioc")?;
         let bell = EventFd::new().map_err(|e| e.to_string())?;
-        let pools = shm::Memfd::create(c"rogue-pools", setup.pool_size as usize)
-            .map_err(|e| e.to_string())?;
-        let fds = [
-            to_ioc.as_fd(),
-            from_ioc.as_fd(),
-            bell.as_fd(),
-            pools.as_fd(),
-        ];
-        shm::send_fds(&sock, &setup.emit(), &fds).map_err(|e| e.to_string())?;
+        let pools = match data {
+            true => Some(
+                shm::Memfd::create(c"rogue-pools", setup.pool_size as usize)
+                    .map_err(|e| e.to_string())?,
+            ),
+            false => None,
+        };
+        let mut fds = vec![to_ioc.as_fd(), from_ioc.as_fd(), bell.as_fd()];
+        fds.extend(pools.as_ref().map(|p| p.as_fd()));
+        shm::send_fds(sock, &setup.emit(), &fds).map_err(|e| e.to_string())?;
         let mut ack = [0u8; ACK_LEN];
-        let (n, mut got) = shm::recv_fds(&sock, &mut ack, 2).map_err(|e| e.to_string())?;
-        if Setup::parse_ack(&ack[..n]).is_err() || got.len() != 2 {
+        let want = 1 + usize::from(data);
+        let (n, mut got) = shm::recv_fds(sock, &mut ack, want).map_err(|e| e.to_string())?;
+        if Setup::parse_ack(&ack[..n]).is_err() || got.len() != want {
             return Err("no ACK from the IOC".into());
         }
-        let ioc_bell = EventFd::from_fd(got.remove(0));
+        Ok(ShmChannelSetup {
+            to_ioc: to_ioc_map,
+            ioc_bell: EventFd::from_fd(got.remove(0)),
+            _keep: (from_ioc_map, bell, pools),
+        })
+    }
+}
+
+/// A session of a host over the IOC's local socket at `path` with both its channels in
+/// shared memory (docs/protocol.md section 9), set up and then left to an attack.
+struct ShmSession {
+    /// The data channel's socket: its end of stream says the IOC ended the session.
+    sock: UnixStream,
+    /// The control channel's shared memory.
+    ctrl: ShmChannelSetup,
+    /// The data channel's shared memory.
+    data: ShmChannelSetup,
+    /// The control channel's socket, kept open for the session's lifetime.
+    _ctrl_sock: UnixStream,
+}
+
+impl ShmSession {
+    fn open(path: &str) -> Result<ShmSession, String> {
+        use splitnet_messaging::adapter::shm::setup::{SHM_CHANNEL, SHM_CONTROL_CHANNEL};
+        let uch = |s: UnixStream| {
+            s.set_read_timeout(Some(WAIT)).ok();
+            StreamChannel::new(s, DomainId(0), wire::MAX_MESSAGE_LEN)
+        };
+        let mut reg = Registry::new(0);
+        let hello = |channel, session| {
+            handshake::hello(Role::Host, channel, Queue::SINGLE, session, 0x5c1, 70_000)
+        };
+        let mut ctrl = uch(UnixStream::connect(path).map_err(|e| e.to_string())?);
+        send(&mut ctrl, hello(SHM_CONTROL_CHANNEL, 0));
+        let r = recv(&mut ctrl, &mut reg).ok_or("no HelloReply")?;
+        let r = handshake::accept_reply(&r).map_err(|e| e.to_string())?;
+        let ctrl_sock = ctrl.into_stream();
+        let ctrl = ShmChannelSetup::offer(&ctrl_sock, false)?;
+        let mut data = uch(UnixStream::connect(path).map_err(|e| e.to_string())?);
+        send(&mut data, hello(SHM_CHANNEL, r.session));
+        recv(&mut data, &mut reg).ok_or("no data HelloReply")?;
+        let sock = data.into_stream();
+        let data = ShmChannelSetup::offer(&sock, true)?;
         std::thread::sleep(Duration::from_millis(300));
         Ok(ShmSession {
             sock,
-            to_ioc: to_ioc_map,
-            ioc_bell,
-            _keep: (ctrl, from_ioc_map, bell, pools),
+            ctrl,
+            data,
+            _ctrl_sock: ctrl_sock,
         })
     }
 
@@ -755,19 +771,23 @@ impl ShmSession {
 /// Attacks over shared memory, each on a session of its own; the IOC must end each session
 /// (the set-up socket reaches its end):
 /// - `shm-bad-ring-index`: publishes a ring index the ring refuses and rings the doorbell;
+/// - `shm-control-bad-ring-index`: the same on the control channel's ring;
 /// - `shm-doorbell-flood`: rings the IOC's doorbell without end, with nothing published;
 /// - `shm-placed-ungranted`: publishes a placed write (a header alone) naming no element it
 ///   was granted.
 fn shm_attacks(path: &str) -> Vec<&'static str> {
     use splitnet_messaging::adapter::shm::{ring_config, setup, Producer, SharedMem, KIND_PLACED};
     use splitnet_messaging::adapter::{Op, OpHeader};
-    let bad_index = || -> Result<bool, String> {
+    // `head` of a ring to the IOC (offset 64): not a multiple of 8.
+    let bad_index = |data: bool| -> Result<bool, String> {
         let s = ShmSession::open(path)?;
-        // `head` of the ring to the IOC (offset 64): not a multiple of 8.
-        s.to_ioc.store_u32(64, 3).map_err(|e| e.to_string())?;
-        s.ioc_bell.ring().map_err(|e| e.to_string())?;
+        let ch = if data { &s.data } else { &s.ctrl };
+        ch.to_ioc.store_u32(64, 3).map_err(|e| e.to_string())?;
+        ch.ioc_bell.ring().map_err(|e| e.to_string())?;
         Ok(s.ended())
     };
+    let bad_data_index = || bad_index(true);
+    let bad_control_index = || bad_index(false);
     let flood = || -> Result<bool, String> {
         let s = ShmSession::open(path)?;
         s.sock.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -775,7 +795,7 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
         let mut b = [0u8; 1];
         while start.elapsed() < WAIT {
             for _ in 0..64 {
-                s.ioc_bell.ring().map_err(|e| e.to_string())?;
+                s.data.ioc_bell.ring().map_err(|e| e.to_string())?;
                 std::thread::yield_now();
             }
             if matches!((&s.sock).read(&mut b), Ok(0)) {
@@ -787,7 +807,7 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
     let placed = || -> Result<bool, String> {
         let s = ShmSession::open(path)?;
         let cfg = ring_config(setup::RING_DATA, setup::MAX_PAYLOAD).map_err(|e| e.to_string())?;
-        let mut ring = Producer::attach(&s.to_ioc, cfg).map_err(|e| e.to_string())?;
+        let mut ring = Producer::attach(&s.data.to_ioc, cfg).map_err(|e| e.to_string())?;
         let op = Op::Write {
             handle: 0x7777_0000_0001,
             addr: 1 << 40,
@@ -796,15 +816,16 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
         let _ = ring
             .push(KIND_PLACED, &[&header])
             .map_err(|e| format!("{e:?}"))?;
-        s.ioc_bell.ring().map_err(|e| e.to_string())?;
+        s.data.ioc_bell.ring().map_err(|e| e.to_string())?;
         Ok(s.ended())
     };
     let mut missed = Vec::new();
     for (name, attack) in [
         (
             "shm-bad-ring-index",
-            &bad_index as &dyn Fn() -> Result<bool, String>,
+            &bad_data_index as &dyn Fn() -> Result<bool, String>,
         ),
+        ("shm-control-bad-ring-index", &bad_control_index),
         ("shm-doorbell-flood", &flood),
         ("shm-placed-ungranted", &placed),
     ] {
