@@ -782,22 +782,18 @@ impl<'a> Conn<'a> {
                     }
                     Err(e) => Err(e.to_string()),
                 },
-                g = ready.ctrl.readable(), if sleep_ctrl => match g {
-                    Ok(g) => { link.wake(Lane::Control); rx_seen = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, Some(g), &mut events) }
+                r = ready.input([sleep_ctrl, sleep]) => match r {
+                    Ok((lane, g)) => {
+                        if g.is_some() {
+                            // Woken by that lane's doorbell (or socket): withdraw its request.
+                            link.wake(lane);
+                            woke_for_input |= lane == Lane::Data;
+                        }
+                        rx_seen = true;
+                        Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, lane, g, &mut events)
+                    }
                     Err(e) => Err(e.to_string()),
                 },
-                _ = std::future::ready(()), if !sleep_ctrl => {
-                    rx_seen = true;
-                    Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Control, None, &mut events)
-                }
-                g = ready.data.readable(), if sleep => match g {
-                    Ok(g) => { link.wake(Lane::Data); rx_seen = true; woke_for_input = true; Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, Some(g), &mut events) }
-                    Err(e) => Err(e.to_string()),
-                },
-                _ = std::future::ready(()), if !sleep => {
-                    rx_seen = true;
-                    Self::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, Lane::Data, None, &mut events)
-                }
                 _ = ready.peer_gone() => Err("the IOC's shared-memory channels closed".into()),
                 g = ready.data.writable(), if pending && data_writable => match g {
                     Ok(mut g) => match link.flush() {
@@ -1366,16 +1362,16 @@ impl<'a> Conn<'a> {
             if self.tl.link.flush().is_err() {
                 break;
             }
-            let sleep = self.tl.link.prepare_sleep(Lane::Data);
+            let sleeps = [Lane::Control, Lane::Data].map(|l| self.tl.link.prepare_sleep(l));
             let FabricLink { ready, link } = &mut self.tl;
             let r = tokio::select! {
-                g = ready.ctrl.readable() => g.map(|g| (Lane::Control, Some(g))),
-                g = ready.data.readable(), if sleep => g.map(|g| (Lane::Data, Some(g))),
-                _ = std::future::ready(()), if !sleep => Ok((Lane::Data, None)),
+                r = ready.input(sleeps) => r,
                 _ = tokio::time::sleep_until(deadline) => break,
             };
-            link.wake(Lane::Data);
             let Ok((lane, g)) = r else { break };
+            if g.is_some() {
+                link.wake(lane);
+            }
             let mut drop_frames = 0u64;
             if Self::poll_lane(
                 link,

@@ -734,3 +734,53 @@ fn h9_host_answers_an_unusable_reply_with_goodbye() {
     assert!(r.is_err());
     assert_eq!(ioc.join().unwrap(), vec![code("H9")]);
 }
+
+/// Section 9: a host whose control channel in shared memory (channel 3) an older IOC does
+/// not know (it answers UnknownSession) opens it on its socket (channel 0) instead, then
+/// its data channel (channel 2), as `fabric::connect` does for host-driver.
+#[test]
+fn a_host_falls_back_to_its_control_socket_when_the_ioc_refuses_channel_3() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let ioc = std::thread::spawn(move || {
+        let mut channels = Vec::new();
+        for status in [code("H8"), 0, 0] {
+            let (s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut c = Conn(s);
+            let hello = c.next().expect("the host's Hello");
+            assert_eq!(hello.function, HELLO);
+            channels.push(hello.body[5]);
+            let mut r = 1u16.to_be_bytes().to_vec();
+            r.extend_from_slice(&status.to_be_bytes());
+            r.extend_from_slice(&[0, 0, 0, 0]);
+            r.extend_from_slice(&99u64.to_be_bytes());
+            r.extend_from_slice(&MAX_MESSAGE.to_be_bytes());
+            c.put(&send(&msg(HELLO_REPLY, 0, &r)));
+            if status == 0 && channels.len() == 3 {
+                // The data channel's set-up would follow over a Unix socket; not over TCP.
+                break;
+            }
+        }
+        channels
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let r = rt.block_on(splitnet_messaging::fabric::connect(
+        || splitnet_messaging::fabric::dial_tcp(addr),
+        splitnet_messaging::fabric::DataPath::Shm {
+            pool_bytes: 1 << 20,
+        },
+        7,
+        splitnet_messaging::wire::Queue::SINGLE,
+        0,
+        Duration::from_secs(2),
+    ));
+    let e = r
+        .expect_err("shared memory needs a Unix socket")
+        .to_string();
+    assert!(e.contains("Unix socket"), "{e}");
+    assert_eq!(ioc.join().unwrap(), vec![3, 0, 2]);
+}

@@ -33,10 +33,7 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
         let (ctrl_writable, data_writable) =
             (ready.writable(Lane::Control), ready.writable(Lane::Data));
         let step = tokio::select! {
-            g = ready.ctrl.readable(), if sleep_ctrl => g.map(|g| (Some(Lane::Control), Some(g))),
-            _ = std::future::ready(()), if !sleep_ctrl => Ok((Some(Lane::Control), None)),
-            g = ready.data.readable(), if sleep => g.map(|g| (Some(Lane::Data), Some(g))),
-            _ = std::future::ready(()), if !sleep => Ok((Some(Lane::Data), None)),
+            r = ready.input([sleep_ctrl, sleep]) => r.map(|(lane, g)| (Some(lane), g)),
             g = ready.data.writable(), if pending && data_writable => g.map(|g| (None, Some(g))),
             g = ready.ctrl.writable(), if pending && ctrl_writable => g.map(|g| (None, Some(g))),
             _ = wake.notified() => Ok((None, None)),

@@ -773,6 +773,7 @@ impl ShmSession {
 /// - `shm-bad-ring-index`: publishes a ring index the ring refuses and rings the doorbell;
 /// - `shm-control-bad-ring-index`: the same on the control channel's ring;
 /// - `shm-doorbell-flood`: rings the IOC's doorbell without end, with nothing published;
+/// - `shm-control-doorbell-flood`: the same with the control channel's doorbell;
 /// - `shm-placed-ungranted`: publishes a placed write (a header alone) naming no element it
 ///   was granted.
 fn shm_attacks(path: &str) -> Vec<&'static str> {
@@ -788,14 +789,19 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
     };
     let bad_data_index = || bad_index(true);
     let bad_control_index = || bad_index(false);
-    let flood = || -> Result<bool, String> {
+    let flood = |data: bool| -> Result<bool, String> {
         let s = ShmSession::open(path)?;
+        let bell = if data {
+            &s.data.ioc_bell
+        } else {
+            &s.ctrl.ioc_bell
+        };
         s.sock.set_nonblocking(true).map_err(|e| e.to_string())?;
         let start = Instant::now();
         let mut b = [0u8; 1];
         while start.elapsed() < WAIT {
             for _ in 0..64 {
-                s.data.ioc_bell.ring().map_err(|e| e.to_string())?;
+                bell.ring().map_err(|e| e.to_string())?;
                 std::thread::yield_now();
             }
             if matches!((&s.sock).read(&mut b), Ok(0)) {
@@ -826,7 +832,8 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
             &bad_data_index as &dyn Fn() -> Result<bool, String>,
         ),
         ("shm-control-bad-ring-index", &bad_control_index),
-        ("shm-doorbell-flood", &flood),
+        ("shm-doorbell-flood", &|| flood(true)),
+        ("shm-control-doorbell-flood", &|| flood(false)),
         ("shm-placed-ungranted", &placed),
     ] {
         match attack() {

@@ -317,4 +317,17 @@ fn a_control_channel_is_set_up_without_a_pool_arena_and_refused_with_one() {
     send_fds(&host, &good_setup(), &[a.as_fd(), b.as_fd(), bell.as_fd()]).unwrap();
     let e = shm_error(rt.block_on(accept(ioc, DomainId(1), 4096, None, TIMEOUT)));
     assert!(e.contains("has no pool arena"), "{e}");
+    // A control channel with a data channel's larger rings: refused.
+    let (host, ioc) = pair();
+    let large = Setup {
+        data_size: RING_DATA,
+        max_payload: MAX_PAYLOAD,
+        pool_size: 0,
+    };
+    send_fds(&host, &large.emit(), &[a.as_fd(), b.as_fd(), bell.as_fd()]).unwrap();
+    let e = shm_error(rt.block_on(accept(ioc, DomainId(1), 4096, None, TIMEOUT)));
+    assert!(
+        e.contains("control channel's rings are 262144 bytes"),
+        "{e}"
+    );
 }

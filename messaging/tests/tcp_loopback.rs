@@ -113,10 +113,10 @@ impl Side {
             let sleep = link.prepare_sleep(Lane::Data);
             let sleep_ctrl = link.prepare_sleep(Lane::Control);
             let (lane, guard) = tokio::select! {
-                g = ready.ctrl.readable(), if sleep_ctrl => (Some(Lane::Control), Some(g.unwrap())),
-                _ = std::future::ready(()), if !sleep_ctrl => (Some(Lane::Control), None),
-                g = ready.data.readable(), if sleep => (Some(Lane::Data), Some(g.unwrap())),
-                _ = std::future::ready(()), if !sleep => (Some(Lane::Data), None),
+                r = ready.input([sleep_ctrl, sleep]) => {
+                    let (lane, g) = r.unwrap();
+                    (Some(lane), g)
+                }
                 g = ready.data.writable(), if pending && ready.writable(Lane::Data) => (None, Some(g.unwrap())),
                 g = ready.ctrl.writable(), if pending && ready.writable(Lane::Control) => (None, Some(g.unwrap())),
                 r = ready.peer_gone(), if !self.finished => panic!("peer gone: {r:?}"),

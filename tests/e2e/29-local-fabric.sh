@@ -52,17 +52,19 @@ in_place=$(metric splitnet_host_tx_in_place_total)
 sent=$(metric splitnet_host_tx_frames_total)
 log "host 1: $in_place of $sent frames read from the TAP straight into the IOC's elements"
 assert_positive "$in_place" "frames read in place"
-# A rogue host over shared memory publishes a ring index its data ring refuses, another
-# the same on its control ring, a third floods the IOC's doorbell, a fourth publishes a
-# placed write into no pool it was granted: each session ends, its shared memory is
-# unmapped, and the other hosts go on.
+# Rogue hosts over shared memory publish a ring index their data ring or their control
+# ring refuses, flood the IOC's data or control doorbell, publish a placed write into no
+# pool they were granted: each session ends, its shared memory is unmapped, and the other
+# hosts go on.
 ip netns exec sd-host "$ROGUE" shm "$sock" >"$T/rogue.out" 2>&1 || fail "rogue shm: $(cat "$T/rogue.out")"
 log "rogue: $(cat "$T/rogue.out")"
 bad_rings=$(grep -c "shared-memory ring" "$T/ioc.log")
 [ "$bad_rings" -ge 2 ] || fail "the IOC ended $bad_rings sessions for a bad ring index, not 2 (data and control)"
-assert_grep "$T/ioc.log" "doorbell rung 64 times" "the IOC's reason for ending the flooding session"
+floods=$(grep -c "doorbell rung 64 times" "$T/ioc.log")
+[ "$floods" -ge 2 ] || fail "the IOC ended $floods sessions for a doorbell flood, not 2 (data and control)"
 assert_grep "$T/ioc.log" "host broke the protocol: .*(protection error|unknown memory handle)" "the IOC's reason for ending the placed-write session"
 assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 6 "the IOC's shared memory after the rogue sessions (host 1's only)"
+assert_eq "$(grep -c 'memfd:rogue-' "/proc/$IOC_PID/maps")" 0 "the rogue sessions' rings and arenas, unmapped"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host3 10.50.0.2
 assert_eq "$(json status "d['status']['fabric']['hosts']")" 3 "hosts after the rogue"
@@ -84,6 +86,8 @@ stop_host 1 TERM
 assert_eq "$STOP_RC" 0 "host 1's exit status after SIGTERM"
 eventually 5 [ "$(json status "d['status']['fabric']['hosts']")" = 2 ] || fail "host 1 still listed"
 assert_grep "$T/ioc.log" "host removed: host disconnected \(ShuttingDown\)" "the IOC's reason for host 1's leaving"
+# Its pools were flushed first: the IOC's flush replies came back through the control ring.
+assert_grep "$T/host1.log" "pools flushed" "host 1's flush with the IOC before leaving"
 assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 0 "the IOC's shared memory after host 1 left"
 ping_ok sd-host3 10.50.0.2
 stop_ioc TERM

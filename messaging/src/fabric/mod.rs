@@ -397,12 +397,25 @@ where
         #[cfg(feature = "sys")]
         DataPath::Shm { .. } => (shm::SHM_CONTROL_CHANNEL, shm::SHM_CHANNEL),
     };
-    let (ctrl, r) = open(ctrl_no, first).await?;
-    let ctrl = match path {
-        DataPath::Stream => FabricChannel::Stream(ctrl),
-        #[cfg(feature = "sys")]
-        DataPath::Shm { .. } => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
+    let (ctrl, r, ctrl_no) = match open(ctrl_no, first).await {
+        // An IOC that predates control channels in shared memory takes channel 3 for a data
+        // channel naming no session: the control channel then stays on its socket.
+        Err(FabricError::Handshake(HandshakeError::Refused {
+            status: ErrorCode::UnknownSession,
+            ..
+        })) if ctrl_no != wire::CONTROL_CHANNEL => {
+            let (c, r) = open(wire::CONTROL_CHANNEL, first).await?;
+            (c, r, wire::CONTROL_CHANNEL)
+        }
+        r => r.map(|(c, r)| (c, r, ctrl_no))?,
     };
+    #[cfg(feature = "sys")]
+    let ctrl = match ctrl_no == wire::CONTROL_CHANNEL {
+        true => FabricChannel::Stream(ctrl),
+        false => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
+    };
+    #[cfg(not(feature = "sys"))]
+    let ctrl = FabricChannel::Stream(ctrl);
     let (data, r2) = open(data_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
         goodbye(data, ErrorCode::Malformed, timeout).await;
@@ -441,7 +454,8 @@ async fn goodbye(mut ch: StreamConn, code: ErrorCode, timeout: Duration) {
 }
 
 /// [`goodbye`] on a channel on its socket or in shared memory, where it is published at
-/// once and read by the peer before it sees the set-up socket's end.
+/// once (a peer still reading the ring finds it; one that waits for the data channel's
+/// Hello just times out).
 async fn goodbye_on(ch: FabricChannel, code: ErrorCode, timeout: Duration) {
     match ch {
         FabricChannel::Stream(c) => goodbye(c, code, timeout).await,
@@ -540,6 +554,21 @@ impl LinkReady {
         tokio::select! {
             r = gone(self.peer[0].as_ref()) => r,
             r = gone(self.peer[1].as_ref()) => r,
+        }
+    }
+
+    /// Completes when a lane has input to poll. `sleeps` says per lane (control, data) what
+    /// [`Link::prepare_sleep`] answered: a lane that may not sleep has records waiting in its
+    /// ring and is ready at once (`None`: no readiness to clear), after a unit of tokio's
+    /// cooperative budget, so that a peer keeping its ring full cannot hold the thread from
+    /// everyone else; a lane that sleeps is ready when its socket or doorbell is readable.
+    pub async fn input(&self, sleeps: [bool; 2]) -> io::Result<(Lane, Option<Guard<'_>>)> {
+        use tokio::task::coop::consume_budget;
+        tokio::select! {
+            _ = consume_budget(), if !sleeps[0] => Ok((Lane::Control, None)),
+            _ = consume_budget(), if !sleeps[1] => Ok((Lane::Data, None)),
+            g = self.ctrl.readable(), if sleeps[0] => g.map(|g| (Lane::Control, Some(g))),
+            g = self.data.readable(), if sleeps[1] => g.map(|g| (Lane::Data, Some(g))),
         }
     }
 

@@ -1,19 +1,22 @@
-//! The data channel over shared memory, between daemons on one machine.
+//! A link's channels over shared memory, between daemons on one machine.
 //!
-//! A host on the IOC's machine opens its data channel on the IOC's local Unix socket with a
-//! Hello naming channel [`SHM_CHANNEL`]. After the HelloReply, the two sides set up
-//! shared memory over that socket (`SCM_RIGHTS`):
+//! A host on the IOC's machine opens its control channel on the IOC's local Unix socket
+//! with a Hello naming channel [`SHM_CONTROL_CHANNEL`], then its data channel with a Hello
+//! naming [`SHM_CHANNEL`]. After each HelloReply, the two sides set up that channel's shared
+//! memory over its socket (`SCM_RIGHTS`):
 //!
 //! 1. The host sends a [`Setup`] with four descriptors: the ring it produces into (host to
 //!    IOC), the ring the IOC produces into (IOC to host), both sealed `memfd`s it created and
 //!    initialised, its doorbell (an `eventfd`), and its pool arena (a sealed `memfd` in
-//!    which it lays out its receive pools).
+//!    which it lays out its receive pools). A control channel's set-up has no pool arena
+//!    (0 pages, three descriptors) and smaller rings.
 //! 2. The IOC checks the setup against its limits, verifies each `memfd` (sealed against
 //!    shrinking and growing, exactly the size the set-up gives), maps it, checks the ring
 //!    headers, and answers [`ACK`] and the size of its own pool arena for this host, with
 //!    two descriptors: its doorbell and that arena (a sealed `memfd` it created, in which it
-//!    laid out the pools it advertises to the host). The host checks the size and verifies
-//!    and maps the arena as the IOC did its own.
+//!    laid out the pools it advertises to the host); for a control channel 0 pages and its
+//!    doorbell alone. The host checks the size and verifies and maps the arena as the IOC
+//!    did its own.
 //!
 //! Then each operation travels as a ring record ([`ShmChannel`]); each side places its RDMA
 //! writes straight into the other's pool elements, so their records are headers only
@@ -38,7 +41,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A data channel over shared-memory rings, with its doorbells and the socket that
+/// A channel over shared-memory rings, with its doorbells and the socket that
 /// outlives the set-up as a sign of life.
 #[derive(Debug)]
 pub struct ShmTransport {
@@ -339,6 +342,12 @@ pub async fn accept(
             Some(_) => "a data channel's set-up needs a pool arena".into(),
             None => "a control channel's set-up has no pool arena".into(),
         }));
+    }
+    if pools.is_none() && setup.data_size != RING_DATA_CONTROL {
+        return Err(FabricError::Shm(format!(
+            "a control channel's rings are {RING_DATA_CONTROL} bytes, not {}",
+            setup.data_size
+        )));
     }
     let cfg = ring(&setup)?;
     let mut fds = fds.into_iter();
