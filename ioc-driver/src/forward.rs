@@ -270,6 +270,12 @@ impl Ioc {
         }
     }
 
+    /// Adds the frames the NIC's receive ring dropped since the last call to the counters
+    /// (the kernel keeps them until they are read).
+    pub fn count_nic_drops(&mut self) {
+        self.stats.lan_rx_dropped += self.nic.take_drops();
+    }
+
     /// Delivers frames another worker handed over (from the LAN or from its hosts) to this
     /// worker's hosts: never to the LAN, which has had them.
     pub fn deliver_crossed(&mut self, frames: &[Crossing]) {

@@ -59,6 +59,8 @@ pub struct IocStats {
     pub lan_tx: u64,
     /// LAN frames for no host.
     pub lan_filtered: u64,
+    /// LAN frames the kernel dropped: the IOC's receive ring was full.
+    pub lan_rx_dropped: u64,
     /// Frames the NIC refused.
     pub lan_tx_errors: u64,
     /// Hosts disconnected for protocol errors.

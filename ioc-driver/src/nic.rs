@@ -45,6 +45,11 @@ pub trait Nic: std::fmt::Debug {
         }
         Ok(frames.len())
     }
+    /// Frames dropped on receive since the last call because the IOC's receive ring (the
+    /// socket's buffer) was full.
+    fn take_drops(&self) -> u64 {
+        0
+    }
     /// Joins (`join`) or leaves a link-layer multicast group.
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()>;
     /// Steers received frames for each MAC of `table` to the worker it names, the
@@ -83,6 +88,11 @@ impl Nic for PacketSocket {
         PacketSocket::set_multicast(self, group, join)
     }
 
+    /// `PACKET_STATISTICS` (a failed read counts nothing).
+    fn take_drops(&self) -> u64 {
+        PacketSocket::take_drops(self).unwrap_or(0)
+    }
+
     /// The fanout group's program (see [`PacketSocket::join_fanout`]).
     fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
         self.set_fanout_program(&fanout::steering_program(table))
@@ -113,6 +123,8 @@ pub mod fake {
         pub refuse_len: Rc<Cell<Option<usize>>>,
         /// Calls of `send` and `send_batch`.
         pub sends: Rc<Cell<usize>>,
+        /// Receive drops the NIC reports at its next `take_drops`.
+        pub drops: Rc<Cell<u64>>,
         /// The last steering table set.
         pub steering: Rc<RefCell<Vec<Steer>>>,
     }
@@ -156,6 +168,10 @@ pub mod fake {
 
         fn set_multicast(&self, _: [u8; 6], _: bool) -> io::Result<()> {
             Ok(())
+        }
+
+        fn take_drops(&self) -> u64 {
+            self.drops.take()
         }
 
         fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {

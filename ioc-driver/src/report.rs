@@ -176,6 +176,7 @@ impl IocStats {
         self.lan_rx += o.lan_rx;
         self.lan_tx += o.lan_tx;
         self.lan_filtered += o.lan_filtered;
+        self.lan_rx_dropped += o.lan_rx_dropped;
         self.lan_tx_errors += o.lan_tx_errors;
         self.protocol_errors += o.protocol_errors;
         self.protection_errors += o.protection_errors;
@@ -302,7 +303,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 14] = [
+    let totals: [(&str, &str, &str, u64); 15] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
@@ -332,6 +333,12 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "counter",
             "NIC frames for no host.",
             s.lan_filtered,
+        ),
+        (
+            "splitnet_ioc_lan_rx_dropped_total",
+            "counter",
+            "NIC frames dropped on receive: the IOC's receive ring was full.",
+            s.lan_rx_dropped,
         ),
         (
             "splitnet_ioc_lan_tx_errors_total",

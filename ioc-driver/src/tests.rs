@@ -611,6 +611,20 @@ fn lan_frames_leave_in_order_in_batches_and_a_refused_one_is_counted() {
 }
 
 #[test]
+fn receive_ring_overflows_the_nic_reports_are_counted_once() {
+    let (mut ioc, nic) = ioc_with("");
+    nic.drops.set(5);
+    ioc.count_nic_drops();
+    ioc.count_nic_drops();
+    assert_eq!(ioc.stats.lan_rx_dropped, 5, "taken from the NIC once");
+    nic.drops.set(2);
+    ioc.count_nic_drops();
+    assert!(ioc
+        .metrics_text()
+        .contains("\nsplitnet_ioc_lan_rx_dropped_total 7\n"));
+}
+
+#[test]
 fn set_mac_follows_the_policy() {
     let (mut ioc, _nic) = ioc_with("");
     let (a, mut pa) = connect(&mut ioc, 1, false, 128);

@@ -187,7 +187,9 @@ async fn run(
             }
             Cmd::Link(up) => link_change(&mut ioc.borrow_mut(), up),
             Cmd::Report(reply) => {
-                let _ = reply.send(ioc.borrow().snapshot());
+                let mut st = ioc.borrow_mut();
+                st.count_nic_drops();
+                let _ = reply.send(st.snapshot());
             }
             Cmd::Stop => break,
         }

@@ -25,4 +25,18 @@ echo "$i" | grep -q '^splitnet_ioc_host_tx_frames_total{session="1",mac="02:5d:'
 echo "$i" | grep -q '^# TYPE splitnet_ioc_protection_errors_total counter' || fail "type lines missing"
 get sd-host 9701 /other 2>/dev/null | grep -q "ERR HTTP Error 404" || fail "other paths are not 404"
 log "host: tx $(val "$h" splitnet_host_tx_frames_total) frames, credits free $(val "$h" splitnet_host_credits_free); IOC: lan rx $(val "$i" splitnet_ioc_lan_rx_frames_total)"
+# The IOC's receive ring overflows while the IOC is stopped: the kernel's drops are counted.
+[ "$(val "$i" splitnet_ioc_lan_rx_dropped_total)" = 0 ] || fail "receive drops before the burst"
+kill -STOP "$IOC_PID"
+ip netns exec sd-lan python3 -c "import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(3000): s.sendto(b'x' * 1400, ('10.50.0.1', 9))"
+kill -CONT "$IOC_PID"
+sleep 0.5
+i=$(get sd-ioc 9702 /metrics) || fail "IOC metrics: $i"
+dropped=$(val "$i" splitnet_ioc_lan_rx_dropped_total)
+log "a burst of 3000 frames at a stopped IOC: $dropped dropped by its receive ring"
+[ "$dropped" -gt 0 ] || fail "no receive drops counted after the burst"
+[ "$dropped" -lt 3000 ] || fail "every frame of the burst dropped: the ring held none"
+ping_ok sd-host 10.50.0.2
 pass "metrics endpoints"

@@ -20,6 +20,7 @@ const PACKET_AUXDATA: libc::c_int = 8;
 const PACKET_FANOUT: libc::c_int = 18;
 const PACKET_FANOUT_DATA: libc::c_int = 22;
 const PACKET_FANOUT_CBPF: u32 = 6;
+const PACKET_STATISTICS: libc::c_int = 6;
 /// The group ignores frames sent on the interface, as [`PACKET_IGNORE_OUTGOING`] does for
 /// one socket (a socket in a group receives through the group's hook, not its own).
 const PACKET_FANOUT_FLAG_IGNORE_OUTGOING: u32 = 0x4000;
@@ -48,6 +49,23 @@ struct AuxData {
 /// aligned for `cmsghdr`.
 #[repr(C, align(8))]
 struct CmsgSpace([u8; 64]);
+
+/// `struct tpacket_stats` of `<linux/if_packet.h>`: frames received and dropped since the
+/// last read (reading resets them).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct TpacketStats {
+    tp_packets: u32,
+    tp_drops: u32,
+}
+
+/// Bytes of frames the socket holds for the IOC before the kernel drops what arrives: the
+/// NIC's receive ring as the IOC sees it (the kernel doubles the value for its accounting).
+/// Small, so that a backlog waits in the IOC's rings towards the hosts, where each flow has
+/// its own queue and a sparse one passes a bulk transfer, rather than here, first in, first
+/// out: with 4 MiB a ping answered from the LAN during a download waited 1.3-1.6 ms, with
+/// 256 KiB 0.8 ms (docs/transports.md).
+pub const RCVBUF: libc::c_int = 256 << 10;
 
 /// Most frames one [`PacketSocket::recv_batch`] takes.
 pub const RECV_BATCH: usize = 64;
@@ -97,9 +115,9 @@ impl PacketSocket {
         setsockopt(&fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &one)?;
         // The VLAN tag the kernel strips, reported beside each frame (recv puts it back).
         setsockopt(&fd, libc::SOL_PACKET, PACKET_AUXDATA, &one)?;
-        let buf: libc::c_int = 4 << 20;
-        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &buf);
-        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &buf);
+        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF);
+        let sndbuf: libc::c_int = 4 << 20;
+        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &sndbuf);
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid before the fields are set.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as libc::c_ushort;
@@ -173,6 +191,24 @@ impl PacketSocket {
             )
         })?;
         Ok(val as u16)
+    }
+
+    /// Frames the kernel dropped since the last call because the socket's buffer was full
+    /// ([`RCVBUF`]): the overflows of the NIC's receive ring, as a NIC counts them.
+    pub fn take_drops(&self) -> io::Result<u64> {
+        let mut st = TpacketStats::default();
+        let mut len = std::mem::size_of::<TpacketStats>() as libc::socklen_t;
+        // SAFETY: `st` and `len` are valid for writes of the sizes given.
+        cvt(unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_STATISTICS,
+                (&mut st as *mut TpacketStats).cast(),
+                &mut len,
+            )
+        })?;
+        Ok(u64::from(st.tp_drops))
     }
 
     /// Sets the program of the fanout group this socket is in (for every socket of it).
