@@ -697,8 +697,39 @@ fn a_stale_handshake_timer_cannot_act_on_a_successor() {
     assert!(ctrl.until(POOL).is_some(), "B's session runs");
 }
 
-/// Table 7.2, H9: the host's side of the handshake (`fabric::connect`, as host-driver
-/// calls it) against a raw IOC that offers a version the host does not speak.
+/// A HelloReply as a raw IOC sends it: `version`, `status`, session token 99.
+fn hello_reply(version: u16, status: u16) -> Vec<u8> {
+    let mut r = version.to_be_bytes().to_vec();
+    r.extend_from_slice(&status.to_be_bytes());
+    r.extend_from_slice(&[0, 0, 0, 0]);
+    r.extend_from_slice(&99u64.to_be_bytes());
+    r.extend_from_slice(&MAX_MESSAGE.to_be_bytes());
+    send(&msg(HELLO_REPLY, 0, &r))
+}
+
+/// The host's side of the handshake (`fabric::connect`, as host-driver calls it) against a
+/// raw IOC at `addr`, its data channel over `path`.
+fn host_connect(
+    addr: SocketAddr,
+    path: splitnet_messaging::fabric::DataPath,
+) -> Result<(), splitnet_messaging::fabric::FabricError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(splitnet_messaging::fabric::connect(
+        || splitnet_messaging::fabric::dial_tcp(addr),
+        path,
+        7,
+        splitnet_messaging::wire::Queue::SINGLE,
+        0,
+        Duration::from_secs(2),
+    ))
+    .map(|_| ())
+}
+
+/// Table 7.2, H9: the host's side of the handshake against a raw IOC that offers a version
+/// the host does not speak.
 #[test]
 fn h9_host_answers_an_unusable_reply_with_goodbye() {
     let cells = row("H9");
@@ -712,25 +743,10 @@ fn h9_host_answers_an_unusable_reply_with_goodbye() {
         let hello = c.next().expect("the host's Hello");
         assert_eq!(hello.function, HELLO);
         // Version 2, which the host (1..=1) does not speak.
-        let mut r = 2u16.to_be_bytes().to_vec();
-        r.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-        r.extend_from_slice(&99u64.to_be_bytes());
-        r.extend_from_slice(&MAX_MESSAGE.to_be_bytes());
-        c.put(&send(&msg(HELLO_REPLY, 0, &r)));
+        c.put(&hello_reply(2, 0));
         c.drain()
     });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let r = rt.block_on(splitnet_messaging::fabric::connect(
-        || splitnet_messaging::fabric::dial_tcp(addr),
-        splitnet_messaging::fabric::DataPath::Stream,
-        7,
-        splitnet_messaging::wire::Queue::SINGLE,
-        0,
-        Duration::from_secs(2),
-    ));
+    let r = host_connect(addr, splitnet_messaging::fabric::DataPath::Stream);
     assert!(r.is_err());
     assert_eq!(ioc.join().unwrap(), vec![code("H9")]);
 }
@@ -751,36 +767,15 @@ fn a_host_falls_back_to_its_control_socket_when_the_ioc_refuses_channel_3() {
             let hello = c.next().expect("the host's Hello");
             assert_eq!(hello.function, HELLO);
             channels.push(hello.body[5]);
-            let mut r = 1u16.to_be_bytes().to_vec();
-            r.extend_from_slice(&status.to_be_bytes());
-            r.extend_from_slice(&[0, 0, 0, 0]);
-            r.extend_from_slice(&99u64.to_be_bytes());
-            r.extend_from_slice(&MAX_MESSAGE.to_be_bytes());
-            c.put(&send(&msg(HELLO_REPLY, 0, &r)));
-            if status == 0 && channels.len() == 3 {
-                // The data channel's set-up would follow over a Unix socket; not over TCP.
-                break;
-            }
+            c.put(&hello_reply(1, status));
         }
         channels
     });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let r = rt.block_on(splitnet_messaging::fabric::connect(
-        || splitnet_messaging::fabric::dial_tcp(addr),
-        splitnet_messaging::fabric::DataPath::Shm {
-            pool_bytes: 1 << 20,
-        },
-        7,
-        splitnet_messaging::wire::Queue::SINGLE,
-        0,
-        Duration::from_secs(2),
-    ));
-    let e = r
-        .expect_err("shared memory needs a Unix socket")
-        .to_string();
-    assert!(e.contains("Unix socket"), "{e}");
+    let path = splitnet_messaging::fabric::DataPath::Shm {
+        pool_bytes: 1 << 20,
+    };
+    // The data channel's set-up would follow over a Unix socket; not over TCP.
+    let e = host_connect(addr, path).expect_err("shared memory needs a Unix socket");
+    assert!(e.to_string().contains("Unix socket"), "{e}");
     assert_eq!(ioc.join().unwrap(), vec![3, 0, 2]);
 }

@@ -61,11 +61,11 @@ struct TpacketStats {
 
 /// Bytes of frames the socket holds for the IOC before the kernel drops what arrives: the
 /// NIC's receive ring as the IOC sees it (the kernel doubles the value for its accounting).
-/// Small, so that a backlog waits in the IOC's rings towards the hosts, where each flow has
-/// its own queue and a sparse one passes a bulk transfer, rather than here, first in, first
-/// out: with 4 MiB a ping answered from the LAN during a download waited 1.3-1.6 ms, with
-/// 256 KiB 0.8 ms (docs/transports.md).
-pub const RCVBUF: libc::c_int = 256 << 10;
+/// What waits here waits first in, first out, before the IOC's flow queues; a smaller ring
+/// shortens that wait (256 KiB halved a ping's during a download over TCP) but drops when
+/// the IOC runs late on shared cores, which cost 5-20% of the throughput from the LAN here
+/// (README, "Latency under load"), so the ring stays at 4 MiB.
+pub const RCVBUF: libc::c_int = 4 << 20;
 
 /// Most frames one [`PacketSocket::recv_batch`] takes.
 pub const RECV_BATCH: usize = 64;
@@ -93,6 +93,23 @@ fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: &T) -> 
     Ok(())
 }
 
+/// Reads a socket option of type `T` (plain old data, all-zero valid).
+fn getsockopt<T: Default>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int) -> io::Result<T> {
+    let mut v = T::default();
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes of the sizes given for the call.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut v as *mut T).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(v)
+}
+
 impl PacketSocket {
     /// Opens a socket on `ifname` receiving every frame but its own, with virtio-net headers
     /// in both directions.
@@ -116,8 +133,7 @@ impl PacketSocket {
         // The VLAN tag the kernel strips, reported beside each frame (recv puts it back).
         setsockopt(&fd, libc::SOL_PACKET, PACKET_AUXDATA, &one)?;
         let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF);
-        let sndbuf: libc::c_int = 4 << 20;
-        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &sndbuf);
+        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &RCVBUF);
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid before the fields are set.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as libc::c_ushort;
@@ -178,36 +194,14 @@ impl PacketSocket {
             };
         let arg: u32 = u32::from(group.unwrap_or(0)) | ((PACKET_FANOUT_CBPF | flags) << 16);
         setsockopt(&self.fd, libc::SOL_PACKET, PACKET_FANOUT, &arg)?;
-        let mut val: u32 = 0;
-        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
-        // SAFETY: `val` and `len` are valid for writes of the sizes given.
-        cvt(unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                PACKET_FANOUT,
-                (&mut val as *mut u32).cast(),
-                &mut len,
-            )
-        })?;
+        let val: u32 = getsockopt(&self.fd, libc::SOL_PACKET, PACKET_FANOUT)?;
         Ok(val as u16)
     }
 
     /// Frames the kernel dropped since the last call because the socket's buffer was full
     /// ([`RCVBUF`]): the overflows of the NIC's receive ring, as a NIC counts them.
     pub fn take_drops(&self) -> io::Result<u64> {
-        let mut st = TpacketStats::default();
-        let mut len = std::mem::size_of::<TpacketStats>() as libc::socklen_t;
-        // SAFETY: `st` and `len` are valid for writes of the sizes given.
-        cvt(unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                PACKET_STATISTICS,
-                (&mut st as *mut TpacketStats).cast(),
-                &mut len,
-            )
-        })?;
+        let st: TpacketStats = getsockopt(&self.fd, libc::SOL_PACKET, PACKET_STATISTICS)?;
         Ok(u64::from(st.tp_drops))
     }
 
