@@ -415,7 +415,10 @@ where
         false => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
     };
     #[cfg(not(feature = "sys"))]
-    let ctrl = FabricChannel::Stream(ctrl);
+    let ctrl = {
+        let _ = ctrl_no; // Always channel 0 without shared memory.
+        FabricChannel::Stream(ctrl)
+    };
     let (data, r2) = open(data_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
         goodbye(data, ErrorCode::Malformed, timeout).await;
