@@ -2,7 +2,7 @@
 # The demo: builds splitnet, brings up the reference topology (host, IOC and LAN namespaces
 # joined by veth pairs), starts ioc-driver and host-driver with the example configs, configures
 # sd0, pings the LAN peer 5 times and runs iperf3 for 3 s each way through sd0, then does it
-# again with host-driver on the IOC's local socket and its data channel in shared memory (as
+# again with host-driver on the IOC's local socket and both its channels in shared memory (as
 # daemons on one machine would), then stops the daemons and removes the topology, printing
 # every step. It needs root: from a root shell it
 # runs as it is; otherwise it runs itself again with sudo. What it lacks it installs first
@@ -72,7 +72,7 @@ echo "   + splitnetctl -s $T/host1.sock status"
 echo "   + splitnetctl -s $T/ioc.sock hosts"
 "$BIN/splitnetctl" -s "$T/ioc.sock" hosts | sed 's/^/     /'
 
-say "6c. the same host as if on the IOC's machine: its data channel in shared memory"
+say "6c. the same host as if on the IOC's machine: both its channels in shared memory"
 sed "s|^ioc = .*|ioc = \"unix:$T/fabric.sock\"|" "$HOST_CONF" >"$T/host-shm.toml"
 echo "   + restart host-driver with fabric.ioc = \"unix:$T/fabric.sock\" (sd0 stays)"
 stop_host 1

@@ -49,7 +49,7 @@ pub struct HostFabric {
     /// Longest reconnect delay (ms).
     #[serde(default = "default_reconnect_max")]
     pub reconnect_max_ms: u64,
-    /// With `ioc = "unix:PATH"`: the data channel over shared memory (the default) rather
+    /// With `ioc = "unix:PATH"`: both channels over shared memory (the default) rather
     /// than over the socket.
     #[serde(default = "yes")]
     pub shared_memory: bool,

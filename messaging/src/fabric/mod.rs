@@ -470,6 +470,7 @@ async fn goodbye_on(ch: FabricChannel, code: ErrorCode, timeout: Duration) {
     }
 }
 
+/// Queues a Goodbye with `code` on `ch`.
 fn post_goodbye(ch: &mut impl Channel, code: ErrorCode) {
     let mut msg = Vec::new();
     wire::Message::Goodbye(wire::Goodbye { code }).emit(0, &mut msg);
