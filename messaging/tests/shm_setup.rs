@@ -96,29 +96,42 @@ fn pool_in(arena: SharedRegion, count: u32) -> (Registry, Handle) {
     (reg, pool)
 }
 
-#[test]
-fn offer_and_accept_agree_and_carry_operations() {
+/// A host's offer (`host_pools`: a data channel's receive pools, `None`: a control channel)
+/// against the IOC's acceptance (with its pool arena when `ioc_arena`) on a new socket pair.
+fn set_up(
+    host_pools: Option<u64>,
+    ioc_arena: bool,
+) -> (
+    Result<ShmTransport, FabricError>,
+    Result<ShmTransport, FabricError>,
+) {
     let (host, ioc) = pair();
-    let rt = rt();
-    let (h, i) = rt.block_on(async {
+    rt().block_on(async {
         tokio::join!(
-            offer(host, DomainId(1), 4096, Some(64 << 10), TIMEOUT),
-            accept(ioc, DomainId(1), 4096, Some(arena()), TIMEOUT)
+            offer(host, DomainId(1), 4096, host_pools, TIMEOUT),
+            accept(ioc, DomainId(1), 4096, ioc_arena.then(arena), TIMEOUT)
         )
-    });
-    let (mut h, mut i) = (h.unwrap(), i.unwrap());
-    h.post(
-        Op::Send,
-        &[],
-        Payload::Bytes(b"hello over shared memory".to_vec()),
-    );
+    })
+}
+
+/// `h` sends `msg`; `i` receives exactly it, as one SEND.
+fn carries(h: &mut ShmTransport, i: &mut ShmTransport, msg: &[u8]) {
+    h.post(Op::Send, &[], Payload::Bytes(msg.to_vec()));
     assert!(h.flush().unwrap());
     let mut reg = Registry::new(0);
-    assert!(matches!(
+    assert_eq!(
         i.poll_recv(&mut reg).unwrap(),
-        Some(RxCompletion::Recv { len: 24 })
-    ));
-    assert_eq!(i.received(), b"hello over shared memory");
+        Some(RxCompletion::Recv { len: msg.len() })
+    );
+    assert_eq!(i.received(), msg);
+}
+
+#[test]
+fn offer_and_accept_agree_and_carry_operations() {
+    let (h, i) = set_up(Some(64 << 10), true);
+    let (mut h, mut i) = (h.unwrap(), i.unwrap());
+    carries(&mut h, &mut i, b"hello over shared memory");
+    let mut reg = Registry::new(0);
     // The IOC armed its doorbell; the host's next publication rings it.
     assert_eq!(i.poll_recv(&mut reg).unwrap(), None);
     assert!(!i.input_pending());
@@ -268,43 +281,18 @@ fn a_rogue_hosts_set_ups_are_refused() {
 fn a_control_channel_is_set_up_without_a_pool_arena_and_refused_with_one() {
     let rt = rt();
     // Agreed: smaller rings, no arena either way, messages carried.
-    let (host, ioc) = pair();
-    let (h, i) = rt.block_on(async {
-        tokio::join!(
-            offer(host, DomainId(1), 4096, None, TIMEOUT),
-            accept(ioc, DomainId(1), 4096, None, TIMEOUT)
-        )
-    });
+    let (h, i) = set_up(None, false);
     let (mut h, mut i) = (h.unwrap(), i.unwrap());
     assert!(h.pools().is_none() && i.pools().is_none());
     assert!(!h.places_writes() && !i.places_writes());
-    h.post(Op::Send, &[], Payload::Bytes(b"credits".to_vec()));
-    assert!(h.flush().unwrap());
-    let mut reg = Registry::new(0);
-    assert!(matches!(
-        i.poll_recv(&mut reg).unwrap(),
-        Some(RxCompletion::Recv { len: 7 })
-    ));
-    assert_eq!(i.received(), b"credits");
+    carries(&mut h, &mut i, b"credits");
     // A data channel's set-up (with its arena) where a control channel is expected, and
     // the other way round: refused.
-    let (host, ioc) = pair();
-    let (h, i) = rt.block_on(async {
-        tokio::join!(
-            offer(host, DomainId(1), 4096, Some(64 << 10), TIMEOUT),
-            accept(ioc, DomainId(1), 4096, None, TIMEOUT)
-        )
-    });
+    let (h, i) = set_up(Some(64 << 10), false);
     assert!(h.is_err());
     let e = shm_error(i);
     assert!(e.contains("descriptors"), "{e}");
-    let (host, ioc) = pair();
-    let (h, i) = rt.block_on(async {
-        tokio::join!(
-            offer(host, DomainId(1), 4096, None, TIMEOUT),
-            accept(ioc, DomainId(1), 4096, Some(arena()), TIMEOUT)
-        )
-    });
+    let (h, i) = set_up(None, true);
     assert!(h.is_err());
     assert!(shm_error(i).contains("needs 4 descriptors"));
     // Three descriptors but a set-up that names an arena.

@@ -93,8 +93,13 @@ fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: &T) -> 
     Ok(())
 }
 
-/// Reads a socket option of type `T` (plain old data, all-zero valid).
-fn getsockopt<T: Default>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int) -> io::Result<T> {
+/// Reads a socket option of type `T` (plain old data: an integer or a `repr(C)` struct of
+/// them, whose default is all zeros).
+fn getsockopt<T: Default + Copy>(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<T> {
     let mut v = T::default();
     let mut len = std::mem::size_of::<T>() as libc::socklen_t;
     // SAFETY: `v` and `len` are valid for writes of the sizes given for the call.
@@ -133,7 +138,8 @@ impl PacketSocket {
         // The VLAN tag the kernel strips, reported beside each frame (recv puts it back).
         setsockopt(&fd, libc::SOL_PACKET, PACKET_AUXDATA, &one)?;
         let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF);
-        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &RCVBUF);
+        let sndbuf: libc::c_int = 4 << 20;
+        let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &sndbuf);
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid before the fields are set.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as libc::c_ushort;
