@@ -8,8 +8,10 @@
 //! the only module of the workspace allowed `unsafe`, each call with a `// SAFETY:` note.
 #![allow(unsafe_code)]
 
+pub mod bpf;
 pub mod eventfd;
 pub mod fanout;
+pub mod filter;
 pub mod netdev;
 pub mod packet;
 pub mod shm;
@@ -98,6 +100,19 @@ pub fn read_into(fd: BorrowedFd<'_>, dst: &crate::memory::SharedBytes<'_>) -> io
     // may be written through a shared reference (interior mutability), and the kernel's
     // write races only with the peer's, which changes bytes, not memory safety.
     cvt_size(unsafe { libc::read(fd.as_raw_fd(), base, len) })
+}
+
+/// Receives one datagram into the bytes `dst` names in shared memory with one `recv(2)`
+/// and `flags`, as [`read_into`] reads.
+pub fn recv_into(
+    fd: BorrowedFd<'_>,
+    dst: &crate::memory::SharedBytes<'_>,
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    let (base, len) = shared_range(dst)?;
+    // SAFETY: as in `read_into`: the range lies inside a live slice of atomics, valid for
+    // the call, and the kernel writes at most `len` bytes of it.
+    cvt_size(unsafe { libc::recv(fd.as_raw_fd(), base, len, flags) })
 }
 
 /// `write(2)` on an owned descriptor.

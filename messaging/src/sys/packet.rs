@@ -5,6 +5,7 @@
 //! it back where it was, so the frame a host gets is the frame that was on the wire. Frames
 //! sent carry their tags inline and leave as they are.
 
+use super::bpf::Insn;
 use super::{cvt, netdev, write};
 use crate::vnet::{insert_vlan, VLAN_TAG_LEN};
 use std::io;
@@ -119,14 +120,28 @@ impl PacketSocket {
     /// Opens a socket on `ifname` receiving every frame but its own, with virtio-net headers
     /// in both directions.
     pub fn open(ifname: &str) -> io::Result<PacketSocket> {
-        let ifindex = netdev::index(ifname)?;
+        PacketSocket::open_filtered(netdev::index(ifname)?, None)
+    }
+
+    /// Opens a second socket on this one's interface receiving only the frames `filter`
+    /// takes (see [`super::filter`]), from its very first frame; otherwise as
+    /// [`PacketSocket::open`].
+    pub fn open_sibling(&self, filter: &[Insn]) -> io::Result<PacketSocket> {
+        PacketSocket::open_filtered(self.ifindex, Some(filter))
+    }
+
+    /// The socket of [`PacketSocket::open`], with `filter` set before it receives anything.
+    fn open_filtered(ifindex: u32, filter: Option<&[Insn]>) -> io::Result<PacketSocket> {
         let proto = ETH_P_ALL.to_be();
+        // Protocol 0: the socket receives nothing until it is bound below, to one interface
+        // and with its filter already set (a socket opened with ETH_P_ALL would queue the
+        // frames of every interface meanwhile).
         // SAFETY: plain socket(2) call; the result is checked before it is owned.
         let raw = cvt(unsafe {
             libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::c_int::from(proto),
+                0,
             )
         })?;
         // SAFETY: `raw` was just returned by socket(2) and is owned by nobody else.
@@ -140,6 +155,9 @@ impl PacketSocket {
         let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF);
         let sndbuf: libc::c_int = 4 << 20;
         let _ = setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &sndbuf);
+        if let Some(prog) = filter {
+            set_filter(&fd, prog)?;
+        }
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid before the fields are set.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as libc::c_ushort;
@@ -212,13 +230,27 @@ impl PacketSocket {
     }
 
     /// Sets the program of the fanout group this socket is in (for every socket of it).
-    pub fn set_fanout_program(&self, prog: &[super::fanout::Insn]) -> io::Result<()> {
-        let fprog = libc::sock_fprog {
-            len: u16::try_from(prog.len())
-                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-            filter: prog.as_ptr().cast_mut(),
-        };
-        setsockopt(&self.fd, libc::SOL_PACKET, PACKET_FANOUT_DATA, &fprog)
+    pub fn set_fanout_program(&self, prog: &[Insn]) -> io::Result<()> {
+        setsockopt(
+            &self.fd,
+            libc::SOL_PACKET,
+            PACKET_FANOUT_DATA,
+            &fprog(prog)?,
+        )
+    }
+
+    /// A second descriptor of this socket, to set its receive filter from another thread.
+    pub fn filter_handle(&self) -> io::Result<FilterHandle> {
+        Ok(FilterHandle(self.fd.try_clone()?))
+    }
+
+    /// Receives one frame (virtio-net header first) straight into the bytes `dst` names in
+    /// shared memory, with one `recv(2)`: the kernel writes them. Returns the frame's whole
+    /// length, which is more than `dst`'s when the frame did not fit (then cut). The VLAN
+    /// tag the kernel took out, if any, is not put back: use it on a socket whose filter
+    /// refuses tagged frames ([`super::filter::only_to`]).
+    pub fn recv_into(&self, dst: &crate::memory::SharedBytes<'_>) -> io::Result<usize> {
+        super::recv_into(self.fd.as_fd(), dst, libc::MSG_TRUNC)
     }
 
     /// Receives one frame (virtio-net header first) as it was on the wire: a VLAN tag the
@@ -315,6 +347,31 @@ impl PacketSocket {
     }
 }
 
+/// A packet socket's second descriptor, whose receive filter it sets from any thread.
+#[derive(Debug)]
+pub struct FilterHandle(OwnedFd);
+
+impl FilterHandle {
+    /// Replaces the socket's receive filter (see [`super::filter`]): frames already queued
+    /// stay, frames that arrive from now on pass the new one.
+    pub fn set(&self, prog: &[Insn]) -> io::Result<()> {
+        set_filter(&self.0, prog)
+    }
+}
+
+/// `prog` as the kernel takes it.
+fn fprog(prog: &[Insn]) -> io::Result<libc::sock_fprog> {
+    Ok(libc::sock_fprog {
+        len: u16::try_from(prog.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        filter: prog.as_ptr().cast_mut(),
+    })
+}
+
+/// Sets socket `fd`'s receive filter (`SO_ATTACH_FILTER`; the kernel copies the program).
+fn set_filter(fd: &OwnedFd, prog: &[Insn]) -> io::Result<()> {
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog(prog)?)
+}
+
 /// Puts back the VLAN tag the kernel reported beside the `n`-byte frame in `buf` (see
 /// [`PacketSocket::recv`]); returns the frame's length.
 fn restore_tag(buf: &mut [u8], n: usize, msg: &libc::msghdr) -> usize {
@@ -360,5 +417,105 @@ fn auxdata(msg: &libc::msghdr) -> Option<AuxData> {
 impl AsFd for PacketSocket {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::filter::{all_but, only_to};
+    use super::*;
+    use crate::adapter::shm::HeapShared;
+    use crate::memory::SharedBytes;
+    use crate::vnet::VNET_HDR_LEN;
+
+    /// Moves this test's thread into a network namespace of its own with its loopback up;
+    /// false (the test is skipped) without the privilege to.
+    fn own_namespace() -> bool {
+        // SAFETY: unshare(2) changes only the calling thread's namespaces.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!(
+                "skipped: no network namespace ({})",
+                io::Error::last_os_error()
+            );
+            return false;
+        }
+        netdev::set_up("lo").unwrap();
+        true
+    }
+
+    /// A frame to `dst` with a virtio-net header and, if `vlan`, an 802.1Q tag.
+    fn frame(dst: [u8; 6], vlan: Option<u16>, fill: u8) -> Vec<u8> {
+        let mut f = vec![0u8; VNET_HDR_LEN];
+        f.extend_from_slice(&dst);
+        f.extend_from_slice(&[2, 0, 0, 0, 0, 0x99]);
+        if let Some(tci) = vlan {
+            f.extend_from_slice(&ETH_P_8021Q.to_be_bytes());
+            f.extend_from_slice(&tci.to_be_bytes());
+        }
+        f.extend_from_slice(&[0x88, 0xb5]);
+        f.extend_from_slice(&[fill; 60]);
+        f
+    }
+
+    /// Every frame `s` holds now.
+    fn drain(s: &PacketSocket) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 2048];
+        while let Ok(n) = s.recv(&mut buf) {
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+
+    /// The kernel sorts a NIC's frames between a host's own socket and the general one, as
+    /// the filters say: each frame arrives once, a tagged one on the general socket with its
+    /// tag put back, and a host's socket writes its frames straight into shared memory.
+    #[test]
+    fn the_kernel_sorts_frames_between_a_hosts_socket_and_the_general_one() {
+        if !own_namespace() {
+            return;
+        }
+        let (mine, other) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        let general = PacketSocket::open("lo").unwrap();
+        general
+            .filter_handle()
+            .unwrap()
+            .set(&all_but(&[mine]))
+            .unwrap();
+        let host = general.open_sibling(&only_to(&mine)).unwrap();
+        let sent = [
+            frame(mine, None, 1),
+            frame(other, None, 2),
+            frame(mine, Some(7), 3),
+            frame([0xff; 6], None, 4),
+            frame(mine, None, 5),
+        ];
+        for f in &sent {
+            general.send(f).unwrap();
+        }
+        // Loopback delivers in the sender's context, before send returns.
+        let got = drain(&general);
+        assert_eq!(got, vec![sent[1].clone(), sent[2].clone(), sent[3].clone()]);
+        let mem = HeapShared::new(4096);
+        let dst = SharedBytes::new(&mem, 3, 1000).unwrap();
+        for want in [&sent[0], &sent[4]] {
+            assert_eq!(host.recv_into(&dst).unwrap(), want.len());
+            let mut back = vec![0u8; want.len()];
+            dst.copy_out(0, &mut back).unwrap();
+            assert_eq!(&back, want);
+        }
+        assert_eq!(
+            host.recv_into(&dst).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        // A frame longer than the room says its whole length.
+        general.send(&frame(mine, None, 6)).unwrap();
+        let small = SharedBytes::new(&mem, 0, 20).unwrap();
+        assert_eq!(host.recv_into(&small).unwrap(), sent[0].len());
+        // With the exclusion lifted, the general socket takes the host's frames again.
+        general.filter_handle().unwrap().set(&all_but(&[])).unwrap();
+        general.send(&sent[0]).unwrap();
+        assert_eq!(drain(&general), vec![sent[0].clone()]);
+        assert_eq!(host.take_drops().unwrap(), 0);
     }
 }

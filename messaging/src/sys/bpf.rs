@@ -1,0 +1,103 @@
+//! The few classic BPF instructions the IOC's programs use: the fanout group's steering
+//! ([`super::fanout`]) and the packet sockets' receive filters ([`super::filter`]).
+//!
+//! Written by hand: each program is a short linear table of a few instructions per MAC,
+//! and no crate builds classic BPF for `PACKET_FANOUT_DATA` or `SO_ATTACH_FILTER`.
+
+/// One classic BPF instruction (`struct sock_filter`).
+pub type Insn = libc::sock_filter;
+
+const BPF_LD: u16 = 0x00;
+const BPF_JMP: u16 = 0x05;
+const BPF_RET: u16 = 0x06;
+const BPF_W: u16 = 0x00;
+const BPF_H: u16 = 0x08;
+const BPF_ABS: u16 = 0x20;
+const BPF_JEQ: u16 = 0x10;
+const BPF_K: u16 = 0x00;
+const BPF_A: u16 = 0x10;
+/// Offsets from this base are relative to the frame's MAC header (`SKF_LL_OFF`): where
+/// the fanout runs, the frame's data may start at its network header.
+pub const SKF_LL_OFF: i32 = -0x0020_0000;
+/// Ancillary loads (`SKF_AD_OFF`).
+const SKF_AD_OFF: i32 = -0x1000;
+/// Loads the flow hash the kernel computed.
+pub const SKF_AD_RXHASH: i32 = SKF_AD_OFF + 32;
+/// Loads 1 when the kernel took a VLAN tag out of the frame (into its metadata), else 0.
+pub const SKF_AD_VLAN_TAG_PRESENT: i32 = SKF_AD_OFF + 48;
+
+/// Loads a 16-bit word from offset `k`.
+pub const LD_H_ABS: u16 = BPF_LD | BPF_H | BPF_ABS;
+/// Loads a 32-bit word from offset `k`.
+pub const LD_W_ABS: u16 = BPF_LD | BPF_W | BPF_ABS;
+/// Jump if A equals `k`.
+pub const JEQ_K: u16 = BPF_JMP | BPF_JEQ | BPF_K;
+/// Return `k`.
+pub const RET_K: u16 = BPF_RET | BPF_K;
+/// Return A.
+pub const RET_A: u16 = BPF_RET | BPF_A;
+
+/// One instruction.
+pub fn insn(code: u16, jt: u8, jf: u8, k: u32) -> Insn {
+    Insn { code, jt, jf, k }
+}
+
+/// Appends the test "the destination MAC is `mac`": falls through when it is, else
+/// jumps `skip` instructions past the test's last (4 instructions).
+pub fn match_dst(p: &mut Vec<Insn>, mac: &[u8; 6], skip: u8) {
+    let hi = u32::from(u16::from_be_bytes([mac[0], mac[1]]));
+    let lo = u32::from_be_bytes([mac[2], mac[3], mac[4], mac[5]]);
+    p.push(insn(LD_H_ABS, 0, 0, SKF_LL_OFF as u32));
+    p.push(insn(JEQ_K, 0, skip.saturating_add(2), hi));
+    p.push(insn(LD_W_ABS, 0, 0, (SKF_LL_OFF + 2) as u32));
+    p.push(insn(JEQ_K, 0, skip, lo));
+}
+
+/// What the kernel knows of a frame besides its bytes, for [`run`].
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Meta {
+    /// Its flow hash.
+    pub hash: u32,
+    /// A VLAN tag was taken out of it.
+    pub vlan: bool,
+}
+
+/// Runs `prog` over an Ethernet frame as the kernel would for the instructions above;
+/// `None` for anything else (a bad program) or a load beyond the frame.
+#[cfg(test)]
+pub fn run(prog: &[Insn], frame: &[u8], meta: Meta) -> Option<u32> {
+    let mut a: u32 = 0;
+    let mut pc = 0usize;
+    let load = |k: u32, n: usize| -> Option<u32> {
+        let k = k as i32;
+        match (k, n) {
+            (SKF_AD_RXHASH, 4) => return Some(meta.hash),
+            (SKF_AD_VLAN_TAG_PRESENT, 4) => return Some(u32::from(meta.vlan)),
+            _ => {}
+        }
+        let off = usize::try_from(k.checked_sub(SKF_LL_OFF)?).ok()?;
+        let b = frame.get(off..off + n)?;
+        Some(b.iter().fold(0u32, |v, x| (v << 8) | u32::from(*x)))
+    };
+    loop {
+        let i = prog.get(pc)?;
+        pc += 1;
+        match i.code {
+            LD_H_ABS => a = load(i.k, 2)?,
+            LD_W_ABS => a = load(i.k, 4)?,
+            JEQ_K => pc += usize::from(if a == i.k { i.jt } else { i.jf }),
+            RET_K => return Some(i.k),
+            RET_A => return Some(a),
+            _ => return None,
+        }
+    }
+}
+
+/// An Ethernet frame to `dst` (an IPv4 packet's first byte after its header), for tests.
+#[cfg(test)]
+pub fn frame(dst: [u8; 6]) -> Vec<u8> {
+    let mut f = dst.to_vec();
+    f.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x08, 0x00, 0x45]);
+    f
+}
