@@ -425,6 +425,7 @@ mod tests {
             counters: Counters::default(),
             buffers: 0,
             buffer_quota: 512,
+            in_place: 0,
             drops: BTreeMap::new(),
         };
         let h = Hosts {

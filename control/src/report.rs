@@ -281,6 +281,10 @@ pub struct HostEntry {
     /// Send buffers it may hold at most; frames for it beyond are dropped (`rx_quota`).
     #[serde(default)]
     pub buffer_quota: u32,
+    /// LAN frames the IOC read straight into its pools, from its own queue on the NIC
+    /// (a host over shared memory).
+    #[serde(default)]
+    pub in_place: u64,
     /// Its frames dropped, by cause (causes with a count only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drops: BTreeMap<String, u64>,

@@ -274,6 +274,7 @@ impl Ioc {
     /// (the kernel keeps them until they are read).
     pub fn count_nic_drops(&mut self) {
         self.stats.lan_rx_dropped += self.nic.take_drops();
+        self.count_placed_drops();
     }
 
     /// Delivers frames another worker handed over (from the LAN or from its hosts) to this

@@ -6,6 +6,7 @@
 //! loses its own frames, counted against it; it can never take another host's buffers, and
 //! a full socket of its own is waited on by its own task only.
 
+use crate::placed::Placed;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
 use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
@@ -157,6 +158,8 @@ pub struct Host {
     /// Frames for it waiting for credit, by flow (its receive ring: at most [`RING_BYTES`]
     /// and its quota of frames; beyond, frames are dropped).
     pub tx: Scheduler<SendBuf>,
+    /// Its own queue of LAN frames, read straight into its pools ([`crate::placed`]).
+    pub placed: Option<Placed>,
     /// Its fabric address.
     pub peer: String,
     /// When it connected.
@@ -215,6 +218,7 @@ impl Host {
                 None,
                 Instant::now(),
             ),
+            placed: None,
             peer,
             since: Instant::now(),
         }
@@ -242,11 +246,16 @@ impl Host {
 
     /// Counts a frame for it that was dropped.
     pub fn drop_rx(&mut self, why: RxDrop) {
-        self.stats.rx_dropped += 1;
+        self.drop_rx_n(why, 1);
+    }
+
+    /// Counts `n` frames for it that were dropped.
+    pub fn drop_rx_n(&mut self, why: RxDrop, n: u64) {
+        self.stats.rx_dropped += n;
         match why {
-            RxDrop::RingFull => self.drops.ring_full += 1,
-            RxDrop::Quota => self.drops.quota += 1,
-            RxDrop::TooLarge => self.drops.too_large += 1,
+            RxDrop::RingFull => self.drops.ring_full += n,
+            RxDrop::Quota => self.drops.quota += n,
+            RxDrop::TooLarge => self.drops.too_large += n,
         }
     }
 

@@ -2,8 +2,9 @@
 
 use crate::forward::HostEnd;
 use crate::ioc::{Ioc, MAX_CONTROL_BACKLOG};
+use crate::placed::PlacedProgress;
 use splitnet_messaging::endpoint::{Lane, Liveness};
-use splitnet_messaging::fabric::LinkReady;
+use splitnet_messaging::fabric::{Guard, LinkReady, Ready};
 use splitnet_messaging::wire::Message;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -17,18 +18,22 @@ use tokio::sync::Notify;
 /// else writes to it, so a host that stops reading costs the IOC no work at all.
 pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: Rc<Notify>) {
     let end = loop {
-        let (pending, deadline, sleep_ctrl, sleep) = {
+        let (pending, deadline, sleep_ctrl, sleep, placed) = {
             let mut ioc = ioc.borrow_mut();
             match ioc.hosts.get_mut(&session) {
                 Some(h) => {
                     // Shared memory: ask for the doorbells; records may be waiting already.
                     let mut sleep = |lane| h.link.as_mut().is_none_or(|l| l.prepare_sleep(lane));
                     let (c, d) = (sleep(Lane::Control), sleep(Lane::Data));
-                    (h.pending() > 0, h.keepalive.deadline(), c, d)
+                    // The host's own LAN queue, waited on while its pools have room.
+                    let placed = h.placed.as_ref().filter(|p| !p.starved);
+                    let placed = placed.and_then(|p| p.ready.clone());
+                    (h.pending() > 0, h.keepalive.deadline(), c, d, placed)
                 }
                 None => return,
             }
         };
+        let mut placed_woke = false;
         let deadline = tokio::time::Instant::from_std(deadline);
         let (ctrl_writable, data_writable) =
             (ready.writable(Lane::Control), ready.writable(Lane::Data));
@@ -36,6 +41,10 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
             r = ready.input([sleep_ctrl, sleep]) => r.map(|(lane, g)| (Some(lane), g)),
             g = ready.data.writable(), if pending && data_writable => g.map(|g| (None, Some(g))),
             g = ready.ctrl.writable(), if pending && ctrl_writable => g.map(|g| (None, Some(g))),
+            g = readable(placed.as_deref()) => {
+                placed_woke = true;
+                g.map(|g| (None, Some(g)))
+            }
             _ = wake.notified() => Ok((None, None)),
             _ = tokio::time::sleep_until(deadline) => Ok((None, None)),
             _ = ready.peer_gone() => {
@@ -76,6 +85,14 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
             }
             None => Ok(false),
         };
+        let starved = st
+            .hosts
+            .get(&session)
+            .and_then(|h| h.placed.as_ref())
+            .is_some_and(|p| p.starved);
+        // Its own LAN queue, when it woke this task or waits for credit (which came back
+        // if this wake-up was the host's).
+        let placed_progress = (placed_woke || starved).then(|| st.drive_placed(session));
         match result {
             Ok(drained) => {
                 let Ioc { hosts, cache, .. } = &mut *st;
@@ -108,7 +125,12 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
                 st.kick_hosts();
                 if let Some(mut g) = guard {
                     // Readable and drained, or writable and still full: wait for the next edge.
-                    if (lane.is_some() && drained) || (lane.is_none() && !flushed) {
+                    let clear = if placed_woke {
+                        placed_progress == Some(PlacedProgress::Drained)
+                    } else {
+                        (lane.is_some() && drained) || (lane.is_none() && !flushed)
+                    };
+                    if clear {
                         g.clear_ready();
                     }
                 }
@@ -133,5 +155,13 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
             let why = e.to_string();
             st.remove_host(session, &why, Some(&e));
         }
+    }
+}
+
+/// Waits until `ready` is readable; forever when there is none.
+async fn readable(ready: Option<&Ready>) -> std::io::Result<Guard<'_>> {
+    match ready {
+        Some(r) => r.readable().await,
+        None => std::future::pending().await,
     }
 }

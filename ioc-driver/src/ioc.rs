@@ -145,6 +145,16 @@ impl Ioc {
             .max_granted_bytes
             .saturating_mul(u64::from(cfg.fabric.max_hosts));
         let (quota, buffers) = buffer_plan(cfg.fabric.max_hosts);
+        // This worker's socket leaves the placed MACs to their hosts' own queues.
+        match nic.exclusion() {
+            Ok(Some(e)) => {
+                if let Err(e) = shard.add_exclusion(e) {
+                    warn!("LAN frames for hosts take the general path: {e}");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => warn!("LAN frames for hosts take the general path: {e}"),
+        }
         Ioc {
             reg: Registry::new(limit),
             nic,
@@ -332,6 +342,7 @@ impl Ioc {
         }
         let wake = host.wake.clone();
         self.hosts.insert(session, host);
+        self.place_rx(session);
         self.publish_load();
         self.connects += 1;
         info!(
@@ -459,6 +470,11 @@ impl Ioc {
         let (mac, mtu, features) = (host.mac, host.mtu, host.features);
         if let Some(link) = host.link.as_mut() {
             link.session_mut().cfg_reply(txn, code, status, &reply);
+        }
+        // The host's own queue follows its MAC.
+        if code == CfgCode::SetMac && status == ErrorCode::Ok {
+            self.unplace_rx(session);
+            self.place_rx(session);
         }
         if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
             self.sync_multicast();
@@ -588,6 +604,7 @@ impl Ioc {
     }
 
     fn remove_session(&mut self, session: u64, why: &str, err: Option<&LinkError>) {
+        self.unplace_rx(session);
         let Some(mut host) = self.hosts.remove(&session) else {
             return;
         };

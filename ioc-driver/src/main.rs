@@ -15,6 +15,7 @@ mod hosts;
 mod ioc;
 mod lan_tx;
 mod nic;
+mod placed;
 mod report;
 mod server;
 mod shard;

@@ -4,8 +4,29 @@
 //! its place, so that forwarding, quotas and session ends run without root or an interface.
 
 use splitnet_messaging::memory::SharedBytes;
-use splitnet_messaging::sys::{fanout, packet::PacketSocket};
+use splitnet_messaging::sys::packet::{FilterHandle, PacketSocket};
+use splitnet_messaging::sys::{fanout, filter};
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+
+/// The NIC's frames for one host alone, which the kernel sorts out of the others
+/// ([`Nic::host_rx`]) and the IOC reads straight into the host's shared memory.
+pub trait HostRx: std::fmt::Debug {
+    /// Receives one frame (virtio-net header first) into `dst`; returns its whole length,
+    /// more than `dst`'s when it was cut, `WouldBlock` when none is waiting.
+    fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize>;
+    /// Frames dropped since the last call because the queue was full.
+    fn take_drops(&self) -> u64;
+    /// The descriptor to wait on; `None` for a queue of a test.
+    fn fd(&self) -> Option<BorrowedFd<'_>>;
+}
+
+/// Sets which MACs a worker's NIC socket no longer receives (untagged unicast), because
+/// their hosts' own queues do ([`HostRx`]); usable from any worker's thread.
+pub trait Exclusion: Send + std::fmt::Debug {
+    /// Excludes exactly `macs` from now on.
+    fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()>;
+}
 
 /// A network interface carrying frames with a virtio-net header in front.
 pub trait Nic: std::fmt::Debug {
@@ -58,6 +79,16 @@ pub trait Nic: std::fmt::Debug {
         let _ = table;
         Ok(())
     }
+    /// A queue of the NIC's untagged unicast frames for `mac` alone. The workers' sockets
+    /// keep receiving them too until `mac` is excluded ([`Exclusion`]), which comes first.
+    fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
+        let _ = mac;
+        Err(io::ErrorKind::Unsupported.into())
+    }
+    /// The handle that sets this socket's exclusions; `None` when it has none.
+    fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
+        Ok(None)
+    }
 }
 
 impl Nic for PacketSocket {
@@ -97,17 +128,50 @@ impl Nic for PacketSocket {
     fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
         self.set_fanout_program(&fanout::steering_program(table))
     }
+
+    /// A socket of its own on the interface, whose filter takes only `mac`'s frames.
+    fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
+        Ok(Box::new(self.open_sibling(&filter::only_to(&mac))?))
+    }
+
+    /// A second descriptor of the socket, whose filter it sets.
+    fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
+        Ok(Some(Box::new(self.filter_handle()?)))
+    }
+}
+
+impl HostRx for PacketSocket {
+    fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize> {
+        PacketSocket::recv_into(self, dst)
+    }
+
+    fn take_drops(&self) -> u64 {
+        PacketSocket::take_drops(self).unwrap_or(0)
+    }
+
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.as_fd())
+    }
+}
+
+impl Exclusion for FilterHandle {
+    fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
+        self.set(&filter::all_but(macs))
+    }
 }
 
 #[cfg(test)]
 pub mod fake {
     //! A NIC made of two queues, for tests.
 
-    use super::Nic;
+    use super::{Exclusion, HostRx, Nic};
+    use splitnet_messaging::memory::SharedBytes;
     use std::cell::{Cell, RefCell};
-    use std::collections::VecDeque;
+    use std::collections::{HashMap, VecDeque};
     use std::io;
+    use std::os::fd::BorrowedFd;
     use std::rc::Rc;
+    use std::sync::{Arc, Mutex};
 
     /// A MAC and the worker its frames go to.
     pub type Steer = ([u8; 6], u32);
@@ -127,9 +191,80 @@ pub mod fake {
         pub drops: Rc<Cell<u64>>,
         /// The last steering table set.
         pub steering: Rc<RefCell<Vec<Steer>>>,
+        /// The queues of hosts' own opened ([`Nic::host_rx`]), by MAC: the IOC holds a
+        /// second reference to each while it is open.
+        pub hosts: Rc<RefCell<HashMap<[u8; 6], Rc<HostQueue>>>>,
+        /// The MACs the socket excludes, as last set.
+        pub excluded: Arc<Mutex<Vec<[u8; 6]>>>,
+    }
+
+    /// A host's own queue of frames.
+    #[derive(Debug, Default)]
+    pub struct HostQueue {
+        /// Frames waiting, in order.
+        pub frames: RefCell<VecDeque<Vec<u8>>>,
+        /// Drops it reports at its next `take_drops`.
+        pub drops: Cell<u64>,
+    }
+
+    /// The IOC's end of a [`HostQueue`].
+    #[derive(Debug)]
+    struct FakeHostRx(Rc<HostQueue>);
+
+    impl HostRx for FakeHostRx {
+        fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize> {
+            let f = self
+                .0
+                .frames
+                .borrow_mut()
+                .pop_front()
+                .ok_or(io::ErrorKind::WouldBlock)?;
+            let n = f.len().min(dst.len());
+            dst.copy_in(0, &f[..n]).map_err(io::Error::other)?;
+            Ok(f.len())
+        }
+
+        fn take_drops(&self) -> u64 {
+            self.0.drops.take()
+        }
+
+        fn fd(&self) -> Option<BorrowedFd<'_>> {
+            None
+        }
+    }
+
+    /// The fake's exclusions, shared with the test.
+    #[derive(Debug)]
+    struct FakeExclusion(Arc<Mutex<Vec<[u8; 6]>>>);
+
+    impl Exclusion for FakeExclusion {
+        fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
+            *self.0.lock().map_err(|_| io::Error::other("poisoned"))? = macs.to_vec();
+            Ok(())
+        }
     }
 
     impl FakeNic {
+        /// A frame arriving from the LAN, sorted as the kernel's filters would: to the
+        /// queue of its destination's host when that MAC is excluded, else to `rx`.
+        pub fn arrive(&self, frame: Vec<u8>) {
+            let dst: [u8; 6] = frame[10..16].try_into().unwrap();
+            let excluded = self.excluded.lock().unwrap().contains(&dst);
+            match self.hosts.borrow().get(&dst) {
+                Some(q) if excluded => q.frames.borrow_mut().push_back(frame),
+                _ => self.rx.borrow_mut().push_back(frame),
+            }
+        }
+
+        /// The queue of `mac`'s host, while the IOC holds it open.
+        pub fn host_queue(&self, mac: [u8; 6]) -> Option<Rc<HostQueue>> {
+            self.hosts
+                .borrow()
+                .get(&mac)
+                .filter(|q| Rc::strong_count(q) > 1)
+                .cloned()
+        }
+
         fn put(&self, frame: &[u8]) -> io::Result<usize> {
             if self.refuse_len.get() == Some(frame.len()) {
                 return Err(io::Error::other("device queue full"));
@@ -179,6 +314,16 @@ pub mod fake {
             t.sort();
             *self.steering.borrow_mut() = t;
             Ok(())
+        }
+
+        fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
+            let q = Rc::new(HostQueue::default());
+            self.hosts.borrow_mut().insert(mac, q.clone());
+            Ok(Box::new(FakeHostRx(q)))
+        }
+
+        fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
+            Ok(Some(Box::new(FakeExclusion(self.excluded.clone()))))
         }
     }
 }

@@ -137,6 +137,7 @@ impl Ioc {
                     counters: Counters::from(&h.stats),
                     buffers: h.held() as u32,
                     buffer_quota: h.quota as u32,
+                    in_place: h.link.as_ref().map_or(0, |l| l.stats().tx_in_place),
                     drops: named_drops(&h.drops),
                 },
                 stats: h.stats,
@@ -455,6 +456,19 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             );
             e.sample(name, &labels, n);
         }
+    }
+    let name = "splitnet_ioc_host_rx_in_place_total";
+    e.family(
+        name,
+        "counter",
+        "LAN frames read straight into the host's pools from its own queue on the NIC.",
+    );
+    for h in &snap.hosts {
+        let labels = format!(
+            "session=\"{}\",queue=\"{}\"",
+            h.entry.session, h.entry.queue
+        );
+        e.sample(name, &labels, h.entry.in_place);
     }
     let name = "splitnet_ioc_host_send_buffers";
     e.family(name, "gauge", "The IOC's send buffers the host holds now.");

@@ -10,9 +10,11 @@
 //! data path takes a lock: each worker keeps a copy of the MAC table, refreshed when its
 //! generation changes.
 
-use crate::nic::Nic;
+use crate::nic::{Exclusion, Nic};
+use splitnet_messaging::sys::filter::MAX_EXCLUDED;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc;
@@ -36,6 +38,20 @@ struct Directory {
     load: Vec<usize>,
     /// Workers with a host in promiscuous mode.
     promisc: Vec<bool>,
+    /// MACs whose frames their hosts' own queues receive ([`crate::nic::HostRx`]): every
+    /// worker's socket excludes them.
+    placed: Vec<[u8; 6]>,
+    /// Each started worker's handle on its socket's exclusions.
+    exclusions: Vec<Box<dyn Exclusion>>,
+}
+
+impl Directory {
+    /// Sets every worker's exclusions to `placed`.
+    fn exclude(&self) -> io::Result<()> {
+        self.exclusions
+            .iter()
+            .try_for_each(|e| e.exclude(&self.placed))
+    }
 }
 
 /// One worker's inbox, as the others see it.
@@ -128,6 +144,7 @@ impl Shard {
                 macs: HashMap::new(),
                 load: vec![0; n],
                 promisc: vec![false; n],
+                ..Directory::default()
             }),
             generation: AtomicU64::new(0),
             inboxes,
@@ -276,6 +293,47 @@ impl Shard {
         if d.macs.get(&mac) == Some(&self.index) {
             d.macs.remove(&mac);
             self.changed(&d, nic);
+        }
+    }
+
+    /// Adds this worker's socket to those that exclude the placed MACs.
+    pub fn add_exclusion(&self, e: Box<dyn Exclusion>) -> io::Result<()> {
+        let mut d = self.dir();
+        e.exclude(&d.placed)?;
+        d.exclusions.push(e);
+        Ok(())
+    }
+
+    /// Takes `mac`'s frames off every worker's socket, for its host's own queue to receive
+    /// them alone (open the queue after this). False, nothing changed, when that cannot be
+    /// done: a worker's socket cannot exclude, the table is full, or a filter failed.
+    pub fn place(&self, mac: [u8; 6]) -> bool {
+        let mut d = self.dir();
+        if d.exclusions.len() < self.count()
+            || d.placed.len() >= MAX_EXCLUDED
+            || d.placed.contains(&mac)
+        {
+            return false;
+        }
+        d.placed.push(mac);
+        if let Err(e) = d.exclude() {
+            warn!("cannot leave a host's frames to its own queue: {e}");
+            d.placed.pop();
+            let _ = d.exclude();
+            return false;
+        }
+        true
+    }
+
+    /// Gives `mac`'s frames back to the workers' sockets (close its host's queue first).
+    pub fn unplace(&self, mac: [u8; 6]) {
+        let mut d = self.dir();
+        let before = d.placed.len();
+        d.placed.retain(|m| *m != mac);
+        if d.placed.len() != before {
+            if let Err(e) = d.exclude() {
+                warn!("cannot give a host's frames back to the workers' sockets: {e}");
+            }
         }
     }
 

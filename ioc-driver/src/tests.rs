@@ -4,6 +4,7 @@
 use crate::host::Host;
 use crate::ioc::Ioc;
 use crate::nic::fake::FakeNic;
+use crate::placed::PlacedProgress;
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
 use splitnet_messaging::fabric::FabricChannel;
@@ -141,6 +142,11 @@ fn connect_with(ioc: &mut Ioc, node_id: u64, small: bool, config: SessionConfig)
 /// `fabric.listen_local`), each side's pools in an arena the other places its writes in.
 /// Returns its session id.
 fn connect_shm(ioc: &mut Ioc, node_id: u64) -> (u64, Peer) {
+    connect_shm_with(ioc, node_id, host_config(128))
+}
+
+/// [`connect_shm`] with the host's own session configuration.
+fn connect_shm_with(ioc: &mut Ioc, node_id: u64, config: SessionConfig) -> (u64, Peer) {
     use splitnet_messaging::fabric::shm::{accept, offer, PoolArena};
     let unix = || {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -181,7 +187,7 @@ fn connect_shm(ioc: &mut Ioc, node_id: u64) -> (u64, Peer) {
         .unwrap();
     let mut reg = Registry::new(64 << 20);
     reg.attach_arena(DomainId(1), hd.pools().unwrap()).unwrap();
-    let mut hs = Session::new(DomainId(1), host_config(128));
+    let mut hs = Session::new(DomainId(1), config);
     hs.start(&mut reg).unwrap();
     let mut peer = Peer {
         link: Link::new(hs, hc, hd),
@@ -821,4 +827,131 @@ fn a_frame_for_no_host_reaches_the_promiscuous_hosts_of_every_worker() {
     pump(&mut w[1].0, &mut pb, b, true);
     assert_eq!(pb.frames, 2, "worker 1's promiscuous host");
     assert_eq!(w[0].0.stats.lan_filtered, 0);
+}
+
+/// Host pools with elements large enough for any frame of the NIC's, besides small ones.
+fn large_pools() -> SessionConfig {
+    let mut c = host_config(128);
+    c.advertise.push(PoolSpec {
+        element_size: 65_600,
+        element_count: 64,
+    });
+    c
+}
+
+#[test]
+fn over_shared_memory_a_hosts_lan_frames_are_read_straight_into_its_pools() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect_shm_with(&mut ioc, 3, large_pools());
+    let own = mac(&ioc, s);
+    // Its frames leave the general socket for a queue of its own, first.
+    assert_eq!(*nic.excluded.lock().unwrap(), vec![own]);
+    let queue = nic.host_queue(own).expect("the host's own queue");
+    let mut tso = tso_frame(own, LAN_PEER);
+    for (i, b) in tso.iter_mut().enumerate().skip(60) {
+        *b = i as u8;
+    }
+    let small = frame(own, LAN_PEER, 60);
+    let mut sent = Vec::new();
+    for i in 0..60 {
+        let f = if i % 2 == 0 {
+            small.clone()
+        } else {
+            tso.clone()
+        };
+        nic.arrive(f.clone());
+        sent.push(f);
+    }
+    assert!(nic.rx.borrow().is_empty());
+    // Before the host reads, 3/4 of its 64 large elements take frames; then the queue
+    // waits for credit, keeping the rest (the last quarter stays for the general path).
+    peer.kept = Some(Vec::new());
+    assert_eq!(ioc.drive_placed(s), PlacedProgress::Starved);
+    assert!(host(&ioc, s).placed.as_ref().unwrap().starved);
+    assert_eq!(queue.frames.borrow().len(), 12);
+    // It reads and gives credit back: the rest follows, every frame exact and in order.
+    for _ in 0..5 {
+        pump(&mut ioc, &mut peer, s, true);
+        ioc.drive_placed(s);
+    }
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
+    assert!(queue.frames.borrow().is_empty());
+    assert_eq!(peer.kept.as_ref().unwrap(), &sent);
+    let h = host(&ioc, s);
+    assert_eq!(h.stats.rx_frames, 60);
+    assert_eq!(h.stats.rx_dropped, 0);
+    assert_eq!(h.link.as_ref().unwrap().stats().tx_in_place, 60);
+    assert_eq!(ioc.stats.lan_rx, 60);
+    assert_eq!(ioc.cache.in_use(), 0, "no send buffer was used");
+    // Its queue's overflows are its own drops.
+    queue.drops.set(7);
+    ioc.count_nic_drops();
+    assert_eq!(host(&ioc, s).drops.ring_full, 7);
+    assert_eq!(ioc.reg.stats().protection_errors, 0);
+    assert_eq!(peer.reg.stats().protection_errors, 0);
+}
+
+#[test]
+fn a_hosts_own_queue_follows_its_mac_and_closes_with_its_session() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect_shm_with(&mut ioc, 3, large_pools());
+    let (t, _tcp) = connect(&mut ioc, 4, false, 128);
+    let old = mac(&ioc, s);
+    // A host over TCP has none.
+    assert!(nic.host_queue(mac(&ioc, t)).is_none());
+    let new = [0x02, 0x5d, 0, 0, 0, 9];
+    peer.link.session_mut().cfg_request(CfgCode::SetMac, &new);
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(mac(&ioc, s), new);
+    assert!(
+        nic.host_queue(old).is_none(),
+        "the old MAC's queue is closed"
+    );
+    assert!(nic.host_queue(new).is_some());
+    assert_eq!(*nic.excluded.lock().unwrap(), vec![new]);
+    // The old MAC's frames reach the general socket again, and nobody.
+    nic.arrive(frame(old, LAN_PEER, 100));
+    assert_eq!(nic.rx.borrow().len(), 1);
+    ioc.remove_host(s, "test", None);
+    assert!(nic.host_queue(new).is_none());
+    assert!(nic.excluded.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_host_whose_pools_cannot_hold_a_nic_frame_keeps_the_general_path() {
+    let (mut ioc, nic) = ioc_with("");
+    // Pools of 2,048-byte elements only.
+    let (s, mut peer) = connect_shm(&mut ioc, 3);
+    let own = mac(&ioc, s);
+    assert!(nic.host_queue(own).is_some());
+    nic.arrive(frame(own, LAN_PEER, 100));
+    // The frame waits in the queue, which closes: the frame is counted, and the next
+    // ones take the general path.
+    assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
+    assert!(nic.host_queue(own).is_none());
+    assert!(nic.excluded.lock().unwrap().is_empty());
+    assert_eq!(host(&ioc, s).drops.ring_full, 0);
+    assert_eq!(lan_to(&mut ioc, &nic, &mut peer, s, own), (3, 0));
+}
+
+#[test]
+fn every_worker_excludes_a_placed_mac_and_a_worker_that_cannot_keeps_it_general() {
+    let mut w = two_workers();
+    let excluded = |w: &[(Ioc, FakeNic, crate::shard::InboxRx)], i: usize| {
+        w[i].1.excluded.lock().unwrap().clone()
+    };
+    let (s, _peer) = connect_shm_with(&mut w[1].0, 3, large_pools());
+    let own = mac(&w[1].0, s);
+    assert_eq!(excluded(&w, 0), vec![own]);
+    assert_eq!(excluded(&w, 1), vec![own]);
+    w[1].0.remove_host(s, "test", None);
+    assert!(excluded(&w, 0).is_empty() && excluded(&w, 1).is_empty());
+    // An IOC whose workers have not all said how to exclude places nothing.
+    let shard = crate::shard::Shard::set(2).remove(0).0;
+    let nic = FakeNic::default();
+    let mut ioc = Ioc::worker(config(""), Box::new(nic.clone()), 1500, true, shard);
+    let (s, _peer) = connect_shm_with(&mut ioc, 3, large_pools());
+    assert!(nic.host_queue(mac(&ioc, s)).is_none());
+    assert!(nic.excluded.lock().unwrap().is_empty());
 }

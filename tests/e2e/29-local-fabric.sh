@@ -52,6 +52,13 @@ in_place=$(metric splitnet_host_tx_in_place_total)
 sent=$(metric splitnet_host_tx_frames_total)
 log "host 1: $in_place of $sent frames read from the TAP straight into the IOC's elements"
 assert_positive "$in_place" "frames read in place"
+# And the LAN's frames to host 1 were read by the IOC, from host 1's own packet socket,
+# straight into host 1's pool elements; the other hosts have no such socket.
+placed=$(json hosts "' '.join(str(h['in_place']) for h in sorted(d['hosts']['hosts'], key=lambda h: h['address']))")
+log "LAN frames read straight into each host's pools (TCP, shm, unix): $placed"
+assert_match "$placed" "^0 [1-9][0-9]* 0$" "frames read into host 1's pools alone"
+packet_sockets() { ip netns exec sd-ioc ss -0 -a -H | grep -c .; }
+with_host1=$(packet_sockets)
 # Rogue hosts over shared memory publish a ring index their data ring or their control
 # ring refuses, flood the IOC's data or control doorbell, publish a placed write into no
 # pool they were granted: each session ends, its shared memory is unmapped, and the other
@@ -89,6 +96,7 @@ assert_grep "$T/ioc.log" "host removed: host disconnected \(ShuttingDown\)" "the
 # Its pools were flushed first: the IOC's flush replies came back through the control ring.
 assert_grep "$T/host1.log" "pools flushed" "host 1's flush with the IOC before leaving"
 assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 0 "the IOC's shared memory after host 1 left"
+assert_eq "$(packet_sockets)" $((with_host1 - 1)) "the IOC's packet sockets after host 1 left (its own closed)"
 ping_ok sd-host3 10.50.0.2
 stop_ioc TERM
 assert_eq "$STOP_RC" 0 "the IOC's exit status after SIGTERM"
