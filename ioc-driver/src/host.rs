@@ -36,6 +36,9 @@ pub struct Drops {
     pub quota: u64,
     /// To the host: larger than any of its pools and than a SendData message.
     pub too_large: u64,
+    /// To the host: the kernel failed to hand the frame over from the host's own queue
+    /// (an offload a virtio-net header cannot describe).
+    pub unreadable: u64,
     /// From the host: virtio-net metadata the kernel must not see.
     pub bad_offload: u64,
     /// From the host: a source MAC that is not the host's.
@@ -52,11 +55,12 @@ pub struct Drops {
 
 impl Drops {
     /// Every cause with its count, named as operators see them.
-    pub fn named(&self) -> [(&'static str, u64); 9] {
+    pub fn named(&self) -> [(&'static str, u64); 10] {
         [
             ("rx_ring_full", self.ring_full),
             ("rx_quota", self.quota),
             ("rx_too_large", self.too_large),
+            ("rx_unreadable", self.unreadable),
             ("tx_bad_offload", self.bad_offload),
             ("tx_spoofed_source", self.spoofed),
             ("tx_over_mtu", self.over_mtu),
@@ -72,6 +76,7 @@ impl std::ops::AddAssign for Drops {
         self.ring_full += o.ring_full;
         self.quota += o.quota;
         self.too_large += o.too_large;
+        self.unreadable += o.unreadable;
         self.bad_offload += o.bad_offload;
         self.spoofed += o.spoofed;
         self.over_mtu += o.over_mtu;
@@ -107,6 +112,8 @@ pub enum RxDrop {
     Quota,
     /// Too large for the host.
     TooLarge,
+    /// The kernel failed to hand it over.
+    Unreadable,
 }
 
 /// One connected host session (one queue of a host).
@@ -160,6 +167,8 @@ pub struct Host {
     pub tx: Scheduler<SendBuf>,
     /// Its own queue of LAN frames, read straight into its pools ([`crate::placed`]).
     pub placed: Option<Placed>,
+    /// Opening that queue failed: its frames keep the general path (until its next MAC).
+    pub place_failed: bool,
     /// Its fabric address.
     pub peer: String,
     /// When it connected.
@@ -219,6 +228,7 @@ impl Host {
                 Instant::now(),
             ),
             placed: None,
+            place_failed: false,
             peer,
             since: Instant::now(),
         }
@@ -256,6 +266,7 @@ impl Host {
             RxDrop::RingFull => self.drops.ring_full += n,
             RxDrop::Quota => self.drops.quota += n,
             RxDrop::TooLarge => self.drops.too_large += n,
+            RxDrop::Unreadable => self.drops.unreadable += n,
         }
     }
 

@@ -74,76 +74,84 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
             Ok(s) => s,
             Err(e) => break Err(HostEnd::Closed(format!("socket error: {e}"))),
         };
-        let mut st = ioc.borrow_mut();
-        let now = Instant::now();
-        let result = match lane {
-            Some(lane) => {
-                if let Some(h) = st.hosts.get_mut(&session) {
-                    h.keepalive.on_rx(now);
+        // More waiting in its own LAN queue: the worker's other hosts run first.
+        let more_placed = {
+            let mut st = ioc.borrow_mut();
+            let now = Instant::now();
+            let result = match lane {
+                Some(lane) => {
+                    if let Some(h) = st.hosts.get_mut(&session) {
+                        h.keepalive.on_rx(now);
+                    }
+                    st.drive_host(session, lane)
                 }
-                st.drive_host(session, lane)
-            }
-            None => Ok(false),
-        };
-        let starved = st
-            .hosts
-            .get(&session)
-            .and_then(|h| h.placed.as_ref())
-            .is_some_and(|p| p.starved);
-        // Its own LAN queue, when it woke this task or waits for credit (which came back
-        // if this wake-up was the host's).
-        let placed_progress = (placed_woke || starved).then(|| st.drive_placed(session));
-        match result {
-            Ok(drained) => {
-                let Ioc { hosts, cache, .. } = &mut *st;
-                let Some(h) = hosts.get_mut(&session) else {
-                    return;
-                };
-                match h.keepalive.poll(now) {
-                    Liveness::Idle => {}
-                    Liveness::SendKeepalive => {
-                        if let Some(l) = h.link.as_mut() {
-                            l.session_mut().send(Lane::Control, &Message::Keepalive);
+                None => Ok(false),
+            };
+            let starved = st
+                .hosts
+                .get(&session)
+                .and_then(|h| h.placed.as_ref())
+                .is_some_and(|p| p.starved);
+            // Its own LAN queue, when it woke this task or waits for credit (which came back
+            // if this wake-up was the host's).
+            let placed_progress =
+                (result.is_ok() && (placed_woke || starved)).then(|| st.drive_placed(session));
+            match result {
+                Ok(drained) => {
+                    let Ioc { hosts, cache, .. } = &mut *st;
+                    let Some(h) = hosts.get_mut(&session) else {
+                        return;
+                    };
+                    match h.keepalive.poll(now) {
+                        Liveness::Idle => {}
+                        Liveness::SendKeepalive => {
+                            if let Some(l) = h.link.as_mut() {
+                                l.session_mut().send(Lane::Control, &Message::Keepalive);
+                            }
+                        }
+                        Liveness::Expired => {
+                            break Err(HostEnd::Closed(
+                                "silent beyond the keepalive timeout".into(),
+                            ))
                         }
                     }
-                    Liveness::Expired => {
-                        break Err(HostEnd::Closed(
-                            "silent beyond the keepalive timeout".into(),
-                        ))
-                    }
-                }
-                let flushed = match h.flush(cache) {
-                    Ok(f) => f,
-                    Err(e) => break Err(HostEnd::Failed(e)),
-                };
-                let unread = h.link.as_ref().map_or(0, |l| l.pending_on(Lane::Control));
-                if unread > MAX_CONTROL_BACKLOG {
-                    break Err(HostEnd::Limit(format!(
-                        "{unread} bytes of control messages unread (at most {MAX_CONTROL_BACKLOG})"
-                    )));
-                }
-                st.kick_hosts();
-                if let Some(mut g) = guard {
-                    // Readable and drained, or writable and still full: wait for the next edge.
-                    let clear = if placed_woke {
-                        placed_progress == Some(PlacedProgress::Drained)
-                    } else {
-                        (lane.is_some() && drained) || (lane.is_none() && !flushed)
+                    let flushed = match h.flush(cache) {
+                        Ok(f) => f,
+                        Err(e) => break Err(HostEnd::Failed(e)),
                     };
-                    if clear {
-                        g.clear_ready();
+                    let unread = h.link.as_ref().map_or(0, |l| l.pending_on(Lane::Control));
+                    if unread > MAX_CONTROL_BACKLOG {
+                        break Err(HostEnd::Limit(format!(
+                            "{unread} bytes of control messages unread (at most {MAX_CONTROL_BACKLOG})"
+                        )));
+                    }
+                    st.kick_hosts();
+                    if let Some(mut g) = guard {
+                        // Readable and drained, or writable and still full: wait for the next edge.
+                        let clear = if placed_woke {
+                            placed_progress == Some(PlacedProgress::Drained)
+                        } else {
+                            (lane.is_some() && drained) || (lane.is_none() && !flushed)
+                        };
+                        if clear {
+                            g.clear_ready();
+                        }
                     }
                 }
-            }
-            // A peer that leaves sends Goodbye on the control channel and closes both;
-            // the other channel's end of stream may be seen first.
-            Err(HostEnd::Failed(e)) if lane == Some(Lane::Data) => {
-                match st.drive_host(session, Lane::Control) {
-                    Err(HostEnd::Closed(why)) => break Err(HostEnd::Closed(why)),
-                    _ => break Err(HostEnd::Failed(e)),
+                // A peer that leaves sends Goodbye on the control channel and closes both;
+                // the other channel's end of stream may be seen first.
+                Err(HostEnd::Failed(e)) if lane == Some(Lane::Data) => {
+                    match st.drive_host(session, Lane::Control) {
+                        Err(HostEnd::Closed(why)) => break Err(HostEnd::Closed(why)),
+                        _ => break Err(HostEnd::Failed(e)),
+                    }
                 }
+                Err(e) => break Err(e),
             }
-            Err(e) => break Err(e),
+            placed_progress == Some(PlacedProgress::Budget)
+        };
+        if more_placed {
+            tokio::task::yield_now().await;
         }
     };
     let mut st = ioc.borrow_mut();

@@ -378,6 +378,18 @@ impl Ioc {
     pub fn cfg_request(&mut self, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
         let (mtu_max, link_up, offered) = (self.mtu, self.link_up, self.offered());
         let (set_mac, mac_base) = (self.cfg.lan.set_mac, self.cfg.lan.mac_base.0);
+        if code == CfgCode::GetStats {
+            self.count_placed_drops();
+        }
+        // A host's own LAN queue closes before its MAC may change (and reopens after):
+        // a MAC it gives up is never excluded from the general sockets once another host
+        // may take it.
+        if code == CfgCode::SetMac {
+            self.unplace_rx(session);
+            if let Some(h) = self.hosts.get_mut(&session) {
+                h.place_failed = false;
+            }
+        }
         // The first queue reports the counters of all the host's queues together.
         let node_stats = (code == CfgCode::GetStats).then(|| self.host_stats(session));
         let (by_mac, shard, nic) = (&mut self.by_mac, &self.shard, &self.nic);
@@ -471,9 +483,7 @@ impl Ioc {
         if let Some(link) = host.link.as_mut() {
             link.session_mut().cfg_reply(txn, code, status, &reply);
         }
-        // The host's own queue follows its MAC.
-        if code == CfgCode::SetMac && status == ErrorCode::Ok {
-            self.unplace_rx(session);
+        if code == CfgCode::SetMac {
             self.place_rx(session);
         }
         if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
@@ -558,6 +568,8 @@ impl Ioc {
                     if let Some(h) = self.hosts.get_mut(&session) {
                         h.send_queued(&mut self.cache);
                     }
+                    // Pools advertised: its own LAN queue, if they allow.
+                    self.place_rx(session);
                 }
                 LinkEvent::RefusedInline { len } => {
                     if let Some(h) = self.hosts.get_mut(&session) {

@@ -19,6 +19,10 @@ pub trait HostRx: std::fmt::Debug {
     fn take_drops(&self) -> u64;
     /// The descriptor to wait on; `None` for a queue of a test.
     fn fd(&self) -> Option<BorrowedFd<'_>>;
+    /// Takes no frame from now on; the ones waiting stay to be discarded.
+    fn shut(&self) -> io::Result<()>;
+    /// Drops the next frame waiting, unread (`WouldBlock` when none is).
+    fn discard(&self) -> io::Result<()>;
 }
 
 /// Sets which MACs a worker's NIC socket no longer receives (untagged unicast), because
@@ -152,6 +156,15 @@ impl HostRx for PacketSocket {
     fn fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.as_fd())
     }
+
+    /// A filter that takes nothing.
+    fn shut(&self) -> io::Result<()> {
+        self.set_filter(&filter::nothing())
+    }
+
+    fn discard(&self) -> io::Result<()> {
+        PacketSocket::discard(self).map(drop)
+    }
 }
 
 impl Exclusion for FilterHandle {
@@ -171,6 +184,7 @@ pub mod fake {
     use std::io;
     use std::os::fd::BorrowedFd;
     use std::rc::Rc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     /// A MAC and the worker its frames go to.
@@ -196,6 +210,11 @@ pub mod fake {
         pub hosts: Rc<RefCell<HashMap<[u8; 6], Rc<HostQueue>>>>,
         /// The MACs the socket excludes, as last set.
         pub excluded: Arc<Mutex<Vec<[u8; 6]>>>,
+        /// The MACs whose host has its own queue open.
+        open: Arc<Mutex<Vec<[u8; 6]>>>,
+        /// Times a host's queue was open while its MAC was not excluded (the kernel would
+        /// have given its frames to both sockets).
+        pub violations: Arc<AtomicUsize>,
     }
 
     /// A host's own queue of frames.
@@ -205,27 +224,62 @@ pub mod fake {
         pub frames: RefCell<VecDeque<Vec<u8>>>,
         /// Drops it reports at its next `take_drops`.
         pub drops: Cell<u64>,
+        /// It takes no more frames.
+        pub shut: Cell<bool>,
+        /// Frames the IOC read and gave to the host, or discarded.
+        pub taken: Cell<u64>,
     }
 
     /// The IOC's end of a [`HostQueue`].
     #[derive(Debug)]
-    struct FakeHostRx(Rc<HostQueue>);
+    struct FakeHostRx {
+        q: Rc<HostQueue>,
+        mac: [u8; 6],
+        open: Arc<Mutex<Vec<[u8; 6]>>>,
+    }
+
+    impl Drop for FakeHostRx {
+        fn drop(&mut self) {
+            self.open.lock().unwrap().retain(|m| *m != self.mac);
+        }
+    }
 
     impl HostRx for FakeHostRx {
-        fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize> {
-            let f = self
-                .0
+        fn shut(&self) -> io::Result<()> {
+            self.q.shut.set(true);
+            Ok(())
+        }
+
+        fn discard(&self) -> io::Result<()> {
+            self.q
                 .frames
                 .borrow_mut()
                 .pop_front()
                 .ok_or(io::ErrorKind::WouldBlock)?;
+            self.q.taken.set(self.q.taken.get() + 1);
+            Ok(())
+        }
+
+        /// An empty frame stands for one the kernel cannot hand over: it is consumed and
+        /// the read fails, as `recv` does with EINVAL.
+        fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize> {
+            let f = self
+                .q
+                .frames
+                .borrow_mut()
+                .pop_front()
+                .ok_or(io::ErrorKind::WouldBlock)?;
+            self.q.taken.set(self.q.taken.get() + 1);
+            if f.is_empty() {
+                return Err(io::ErrorKind::InvalidInput.into());
+            }
             let n = f.len().min(dst.len());
             dst.copy_in(0, &f[..n]).map_err(io::Error::other)?;
             Ok(f.len())
         }
 
         fn take_drops(&self) -> u64 {
-            self.0.drops.take()
+            self.q.drops.take()
         }
 
         fn fd(&self) -> Option<BorrowedFd<'_>> {
@@ -235,34 +289,42 @@ pub mod fake {
 
     /// The fake's exclusions, shared with the test.
     #[derive(Debug)]
-    struct FakeExclusion(Arc<Mutex<Vec<[u8; 6]>>>);
+    struct FakeExclusion {
+        excluded: Arc<Mutex<Vec<[u8; 6]>>>,
+        open: Arc<Mutex<Vec<[u8; 6]>>>,
+        violations: Arc<AtomicUsize>,
+    }
 
     impl Exclusion for FakeExclusion {
         fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
-            *self.0.lock().map_err(|_| io::Error::other("poisoned"))? = macs.to_vec();
+            let open = self.open.lock().unwrap();
+            let given_back = open.iter().filter(|m| !macs.contains(m)).count();
+            self.violations.fetch_add(given_back, Ordering::Relaxed);
+            *self.excluded.lock().unwrap() = macs.to_vec();
             Ok(())
         }
     }
 
     impl FakeNic {
-        /// A frame arriving from the LAN, sorted as the kernel's filters would: to the
-        /// queue of its destination's host when that MAC is excluded, else to `rx`.
+        /// A frame arriving from the LAN, as the kernel's filters sort it: to the open
+        /// queue of its destination's host that still takes frames, and to `rx` unless its
+        /// destination is excluded (both, or neither, when the IOC got the order wrong).
         pub fn arrive(&self, frame: Vec<u8>) {
             let dst: [u8; 6] = frame[10..16].try_into().unwrap();
-            let excluded = self.excluded.lock().unwrap().contains(&dst);
-            match self.hosts.borrow().get(&dst) {
-                Some(q) if excluded => q.frames.borrow_mut().push_back(frame),
-                _ => self.rx.borrow_mut().push_back(frame),
+            if let Some(q) = self.host_queue(dst).filter(|q| !q.shut.get()) {
+                q.frames.borrow_mut().push_back(frame.clone());
+            }
+            if !self.excluded.lock().unwrap().contains(&dst) {
+                self.rx.borrow_mut().push_back(frame);
             }
         }
 
         /// The queue of `mac`'s host, while the IOC holds it open.
         pub fn host_queue(&self, mac: [u8; 6]) -> Option<Rc<HostQueue>> {
-            self.hosts
-                .borrow()
-                .get(&mac)
-                .filter(|q| Rc::strong_count(q) > 1)
-                .cloned()
+            if !self.open.lock().unwrap().contains(&mac) {
+                return None;
+            }
+            self.hosts.borrow().get(&mac).cloned()
         }
 
         fn put(&self, frame: &[u8]) -> io::Result<usize> {
@@ -317,13 +379,25 @@ pub mod fake {
         }
 
         fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
+            if !self.excluded.lock().unwrap().contains(&mac) {
+                self.violations.fetch_add(1, Ordering::Relaxed);
+            }
             let q = Rc::new(HostQueue::default());
             self.hosts.borrow_mut().insert(mac, q.clone());
-            Ok(Box::new(FakeHostRx(q)))
+            self.open.lock().unwrap().push(mac);
+            Ok(Box::new(FakeHostRx {
+                q,
+                mac,
+                open: self.open.clone(),
+            }))
         }
 
         fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
-            Ok(Some(Box::new(FakeExclusion(self.excluded.clone()))))
+            Ok(Some(Box::new(FakeExclusion {
+                excluded: self.excluded.clone(),
+                open: self.open.clone(),
+                violations: self.violations.clone(),
+            })))
         }
     }
 }

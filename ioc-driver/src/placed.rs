@@ -32,6 +32,10 @@ use tracing::{debug, warn};
 pub const FRAME_MAX: u32 = (vnet::VNET_HDR_LEN + 14 + 40 + 65_535) as u32;
 /// Frames read from a host's queue per wake-up.
 const BUDGET: usize = 64;
+/// Most frames discarded from a queue as it closes (its buffer holds fewer).
+const MAX_DISCARD: u64 = 1 << 16;
+/// The error of a frame whose header the check refused.
+const REFUSED: io::ErrorKind = io::ErrorKind::InvalidData;
 
 /// A host's own queue of LAN frames.
 #[derive(Debug)]
@@ -58,19 +62,29 @@ pub enum PlacedProgress {
 }
 
 impl Ioc {
-    /// Gives host `session` a queue of its own on the NIC, when it can take LAN frames read
-    /// straight into its pools: its only queue, over shared memory. Otherwise, or when the
-    /// NIC cannot, its frames keep the general path.
+    /// Gives host `session` a queue of its own on the NIC once it can take LAN frames read
+    /// straight into its pools: its only queue, over shared memory, with a pool that can
+    /// always lend an element for any frame of the NIC's. Called whenever that may have
+    /// become true (the host connected, changed its MAC, advertised pools or credits);
+    /// until then, or when the NIC cannot, its frames keep the general path.
     pub fn place_rx(&mut self, session: u64) {
         let Some(h) = self.hosts.get_mut(&session) else {
             return;
         };
-        let places = h.link.as_ref().is_some_and(|l| l.places_writes());
-        if h.queue != Queue::SINGLE || h.placed.is_some() || !places {
+        let Some(link) = h.link.as_ref() else {
+            return;
+        };
+        if h.queue != Queue::SINGLE
+            || h.placed.is_some()
+            || h.place_failed
+            || !link.places_writes()
+            || !link.session().initiator().may_take(FRAME_MAX)
+        {
             return;
         }
         let mac = h.mac;
         if self.by_mac.get(&mac) != Some(&session) || !self.shard.place(mac) {
+            h.place_failed = true;
             return;
         }
         let opened = self.nic.host_rx(mac).and_then(|rx| {
@@ -88,6 +102,7 @@ impl Ioc {
                 h.placed = Some(p);
             }
             Err(e) => {
+                h.place_failed = true;
                 self.shard.unplace(mac);
                 warn!(
                     session,
@@ -98,16 +113,33 @@ impl Ioc {
     }
 
     /// Closes host `session`'s own queue, if it has one, and gives its frames back to the
-    /// general path. Frames waiting in the queue are dropped and counted.
+    /// general path. The queue takes nothing from then on; the frames still in it are
+    /// dropped and counted (`rx_ring_full`), and so are those that arrive until the general
+    /// sockets take the MAC's frames again (a few microseconds).
     pub fn unplace_rx(&mut self, session: u64) {
         let Some(h) = self.hosts.get_mut(&session) else {
             return;
         };
-        if let Some(p) = h.placed.take() {
-            h.drop_rx_n(RxDrop::RingFull, p.rx.take_drops());
-            drop(p.rx);
-            self.shard.unplace(p.mac);
+        let Some(p) = h.placed.take() else {
+            return;
+        };
+        if let Err(e) = p.rx.shut() {
+            warn!(session, "cannot stop the host's own LAN queue: {e}");
         }
+        let mut waiting = 0;
+        // A failed read consumed its frame too; only an empty queue stops the count.
+        while waiting < MAX_DISCARD
+            && !matches!(p.rx.discard(), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        {
+            waiting += 1;
+        }
+        let dropped = waiting + p.rx.take_drops();
+        self.stats.lan_rx += dropped;
+        h.drop_rx_n(RxDrop::RingFull, dropped);
+        let mac = p.mac;
+        // Closed (with the readiness' descriptor) before the general sockets take its MAC.
+        drop(p);
+        self.shard.unplace(mac);
     }
 
     /// Reads frames from host `session`'s own queue into its pools, while elements are free.
@@ -119,12 +151,8 @@ impl Ioc {
         let (Some(link), Some(placed)) = (h.link.as_mut(), h.placed.as_mut()) else {
             return PlacedProgress::Drained;
         };
-        // Pools that cannot hold a frame of the socket's (the host's own choice) would
-        // leave its frames waiting forever: they take the general path instead.
-        let ini = link.session().initiator();
-        let unfit = ini.pools().next().is_some() && ini.pools().all(|p| p.element_size < FRAME_MAX);
         let mut progress = PlacedProgress::Budget;
-        let (mut frames, mut bytes, mut too_large) = (0u64, 0u64, 0u64);
+        let (mut frames, mut bytes, mut too_large, mut unreadable) = (0, 0, 0, 0);
         for _ in 0..BUDGET {
             let rx = &placed.rx;
             // The frame's header is checked from a private copy, as on the general path
@@ -135,7 +163,7 @@ impl Ioc {
                 let k = n.min(HEAD).min(dst.len());
                 dst.copy_out(0, &mut head[..k]).map_err(io::Error::other)?;
                 if n <= dst.len() && vnet::check_head(&head[..k], n).is_err() {
-                    return Err(io::Error::from(io::ErrorKind::InvalidData));
+                    return Err(io::Error::from(REFUSED));
                 }
                 Ok(n)
             };
@@ -149,13 +177,27 @@ impl Ioc {
                     stats.lan_rx += 1;
                     too_large += 1;
                 }
-                // A frame the check refused, as the general path refuses it.
-                Some(InPlace::Failed(e)) if e.kind() == io::ErrorKind::InvalidData => {
-                    stats.lan_rx += 1;
-                }
-                Some(InPlace::Empty | InPlace::Failed(_)) => {
+                Some(InPlace::Empty) => {
                     progress = PlacedProgress::Drained;
                     break;
+                }
+                Some(InPlace::Failed(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    progress = PlacedProgress::Drained;
+                    break;
+                }
+                // A frame the check refused, as the general path refuses it.
+                Some(InPlace::Failed(e)) if e.kind() == REFUSED => stats.lan_rx += 1,
+                // The kernel dropped the frame it could not hand over (an offload a
+                // virtio-net header cannot describe): counted, and on to the next.
+                Some(InPlace::Failed(e)) => {
+                    stats.lan_rx += 1;
+                    unreadable += 1;
+                    if let Some(held) = h.log.allow(std::time::Instant::now()) {
+                        warn!(
+                            session,
+                            "a LAN frame for the host could not be read: {e} ({held} more since the last report)"
+                        );
+                    }
                 }
                 None => {
                     progress = PlacedProgress::Starved;
@@ -164,21 +206,35 @@ impl Ioc {
             }
         }
         placed.starved = progress == PlacedProgress::Starved;
-        let give_up = placed.starved && unfit;
+        // Pools that can no longer lend an element for a frame of the NIC's (the host
+        // advertised others) would leave its frames waiting forever.
+        let stuck = placed.starved && !link.session().initiator().may_take(FRAME_MAX);
+        // While it waits for credit its queue may overflow: counted now, so that the
+        // host's statistics show it.
+        let overflowed = if placed.starved {
+            placed.rx.take_drops()
+        } else {
+            0
+        };
+        stats.lan_rx += overflowed;
         h.stats.rx_frames += frames;
         h.stats.rx_bytes += bytes;
         h.drop_rx_n(RxDrop::TooLarge, too_large);
-        if give_up {
+        h.drop_rx_n(RxDrop::Unreadable, unreadable);
+        h.drop_rx_n(RxDrop::RingFull, overflowed);
+        if stuck {
             self.unplace_rx(session);
             return PlacedProgress::Drained;
         }
         progress
     }
 
-    /// Adds the frames the hosts' own queues dropped since the last call to their counters.
+    /// Adds the frames the hosts' own queues dropped since the last call to their counters
+    /// (and to the frames the LAN sent).
     pub fn count_placed_drops(&mut self) {
         for h in self.hosts.values_mut() {
             if let Some(n) = h.placed.as_ref().map(|p| p.rx.take_drops()) {
+                self.stats.lan_rx += n;
                 h.drop_rx_n(RxDrop::RingFull, n);
             }
         }

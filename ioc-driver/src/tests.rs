@@ -890,6 +890,7 @@ fn over_shared_memory_a_hosts_lan_frames_are_read_straight_into_its_pools() {
     assert_eq!(host(&ioc, s).drops.ring_full, 7);
     assert_eq!(ioc.reg.stats().protection_errors, 0);
     assert_eq!(peer.reg.stats().protection_errors, 0);
+    assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
 
 #[test]
@@ -916,23 +917,57 @@ fn a_hosts_own_queue_follows_its_mac_and_closes_with_its_session() {
     ioc.remove_host(s, "test", None);
     assert!(nic.host_queue(new).is_none());
     assert!(nic.excluded.lock().unwrap().is_empty());
+    assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
 
 #[test]
-fn a_host_whose_pools_cannot_hold_a_nic_frame_keeps_the_general_path() {
+fn a_host_whose_pools_cannot_always_lend_an_element_for_a_nic_frame_keeps_the_general_path() {
     let (mut ioc, nic) = ioc_with("");
-    // Pools of 2,048-byte elements only.
-    let (s, mut peer) = connect_shm(&mut ioc, 3);
-    let own = mac(&ioc, s);
-    assert!(nic.host_queue(own).is_some());
-    nic.arrive(frame(own, LAN_PEER, 100));
-    // The frame waits in the queue, which closes: the frame is counted, and the next
-    // ones take the general path.
-    assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
-    assert!(nic.host_queue(own).is_none());
+    // Elements of 2,048 bytes only; or one large element, which the quarter kept for the
+    // general path leaves out.
+    let mut one_large = host_config(128);
+    one_large.advertise.push(PoolSpec {
+        element_size: 65_600,
+        element_count: 1,
+    });
+    for (node, config) in [(3, host_config(128)), (4, one_large)] {
+        let (s, mut peer) = connect_shm_with(&mut ioc, node, config);
+        let own = mac(&ioc, s);
+        assert!(nic.host_queue(own).is_none());
+        assert_eq!(lan_to(&mut ioc, &nic, &mut peer, s, own), (3, 0));
+    }
     assert!(nic.excluded.lock().unwrap().is_empty());
-    assert_eq!(host(&ioc, s).drops.ring_full, 0);
-    assert_eq!(lan_to(&mut ioc, &nic, &mut peer, s, own), (3, 0));
+}
+
+#[test]
+fn a_closing_queue_counts_what_it_held_and_an_unreadable_frame_is_counted() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect_shm_with(&mut ioc, 3, large_pools());
+    let own = mac(&ioc, s);
+    let queue = nic.host_queue(own).expect("the host's own queue");
+    // A frame the kernel cannot hand over is counted, and the next one still read.
+    queue.frames.borrow_mut().push_back(Vec::new());
+    nic.arrive(frame(own, LAN_PEER, 100));
+    assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(peer.frames, 1);
+    assert_eq!(host(&ioc, s).drops.unreadable, 1);
+    // Frames waiting when the queue closes, and its overflows, are counted as dropped.
+    for _ in 0..3 {
+        nic.arrive(frame(own, LAN_PEER, 100));
+    }
+    queue.drops.set(2);
+    let lan_rx = ioc.stats.lan_rx;
+    ioc.unplace_rx(s);
+    assert!(queue.shut.get() && queue.frames.borrow().is_empty());
+    assert!(nic.host_queue(own).is_none());
+    assert_eq!(host(&ioc, s).drops.ring_full, 5);
+    assert_eq!(ioc.stats.lan_rx, lan_rx + 5);
+    assert_eq!(queue.taken.get(), 2 + 3);
+    // Credit reopens it.
+    ioc.place_rx(s);
+    assert!(nic.host_queue(own).is_some());
+    assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
 
 #[test]

@@ -4,7 +4,8 @@
 # multicast. This kernel has no VLAN devices, so the frames are raw (tests/rawframes.py):
 # the receiver puts back the tag its kernel moved into PACKET_AUXDATA, and every frame must
 # arrive exactly as it was sent, once. LAN to host is the case the IOC must repair (its
-# AF_PACKET socket sees the tag beside the frame, not in it).
+# AF_PACKET socket sees the tag beside the frame, not in it). Then again with the host over
+# shared memory, where the host's untagged unicast frames come from a socket of its own.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip ping ss python3; need_daemons
 RAW="python3 $ROOT/tests/rawframes.py"
@@ -41,27 +42,48 @@ crossing() {
     log "$name: $# frames arrived intact, tags and TPIDs included"
 }
 
+# both_ways: the frames of every kind, LAN to host and host to LAN.
+both_ways() {
+    local host lan bcast=ff:ff:ff:ff:ff:ff mcast=01:00:5e:00:00:fb
+    host=$(link_mac sd-host sd0); lan=$(link_mac sd-lan lan1)
+    crossing lan-to-host sd-lan lan1 sd-host sd0 \
+        "$(mkframe "$host" "$lan" 1 8100:0064)" \
+        "$(mkframe "$host" "$lan" 2 88a8:20c8 8100:012c)" \
+        "$(mkframe "$bcast" "$lan" 3 8100:e00a)" \
+        "$(mkframe "$mcast" "$lan" 4 88a8:0190 8100:0005)" \
+        "$(mkframe "$host" "$lan" 5 8100:6000)" \
+        "$(mkframe "$bcast" "$lan" 6 88a8:0fff)" \
+        "$(mkframe "$host" "$lan" 7)"
+    crossing host-to-lan sd-host sd0 sd-lan lan1 \
+        "$(mkframe "$lan" "$host" 11 8100:0064)" \
+        "$(mkframe "$lan" "$host" 12 88a8:20c8 8100:012c)" \
+        "$(mkframe "$bcast" "$host" 13 8100:e00a)" \
+        "$(mkframe "$mcast" "$host" 14 88a8:0190 8100:0005)" \
+        "$(mkframe "$lan" "$host" 15 8100:6000)" \
+        "$(mkframe "$lan" "$host" 16)"
+    # Untagged traffic is unaffected.
+    ping_ok sd-lan 10.50.0.1
+}
+
 topo_up 1; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
-host=$(link_mac sd-host sd0); lan=$(link_mac sd-lan lan1)
-bcast=ff:ff:ff:ff:ff:ff; mcast=01:00:5e:00:00:fb
-
-crossing lan-to-host sd-lan lan1 sd-host sd0 \
-    "$(mkframe "$host" "$lan" 1 8100:0064)" \
-    "$(mkframe "$host" "$lan" 2 88a8:20c8 8100:012c)" \
-    "$(mkframe "$bcast" "$lan" 3 8100:e00a)" \
-    "$(mkframe "$mcast" "$lan" 4 88a8:0190 8100:0005)" \
-    "$(mkframe "$host" "$lan" 5 8100:6000)" \
-    "$(mkframe "$bcast" "$lan" 6 88a8:0fff)" \
-    "$(mkframe "$host" "$lan" 7)"
-crossing host-to-lan sd-host sd0 sd-lan lan1 \
-    "$(mkframe "$lan" "$host" 11 8100:0064)" \
-    "$(mkframe "$lan" "$host" 12 88a8:20c8 8100:012c)" \
-    "$(mkframe "$bcast" "$host" 13 8100:e00a)" \
-    "$(mkframe "$mcast" "$host" 14 88a8:0190 8100:0005)" \
-    "$(mkframe "$lan" "$host" 15 8100:6000)" \
-    "$(mkframe "$lan" "$host" 16)"
-# Untagged traffic is unaffected.
-ping_ok sd-lan 10.50.0.1
-pass "802.1Q, QinQ and priority-tagged frames, unicast and group, cross both ways intact"
+both_ways
+# Again with the host over shared memory: the IOC reads its untagged unicast frames from
+# a packet socket of the host's own, whose filter leaves tagged frames to the general
+# socket (the one that puts tags back).
+stop_host 1 TERM; stop_ioc TERM
+sock=$T/run/fabric.sock
+sed "s|^listen = .*|&\nlisten_local = \"$sock\"|" "$IOC_CONF" >"$T/ioc.toml"
+sed "s|^ioc = .*|ioc = \"unix:$sock\"|" "$HOST_CONF" >"$T/host-shm.toml"
+IOC_CONF=$T/ioc.toml start_ioc; HOST_CONF=$T/host-shm.toml start_host 1
+wait_carrier sd-host up 10
+ping_ok sd-host 10.50.0.2
+placed() { ctl_json "$T/ioc.sock" hosts "d['hosts']['hosts'][0]['in_place']"; }
+before=$(placed)
+assert_positive "$before" "frames read into the host's pools (the pings' replies)"
+both_ways
+# Frames 7 and the ping's replies went through the host's own socket; the tagged ones not.
+after=$(placed)
+[ $((after - before)) -ge 2 ] || fail "only $((after - before)) frames read into the host's pools during the crossings"
+pass "802.1Q, QinQ and priority-tagged frames, unicast and group, cross both ways intact, over TCP and over shared memory"

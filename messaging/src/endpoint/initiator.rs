@@ -297,6 +297,15 @@ impl Initiator {
         })
     }
 
+    /// Whether [`Initiator::take_element`] could ever give an element of `size` bytes: a pool
+    /// of elements that large has more than the quarter it keeps.
+    pub fn may_take(&self, size: u32) -> bool {
+        self.pools.iter().any(|p| {
+            let count = p.entry.element_count as usize;
+            p.entry.element_size >= size && count > count.div_ceil(4)
+        })
+    }
+
     /// Gives back an element [`Initiator::take_element`] took, unwritten.
     pub(crate) fn untake(&mut self, taken: Element) {
         if let Some(p) = self

@@ -63,10 +63,27 @@ pub struct Meta {
     pub vlan: bool,
 }
 
+/// Whether the kernel would take `prog` (`bpf_check_classic`, for the instructions above):
+/// 1 to 4,096 instructions, every jump inside, the last a return.
+#[cfg(test)]
+pub fn valid(prog: &[Insn]) -> bool {
+    let n = prog.len();
+    let jumps_inside = prog.iter().enumerate().all(|(i, x)| {
+        x.code != JEQ_K || (i + 1 + usize::from(x.jt) < n && i + 1 + usize::from(x.jf) < n)
+    });
+    (1..=4096).contains(&n)
+        && jumps_inside
+        && matches!(prog.last().map(|x| x.code), Some(RET_K | RET_A))
+}
+
 /// Runs `prog` over an Ethernet frame as the kernel would for the instructions above;
-/// `None` for anything else (a bad program) or a load beyond the frame.
+/// `None` for anything else (a program the kernel would refuse, see [`valid`]) or a load
+/// beyond the frame.
 #[cfg(test)]
 pub fn run(prog: &[Insn], frame: &[u8], meta: Meta) -> Option<u32> {
+    if !valid(prog) {
+        return None;
+    }
     let mut a: u32 = 0;
     let mut pc = 0usize;
     let load = |k: u32, n: usize| -> Option<u32> {

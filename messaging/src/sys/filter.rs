@@ -35,6 +35,11 @@ pub fn only_to(mac: &[u8; 6]) -> Vec<Insn> {
     p
 }
 
+/// The filter of a socket that takes nothing more (the frames it holds stay).
+pub fn nothing() -> Vec<Insn> {
+    vec![insn(RET_K, 0, 0, DROP)]
+}
+
 /// The filter of a general socket: every frame but the untagged ones for a MAC of `macs`
 /// (the first [`MAX_EXCLUDED`]; the caller keeps within it).
 pub fn all_but(macs: &[[u8; 6]]) -> Vec<Insn> {
