@@ -59,6 +59,28 @@ log "LAN frames read straight into each host's pools (TCP, shm, unix): $placed"
 assert_match "$placed" "^0 [1-9][0-9]* 0$" "frames read into host 1's pools alone"
 packet_sockets() { ip netns exec sd-ioc ss -0 -a -H | grep -c .; }
 with_host1=$(packet_sockets)
+# Host 1 stops reading (SIGSTOP, within its keepalive timeout) under a burst from the LAN:
+# its own socket overflows and the drops are counted against it alone; host 3 is answered
+# meanwhile and loses nothing, and host 1 works again afterwards.
+shm_host() { json hosts "[h for h in d['hosts']['hosts'] if 'shared memory' in h['address']][0]$1"; }
+others_drops() { json hosts "sum(sum(h['drops'].values()) for h in d['hosts']['hosts'] if 'shared memory' not in h['address'])"; }
+others=$(others_drops)
+ip netns exec sd-lan python3 -c "import os, signal, socket, subprocess
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+os.kill(${HOST_PID[1]}, signal.SIGSTOP)
+try:
+    for _ in range(12000): s.sendto(b'x' * 1400, ('10.50.0.1', 9))
+    subprocess.run(['ping', '-c', '2', '-i', '0.05', '-W', '1', '10.50.0.3'], check=True, capture_output=True)
+finally:
+    os.kill(${HOST_PID[1]}, signal.SIGCONT)" || fail "burst at a stopped host 1, or host 3 unanswered meanwhile"
+sleep 0.5
+full=$(shm_host "['drops'].get('rx_ring_full', 0)")
+log "a burst of 12000 frames at a stopped shared-memory host: $full dropped by its own socket"
+[ "$full" -gt 0 ] || fail "no drops counted against the stopped host"
+[ "$full" -lt 12000 ] || fail "every frame of the burst dropped: its socket held none"
+assert_eq "$(others_drops)" "$others" "the other hosts' drops"
+assert_no_grep "$T/host1.log" "fabric lost" "host 1's session through the burst"
+ping_ok sd-host 10.50.0.2
 # Rogue hosts over shared memory publish a ring index their data ring or their control
 # ring refuses, flood the IOC's data or control doorbell, publish a placed write into no
 # pool they were granted: each session ends, its shared memory is unmapped, and the other
