@@ -15,6 +15,21 @@ pub trait HostRx: std::fmt::Debug {
     /// Receives one frame (virtio-net header first) into `dst`; returns its whole length,
     /// more than `dst`'s when it was cut, `WouldBlock` when none is waiting.
     fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize>;
+    /// Receives up to `dst.len()` frames, each into its range as [`HostRx::recv_into`]
+    /// does, their whole lengths into `lens`; returns how many arrived (fewer when the
+    /// queue ran out; `WouldBlock` when none was waiting).
+    fn recv_batch_into(&self, dst: &[SharedBytes<'_>], lens: &mut [usize]) -> io::Result<usize> {
+        let mut got = 0;
+        for (d, len) in dst.iter().zip(lens.iter_mut()) {
+            match self.recv_into(d) {
+                Ok(n) => *len = n,
+                Err(e) if got == 0 => return Err(e),
+                Err(_) => break,
+            }
+            got += 1;
+        }
+        Ok(got)
+    }
     /// Frames dropped since the last call because the queue was full.
     fn take_drops(&self) -> u64;
     /// The descriptor to wait on; `None` for a queue of a test.
@@ -147,6 +162,11 @@ impl Nic for PacketSocket {
 impl HostRx for PacketSocket {
     fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize> {
         PacketSocket::recv_into(self, dst)
+    }
+
+    /// One `recvmmsg(2)` for the whole batch.
+    fn recv_batch_into(&self, dst: &[SharedBytes<'_>], lens: &mut [usize]) -> io::Result<usize> {
+        PacketSocket::recv_batch_into(self, dst, lens)
     }
 
     fn take_drops(&self) -> u64 {

@@ -16,7 +16,6 @@ use crate::host::RxDrop;
 use crate::host_frame::HEAD;
 use crate::ioc::Ioc;
 use crate::nic::HostRx;
-use splitnet_messaging::endpoint::InPlace;
 use splitnet_messaging::fabric::Ready;
 use splitnet_messaging::memory::SharedBytes;
 use splitnet_messaging::vnet;
@@ -32,10 +31,10 @@ use tracing::{debug, warn};
 pub const FRAME_MAX: u32 = (vnet::VNET_HDR_LEN + 14 + 40 + 65_535) as u32;
 /// Frames read from a host's queue per wake-up.
 const BUDGET: usize = 64;
+/// Most frames one read takes (`recvmmsg(2)`), each into an element of its own.
+const BATCH: usize = 16;
 /// Most frames discarded from a queue as it closes (its buffer holds fewer).
 const MAX_DISCARD: u64 = 1 << 16;
-/// The error of a frame whose header the check refused.
-const REFUSED: io::ErrorKind = io::ErrorKind::InvalidData;
 
 /// A host's own queue of LAN frames.
 #[derive(Debug)]
@@ -153,45 +152,45 @@ impl Ioc {
         };
         let mut progress = PlacedProgress::Budget;
         let (mut frames, mut bytes, mut too_large, mut unreadable) = (0, 0, 0, 0);
-        for _ in 0..BUDGET {
+        let mut left = BUDGET;
+        while left > 0 {
             let rx = &placed.rx;
-            // The frame's header is checked from a private copy, as on the general path
-            // (the host may rewrite its element at any moment).
-            let read = |dst: &SharedBytes<'_>| {
-                let n = rx.recv_into(dst)?;
-                let mut head = [0u8; HEAD];
-                let k = n.min(HEAD).min(dst.len());
-                dst.copy_out(0, &mut head[..k]).map_err(io::Error::other)?;
-                if n <= dst.len() && vnet::check_head(&head[..k], n).is_err() {
-                    return Err(io::Error::from(REFUSED));
+            // Each frame's header is checked from a private copy, as on the general path
+            // (the host may rewrite its element at any moment); a refused one is not posted.
+            let read = |dst: &[SharedBytes<'_>], lens: &mut [usize]| {
+                let n = rx.recv_batch_into(dst, lens)?;
+                for (w, len) in dst.iter().zip(lens.iter_mut()).take(n) {
+                    let mut head = [0u8; HEAD];
+                    let k = (*len).min(HEAD).min(w.len());
+                    w.copy_out(0, &mut head[..k]).map_err(io::Error::other)?;
+                    if *len <= w.len() && vnet::check_head(&head[..k], *len).is_err() {
+                        *len = 0;
+                    }
                 }
-                Ok(n)
+                Ok::<_, io::Error>(n)
             };
-            match link.read_in_place(FRAME_MAX, read) {
-                Some(InPlace::Posted(n)) => {
-                    stats.lan_rx += 1;
-                    frames += 1;
-                    bytes += n as u64;
+            match link.read_batch_in_place(FRAME_MAX, left.min(BATCH), read) {
+                Some(Ok(b)) => {
+                    stats.lan_rx += b.read as u64;
+                    frames += b.posted as u64;
+                    bytes += b.bytes;
+                    too_large += b.dropped as u64;
+                    left = left.saturating_sub(b.read.max(1));
+                    if b.read < b.offered {
+                        progress = PlacedProgress::Drained;
+                        break;
+                    }
                 }
-                Some(InPlace::Dropped(_)) => {
-                    stats.lan_rx += 1;
-                    too_large += 1;
-                }
-                Some(InPlace::Empty) => {
+                Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {
                     progress = PlacedProgress::Drained;
                     break;
                 }
-                Some(InPlace::Failed(e)) if e.kind() == io::ErrorKind::WouldBlock => {
-                    progress = PlacedProgress::Drained;
-                    break;
-                }
-                // A frame the check refused, as the general path refuses it.
-                Some(InPlace::Failed(e)) if e.kind() == REFUSED => stats.lan_rx += 1,
-                // The kernel dropped the frame it could not hand over (an offload a
+                // The kernel dropped a frame it could not hand over (an offload a
                 // virtio-net header cannot describe): counted, and on to the next.
-                Some(InPlace::Failed(e)) => {
+                Some(Err(e)) => {
                     stats.lan_rx += 1;
                     unreadable += 1;
+                    left -= 1;
                     if let Some(held) = h.log.allow(std::time::Instant::now()) {
                         warn!(
                             session,

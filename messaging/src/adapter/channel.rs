@@ -85,6 +85,12 @@ pub trait Channel {
     }
     /// After the caller woke up: withdraws what [`Channel::prepare_sleep`] asked.
     fn wake(&mut self) {}
+    /// After the caller woke up for something else than this channel's readiness: withdraws
+    /// what [`Channel::prepare_sleep`] asked, without reading a doorbell that did not wake it
+    /// (if it rang, its readiness wakes the caller next, and [`Channel::wake`] reads it).
+    fn withdraw(&mut self) {
+        self.wake();
+    }
     /// For a caller that polls before it sleeps: whether input may be waiting, found
     /// without a system call. A socket cannot tell (always `false`).
     fn input_pending(&mut self) -> bool {

@@ -8,7 +8,7 @@
 use super::error::ProtocolError;
 use super::initiator::Posted;
 use super::outbox::Lane;
-use super::session::{InPlace, Incoming, Session};
+use super::session::{Batch, InPlace, Incoming, Session};
 use super::target::PoolGetOutcome;
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, RxError};
 use crate::memory::{Frame, Registry, SendBuf, SendBufCache, SharedBytes};
@@ -200,6 +200,14 @@ impl<C: Channel> Link<C> {
         }
     }
 
+    /// After waking for something else than `lane` ([`Channel::withdraw`]).
+    pub fn withdraw(&mut self, lane: Lane) {
+        match lane {
+            Lane::Control => self.ctrl.withdraw(),
+            Lane::Data => self.data.withdraw(),
+        }
+    }
+
     /// The control channel, mutably (tests inject raw operations through it).
     pub fn control_channel_mut(&mut self) -> &mut C {
         &mut self.ctrl
@@ -349,6 +357,27 @@ impl<C: Channel> Link<C> {
             }
             Some(InPlace::Dropped(_)) => self.stats.tx_too_large += 1,
             _ => {}
+        }
+        got
+    }
+
+    /// Reads up to `max` frames straight into the peer's memory over shared memory and posts
+    /// their writes (see [`Session::read_batch_in_place`]); frames posted are counted as
+    /// sent, frames cut short as too large.
+    pub fn read_batch_in_place<E>(
+        &mut self,
+        size: u32,
+        max: usize,
+        read: impl FnOnce(&[SharedBytes<'_>], &mut [usize]) -> Result<usize, E>,
+    ) -> Option<Result<Batch, E>> {
+        let got = self
+            .session
+            .read_batch_in_place(&mut self.data, size, max, read);
+        if let Some(Ok(b)) = &got {
+            self.stats.tx_frames += b.posted as u64;
+            self.stats.tx_bytes += b.bytes;
+            self.stats.tx_in_place += b.posted as u64;
+            self.stats.tx_too_large += b.dropped as u64;
         }
         got
     }

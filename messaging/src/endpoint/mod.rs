@@ -16,7 +16,7 @@ pub use initiator::{send_data_prefix, Initiator, InitiatorConfig, Posted, Reserv
 pub use link::{Link, LinkError, LinkEvent, LinkStats};
 pub use liveness::{Keepalive, Liveness};
 pub use outbox::{Lane, Outbox};
-pub use session::{InPlace, Incoming, Session, SessionConfig};
+pub use session::{Batch, InPlace, Incoming, Session, SessionConfig};
 pub use target::{
     Delivery, PoolGetOutcome, PoolSpec, PoolUsage, Target, TargetConfig, ELEMENT_OVERHEAD,
     MAX_ELEMENT_COUNT, MIN_ELEMENT_SIZE,

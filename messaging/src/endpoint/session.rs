@@ -42,6 +42,21 @@ pub enum InPlace<E> {
     Failed(E),
 }
 
+/// What [`Session::read_batch_in_place`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Elements offered to the read.
+    pub offered: usize,
+    /// Frames the read took (fewer than offered: it ran out of frames).
+    pub read: usize,
+    /// Frames whose writes were posted.
+    pub posted: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Frames the read said were longer than their element (cut short): dropped.
+    pub dropped: usize,
+}
+
 /// What a received message means for the shell.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Incoming<'a> {
@@ -295,6 +310,67 @@ impl Session {
                 InPlace::Failed(e)
             }
         })
+    }
+
+    /// Reads up to `max` frames straight into free elements of the peer's of at least `size`
+    /// bytes each, as [`Session::read_in_place`] does one: `read` gets the elements' bytes,
+    /// fills as many as it has frames (their lengths into its second argument, in order; 0
+    /// for a frame that is not to be posted) and says how many it read. `None` when the
+    /// transport does not place writes or no such element is free; else what became of the
+    /// frames, or the read's error. Every element not posted goes back.
+    pub fn read_batch_in_place<C: Channel, E>(
+        &mut self,
+        data: &mut C,
+        size: u32,
+        max: usize,
+        read: impl FnOnce(&[SharedBytes<'_>], &mut [usize]) -> Result<usize, E>,
+    ) -> Option<Result<Batch, E>> {
+        if !data.places_writes() {
+            return None;
+        }
+        let taken: Vec<_> = std::iter::from_fn(|| self.initiator.take_element(size))
+            .take(max)
+            .collect();
+        if taken.is_empty() {
+            return None;
+        }
+        let mut lens = vec![0usize; taken.len()];
+        let windows: Option<Vec<SharedBytes<'_>>> = taken
+            .iter()
+            .map(|t| data.peer_window(t.addr, t.size as usize))
+            .collect();
+        let got = match windows {
+            Some(w) => read(&w, &mut lens).map(|n| n.min(w.len())),
+            None => {
+                taken.into_iter().for_each(|t| self.initiator.untake(t));
+                return None;
+            }
+        };
+        let n = match got {
+            Ok(n) => n,
+            Err(e) => {
+                taken.into_iter().for_each(|t| self.initiator.untake(t));
+                return Some(Err(e));
+            }
+        };
+        let mut batch = Batch {
+            offered: taken.len(),
+            read: n,
+            ..Batch::default()
+        };
+        for (i, (t, &len)) in taken.into_iter().zip(&lens).enumerate() {
+            if i >= n || len == 0 {
+                self.initiator.untake(t);
+                continue;
+            }
+            if self.initiator.post_placed(data, t, len) {
+                batch.posted += 1;
+                batch.bytes += len as u64;
+            } else {
+                batch.dropped += 1;
+            }
+        }
+        Some(Ok(batch))
     }
 
     /// Queues a CfgUtilRequest; returns its transaction context.

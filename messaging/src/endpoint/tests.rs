@@ -727,6 +727,73 @@ mod in_place {
         );
     }
 
+    /// A batched read that fills the windows with `frames` in order, the ones marked `None`
+    /// consumed but not to be posted.
+    fn reads_batch(
+        frames: &[Option<Vec<u8>>],
+    ) -> impl FnOnce(&[SharedBytes<'_>], &mut [usize]) -> Result<usize, ()> + '_ {
+        move |w, lens| {
+            let n = frames.len().min(w.len());
+            for i in 0..n {
+                lens[i] = match &frames[i] {
+                    Some(f) => {
+                        w[i].copy_in(0, f).unwrap();
+                        f.len()
+                    }
+                    None => 0,
+                };
+            }
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_batch_read_posts_its_frames_in_order_and_gives_back_what_it_did_not_fill() {
+        let mut p = pair_shm_pools();
+        let before = p.a.link.session().initiator().credits();
+        // The large pool lends 6 of its 8 elements; the read has 3 frames, one of which
+        // it consumed but must not post (a header check refused it).
+        let frames = [Some(frame(60, 1)), None, Some(frame(40_000, 2))];
+        let got =
+            p.a.link
+                .read_batch_in_place(65_600, 64, reads_batch(&frames));
+        let b = got.unwrap().unwrap();
+        assert_eq!(
+            (b.offered, b.read, b.posted, b.bytes, b.dropped),
+            (6, 3, 2, 40_060, 0)
+        );
+        assert_eq!(p.a.link.session().initiator().credits(), before - 2);
+        assert_eq!(p.a.link.stats().tx_in_place, 2);
+        p.drive().unwrap();
+        assert_eq!(p.b.received, vec![frame(60, 1), frame(40_000, 2)]);
+        // `max` caps the elements offered; a frame cut short is dropped, its element back.
+        let got =
+            p.a.link
+                .read_batch_in_place(65_600, 2, |_, lens: &mut [usize]| {
+                    lens[0] = 70_000;
+                    lens[1] = 100;
+                    Ok::<_, ()>(2)
+                });
+        let b = got.unwrap().unwrap();
+        assert_eq!((b.offered, b.read, b.posted, b.dropped), (2, 2, 1, 1));
+        assert_eq!(p.a.link.stats().tx_too_large, 1);
+        // A failed read gives every element back.
+        let failed =
+            p.a.link
+                .read_batch_in_place(65_600, 64, |_, _| Err("would block"));
+        assert_eq!(failed, Some(Err("would block")));
+        p.drive().unwrap();
+        assert_eq!(p.a.link.session().initiator().credits(), before);
+        assert_eq!(p.a.link.session().initiator().inflight_bytes(), 0);
+        // No element that large: nothing taken, nothing read.
+        let big =
+            p.a.link
+                .read_batch_in_place(1 << 20, 8, |_, _| -> Result<usize, ()> {
+                    panic!("no element to read into")
+                });
+        assert_eq!(big, None);
+    }
+
     #[test]
     fn without_shared_pools_there_is_no_window() {
         let no_read =

@@ -158,6 +158,9 @@ impl Channel for FabricChannel {
     fn wake(&mut self) {
         each!(self, c => c.wake())
     }
+    fn withdraw(&mut self) {
+        each!(self, c => c.withdraw())
+    }
     fn input_pending(&mut self) -> bool {
         each!(self, c => c.input_pending())
     }

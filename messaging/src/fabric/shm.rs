@@ -175,6 +175,10 @@ impl Channel for ShmTransport {
             self.ch.rang();
         }
     }
+
+    fn withdraw(&mut self) {
+        self.ch.wake();
+    }
 }
 
 /// A pool arena: a sealed `memfd` this side creates and maps, whose descriptor goes to the

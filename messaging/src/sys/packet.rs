@@ -323,6 +323,46 @@ impl PacketSocket {
         Ok(got.min(n))
     }
 
+    /// Receives up to `dst.len()` frames (at most [`RECV_BATCH`]) with one `recvmmsg(2)`,
+    /// each straight into its range of shared memory as [`PacketSocket::recv_into`] does
+    /// one; their whole lengths go to `lens`. Returns how many arrived (`WouldBlock`: none).
+    pub fn recv_batch_into(
+        &self,
+        dst: &[crate::memory::SharedBytes<'_>],
+        lens: &mut [usize],
+    ) -> io::Result<usize> {
+        let n = dst.len().min(lens.len()).min(RECV_BATCH);
+        // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid before the fields
+        // are set.
+        let mut iovs: [libc::iovec; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        for i in 0..n {
+            let (base, len) = super::shared_range(&dst[i])?;
+            iovs[i] = libc::iovec {
+                iov_base: base,
+                iov_len: len,
+            };
+            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: the first `n` entries of `msgs` point at `iovs`, each a range inside a
+        // live slice of atomics (see `super::read_into`), valid and unmoved for the whole
+        // call; the kernel writes at most each range's length and the entries' `msg_len`.
+        let got = cvt(unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        })? as usize;
+        for i in 0..got.min(n) {
+            lens[i] = msgs[i].msg_len as usize;
+        }
+        Ok(got.min(n))
+    }
+
     /// Sends one frame (virtio-net header first).
     pub fn send(&self, frame: &[u8]) -> io::Result<usize> {
         write(&self.fd, frame)
@@ -547,6 +587,27 @@ mod tests {
         let small = SharedBytes::new(&mem, 0, 20).unwrap();
         wait_readable(&host);
         assert_eq!(host.recv_into(&small).unwrap(), sent[0].len());
+        // Several frames with one call, the cut one saying its whole length.
+        let windows = [
+            SharedBytes::new(&mem, 0, 1000).unwrap(),
+            SharedBytes::new(&mem, 1000, 20).unwrap(),
+            SharedBytes::new(&mem, 2000, 1000).unwrap(),
+        ];
+        for f in [&sent[0], &sent[4]] {
+            general.send(f).unwrap();
+        }
+        let mut lens = [0usize; 3];
+        let mut got = 0;
+        while got < 2 {
+            wait_readable(&host);
+            got += host
+                .recv_batch_into(&windows[got..], &mut lens[got..])
+                .unwrap();
+        }
+        assert_eq!(lens, [sent[0].len(), sent[4].len(), 0]);
+        let mut back = vec![0u8; sent[0].len()];
+        windows[0].copy_out(0, &mut back).unwrap();
+        assert_eq!(back, sent[0]);
         // Shut, the host's socket takes nothing more; what it held is discarded.
         general.send(&sent[4]).unwrap();
         wait_readable(&host);
