@@ -281,8 +281,8 @@ pub struct HostEntry {
     /// Send buffers it may hold at most; frames for it beyond are dropped (`rx_quota`).
     #[serde(default)]
     pub buffer_quota: u32,
-    /// LAN frames the IOC read straight into its pools, from its own queue on the NIC
-    /// (a host over shared memory).
+    /// LAN frames the IOC wrote straight into its pools, read from its own queue on the
+    /// NIC (a host over shared memory; frames few enough for SendData go inline instead).
     #[serde(default)]
     pub in_place: u64,
     /// Its frames dropped, by cause (causes with a count only).

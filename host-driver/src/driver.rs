@@ -942,7 +942,7 @@ impl<'a> Conn<'a> {
                 let tap = self.tap;
                 let read = |dst: &SharedBytes<'_>| tap.recv_into(dst);
                 match self.tl.link.read_in_place(TAP_FRAME_MAX, read) {
-                    Some(InPlace::Posted(_)) => continue,
+                    Some(InPlace::Posted(_) | InPlace::Inline(_)) => continue,
                     Some(InPlace::Dropped(n)) => {
                         warn!(len = n, "frame larger than an IOC element; dropped");
                         continue;

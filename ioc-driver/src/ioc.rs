@@ -383,8 +383,9 @@ impl Ioc {
         }
         // A host's own LAN queue closes before its MAC may change (and reopens after):
         // a MAC it gives up is never excluded from the general sockets once another host
-        // may take it.
-        if code == CfgCode::SetMac {
+        // may take it. A request for the MAC it has changes nothing.
+        let current = self.hosts.get(&session).map(|h| h.mac);
+        if code == CfgCode::SetMac && wire::parse_mac(data).is_ok_and(|m| Some(m) != current) {
             self.unplace_rx(session);
             if let Some(h) = self.hosts.get_mut(&session) {
                 h.place_failed = false;

@@ -36,8 +36,9 @@ pub trait HostRx: std::fmt::Debug {
     fn fd(&self) -> Option<BorrowedFd<'_>>;
     /// Takes no frame from now on; the ones waiting stay to be discarded.
     fn shut(&self) -> io::Result<()>;
-    /// Drops the next frame waiting, unread (`WouldBlock` when none is).
-    fn discard(&self) -> io::Result<()>;
+    /// Drops frames waiting, unread (a batch of them at most); returns how many
+    /// (`WouldBlock` when none was).
+    fn discard(&self) -> io::Result<usize>;
 }
 
 /// Sets which MACs a worker's NIC socket no longer receives (untagged unicast), because
@@ -182,8 +183,9 @@ impl HostRx for PacketSocket {
         self.set_filter(&filter::nothing())
     }
 
-    fn discard(&self) -> io::Result<()> {
-        PacketSocket::discard(self).map(drop)
+    /// One `recvmmsg(2)` of up to 64 frames.
+    fn discard(&self) -> io::Result<usize> {
+        PacketSocket::discard(self)
     }
 }
 
@@ -248,6 +250,8 @@ pub mod fake {
         pub shut: Cell<bool>,
         /// Frames the IOC read and gave to the host, or discarded.
         pub taken: Cell<u64>,
+        /// The error a batched read met after some frames, for the next read.
+        pending: Cell<Option<io::ErrorKind>>,
     }
 
     /// The IOC's end of a [`HostQueue`].
@@ -270,14 +274,41 @@ pub mod fake {
             Ok(())
         }
 
-        fn discard(&self) -> io::Result<()> {
+        fn discard(&self) -> io::Result<usize> {
             self.q
                 .frames
                 .borrow_mut()
                 .pop_front()
                 .ok_or(io::ErrorKind::WouldBlock)?;
             self.q.taken.set(self.q.taken.get() + 1);
-            Ok(())
+            Ok(1)
+        }
+
+        /// As `recvmmsg(2)`: a read that fails after some frames returns those, and the
+        /// error at the next call.
+        fn recv_batch_into(
+            &self,
+            dst: &[SharedBytes<'_>],
+            lens: &mut [usize],
+        ) -> io::Result<usize> {
+            if let Some(e) = self.q.pending.take() {
+                return Err(e.into());
+            }
+            let mut got = 0;
+            for (d, len) in dst.iter().zip(lens.iter_mut()) {
+                match self.recv_into(d) {
+                    Ok(n) => *len = n,
+                    Err(e) if got == 0 => return Err(e),
+                    Err(e) => {
+                        if e.kind() != io::ErrorKind::WouldBlock {
+                            self.q.pending.set(Some(e.kind()));
+                        }
+                        break;
+                    }
+                }
+                got += 1;
+            }
+            Ok(got)
         }
 
         /// An empty frame stands for one the kernel cannot hand over: it is consumed and

@@ -4,10 +4,10 @@
 //! own whose filter takes only the untagged unicast frames for its MAC, and every worker's
 //! socket stops taking them ([`crate::shard::Shard::place`]): the kernel sorts the frames
 //! before any copy, so the IOC never holds, in a host's memory, a frame meant for another.
-//! The IOC reads each frame from that socket straight into a free element of the host's
-//! ([`splitnet_messaging::endpoint::Link::read_in_place`]) and posts the write: the frame
-//! is copied once, by the kernel, where the general path copies it into a send buffer and
-//! again into the element. The socket's buffer is then the host's receive ring, first in,
+//! The IOC reads the frames from that socket straight into free elements of the host's, a
+//! batch with one `recvmmsg(2)` ([`splitnet_messaging::endpoint::Link::read_batch_in_place`]),
+//! and posts the writes: each frame is copied once, by the kernel, where the general path
+//! copies it into a send buffer and again into the element. The socket's buffer is then the host's receive ring, first in,
 //! first out and bounded in bytes; its overflows are counted as the host's `rx_ring_full`.
 //! Everything else for the host (group frames, tagged frames, frames from other hosts)
 //! takes the general path, which keeps a quarter of each pool's elements for itself.
@@ -113,8 +113,8 @@ impl Ioc {
 
     /// Closes host `session`'s own queue, if it has one, and gives its frames back to the
     /// general path. The queue takes nothing from then on; the frames still in it are
-    /// dropped and counted (`rx_ring_full`), and so are those that arrive until the general
-    /// sockets take the MAC's frames again (a few microseconds).
+    /// dropped and counted (`rx_ring_full`); those that arrive until the general sockets
+    /// take the MAC's frames again (a few microseconds) are lost.
     pub fn unplace_rx(&mut self, session: u64) {
         let Some(h) = self.hosts.get_mut(&session) else {
             return;
@@ -126,17 +126,21 @@ impl Ioc {
             warn!(session, "cannot stop the host's own LAN queue: {e}");
         }
         let mut waiting = 0;
-        // A failed read consumed its frame too; only an empty queue stops the count.
-        while waiting < MAX_DISCARD
-            && !matches!(p.rx.discard(), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-        {
-            waiting += 1;
+        while waiting < MAX_DISCARD {
+            match p.rx.discard() {
+                Ok(n) => waiting += n as u64,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // A failed read consumed its frame too.
+                Err(_) => waiting += 1,
+            }
         }
-        let dropped = waiting + p.rx.take_drops();
-        self.stats.lan_rx += dropped;
-        h.drop_rx_n(RxDrop::RingFull, dropped);
+        let overflowed = p.rx.take_drops();
+        self.stats.lan_rx += waiting;
+        self.stats.lan_rx_dropped += overflowed;
+        h.drop_rx_n(RxDrop::RingFull, waiting + overflowed);
         let mac = p.mac;
-        // Closed (with the readiness' descriptor) before the general sockets take its MAC.
+        // Shut above, so it takes nothing more even while a copy of its descriptor (the
+        // host's task's readiness) outlives this.
         drop(p);
         self.shard.unplace(mac);
     }
@@ -175,11 +179,9 @@ impl Ioc {
                     frames += b.posted as u64;
                     bytes += b.bytes;
                     too_large += b.dropped as u64;
+                    // A short read may mean an error waits for the next read (recvmmsg
+                    // returns what it read first): only `WouldBlock` says the queue is empty.
                     left = left.saturating_sub(b.read.max(1));
-                    if b.read < b.offered {
-                        progress = PlacedProgress::Drained;
-                        break;
-                    }
                 }
                 Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {
                     progress = PlacedProgress::Drained;
@@ -215,7 +217,7 @@ impl Ioc {
         } else {
             0
         };
-        stats.lan_rx += overflowed;
+        stats.lan_rx_dropped += overflowed;
         h.stats.rx_frames += frames;
         h.stats.rx_bytes += bytes;
         h.drop_rx_n(RxDrop::TooLarge, too_large);
@@ -229,11 +231,11 @@ impl Ioc {
     }
 
     /// Adds the frames the hosts' own queues dropped since the last call to their counters
-    /// (and to the frames the LAN sent).
+    /// (and to the LAN frames the kernel dropped).
     pub fn count_placed_drops(&mut self) {
         for h in self.hosts.values_mut() {
             if let Some(n) = h.placed.as_ref().map(|p| p.rx.take_drops()) {
-                self.stats.lan_rx += n;
+                self.stats.lan_rx_dropped += n;
                 h.drop_rx_n(RxDrop::RingFull, n);
             }
         }

@@ -461,7 +461,7 @@ pub fn metrics_text(snap: &Snapshot) -> String {
     e.family(
         name,
         "counter",
-        "LAN frames read straight into the host's pools from its own queue on the NIC.",
+        "LAN frames read straight into the host's pools from its own queue on the NIC (small ones go inline).",
     );
     for h in &snap.hosts {
         let labels = format!(

@@ -851,7 +851,7 @@ fn over_shared_memory_a_hosts_lan_frames_are_read_straight_into_its_pools() {
     for (i, b) in tso.iter_mut().enumerate().skip(60) {
         *b = i as u8;
     }
-    let small = frame(own, LAN_PEER, 60);
+    let small = frame(own, LAN_PEER, 200);
     let mut sent = Vec::new();
     for i in 0..60 {
         let f = if i % 2 == 0 {
@@ -884,6 +884,23 @@ fn over_shared_memory_a_hosts_lan_frames_are_read_straight_into_its_pools() {
     assert_eq!(h.link.as_ref().unwrap().stats().tx_in_place, 60);
     assert_eq!(ioc.stats.lan_rx, 60);
     assert_eq!(ioc.cache.in_use(), 0, "no send buffer was used");
+    // Frames few enough for SendData (acknowledgements) go inline, costing no element.
+    let credits = host(&ioc, s)
+        .link
+        .as_ref()
+        .unwrap()
+        .session()
+        .initiator()
+        .credits();
+    for _ in 0..5 {
+        nic.arrive(frame(own, LAN_PEER, 50));
+    }
+    assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
+    let link = host(&ioc, s).link.as_ref().unwrap();
+    assert_eq!(link.session().initiator().credits(), credits);
+    assert_eq!(link.stats().tx_inline, 5);
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(peer.kept.as_ref().unwrap().len(), 65);
     // Its queue's overflows are its own drops.
     queue.drops.set(7);
     ioc.count_nic_drops();
@@ -940,32 +957,59 @@ fn a_host_whose_pools_cannot_always_lend_an_element_for_a_nic_frame_keeps_the_ge
 }
 
 #[test]
-fn a_closing_queue_counts_what_it_held_and_an_unreadable_frame_is_counted() {
+fn a_closing_queue_counts_what_it_held_and_frames_it_cannot_deliver_are_counted() {
     let (mut ioc, nic) = ioc_with("");
     let (s, mut peer) = connect_shm_with(&mut ioc, 3, large_pools());
     let own = mac(&ioc, s);
     let queue = nic.host_queue(own).expect("the host's own queue");
-    // A frame the kernel cannot hand over is counted, and the next one still read.
-    queue.frames.borrow_mut().push_back(Vec::new());
-    nic.arrive(frame(own, LAN_PEER, 100));
+    // A frame the kernel cannot hand over (an empty one here), after another and before
+    // two more in the same batch: counted, and every other frame read.
+    let good = frame(own, LAN_PEER, 100);
+    let mut bad_flags = frame(own, LAN_PEER, 100);
+    bad_flags[0] = 0x80;
+    let mut too_large = frame(own, LAN_PEER, 70_000);
+    too_large[0] = 0;
+    for f in [
+        good.clone(),
+        Vec::new(),
+        good.clone(),
+        bad_flags,
+        too_large,
+        good.clone(),
+    ] {
+        queue.frames.borrow_mut().push_back(f);
+    }
+    let lan_rx = ioc.stats.lan_rx;
     assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
     pump(&mut ioc, &mut peer, s, true);
-    assert_eq!(peer.frames, 1);
-    assert_eq!(host(&ioc, s).drops.unreadable, 1);
+    assert_eq!(peer.frames, 3);
+    let h = host(&ioc, s);
+    assert_eq!((h.drops.unreadable, h.drops.too_large), (1, 1));
+    assert_eq!(h.stats.rx_frames, 3);
+    assert_eq!(
+        ioc.stats.lan_rx,
+        lan_rx + 6,
+        "the header the check refused too"
+    );
     // Frames waiting when the queue closes, and its overflows, are counted as dropped.
     for _ in 0..3 {
-        nic.arrive(frame(own, LAN_PEER, 100));
+        nic.arrive(good.clone());
     }
     queue.drops.set(2);
-    let lan_rx = ioc.stats.lan_rx;
+    let (lan_rx, lan_dropped) = (ioc.stats.lan_rx, ioc.stats.lan_rx_dropped);
     ioc.unplace_rx(s);
     assert!(queue.shut.get() && queue.frames.borrow().is_empty());
     assert!(nic.host_queue(own).is_none());
     assert_eq!(host(&ioc, s).drops.ring_full, 5);
-    assert_eq!(ioc.stats.lan_rx, lan_rx + 5);
-    assert_eq!(queue.taken.get(), 2 + 3);
-    // Credit reopens it.
+    assert_eq!(ioc.stats.lan_rx, lan_rx + 3);
+    assert_eq!(ioc.stats.lan_rx_dropped, lan_dropped + 2);
+    // Placing it again (as credits do) reopens it; a SetMac to the MAC it has keeps it.
     ioc.place_rx(s);
+    let queue = nic.host_queue(own).expect("reopened");
+    nic.arrive(good.clone());
+    peer.link.session_mut().cfg_request(CfgCode::SetMac, &own);
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(queue.frames.borrow().len(), 1, "nothing discarded");
     assert!(nic.host_queue(own).is_some());
     assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
 }

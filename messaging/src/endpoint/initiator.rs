@@ -306,6 +306,11 @@ impl Initiator {
         })
     }
 
+    /// Whether a frame of `len` bytes goes inline (SendData) rather than into a pool.
+    pub fn goes_inline(&self, len: usize) -> bool {
+        len <= self.config.send_data_max
+    }
+
     /// Gives back an element [`Initiator::take_element`] took, unwritten.
     pub(crate) fn untake(&mut self, taken: Element) {
         if let Some(p) = self

@@ -355,6 +355,11 @@ impl<C: Channel> Link<C> {
                 self.stats.tx_bytes += n as u64;
                 self.stats.tx_in_place += 1;
             }
+            Some(InPlace::Inline(n)) => {
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += n as u64;
+                self.stats.tx_inline += 1;
+            }
             Some(InPlace::Dropped(_)) => self.stats.tx_too_large += 1,
             _ => {}
         }
@@ -376,7 +381,8 @@ impl<C: Channel> Link<C> {
         if let Some(Ok(b)) = &got {
             self.stats.tx_frames += b.posted as u64;
             self.stats.tx_bytes += b.bytes;
-            self.stats.tx_in_place += b.posted as u64;
+            self.stats.tx_in_place += (b.posted - b.inline) as u64;
+            self.stats.tx_inline += b.inline as u64;
             self.stats.tx_too_large += b.dropped as u64;
         }
         got

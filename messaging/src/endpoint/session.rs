@@ -9,10 +9,10 @@
 //! 4. drain [`Session::poll_transmit`] onto the channels, then flush the channels.
 
 use super::error::ProtocolError;
-use super::initiator::{Initiator, InitiatorConfig, Posted};
+use super::initiator::{send_data_prefix, Element, Initiator, InitiatorConfig, Posted};
 use super::outbox::{Lane, Outbox};
 use super::target::{Delivery, PoolGetOutcome, PoolSpec, Target, TargetConfig};
-use crate::adapter::Channel;
+use crate::adapter::{Channel, Op, Payload};
 use crate::memory::{DomainId, Frame, Handle, Registry, RegistryError, SendBuf, SharedBytes};
 use crate::wire::{self, CfgCode, ErrorCode, Message};
 
@@ -33,6 +33,9 @@ pub struct SessionConfig {
 pub enum InPlace<E> {
     /// Read, `n` bytes, and its write posted.
     Posted(usize),
+    /// Read, `n` bytes, few enough for SendData: copied into one, and the element went
+    /// back (a small frame costs no element and no credit, as on the send-buffer path).
+    Inline(usize),
     /// The read found nothing; the element went back.
     Empty,
     /// The read said the frame had more bytes than the element holds (it was cut short), so
@@ -49,8 +52,10 @@ pub struct Batch {
     pub offered: usize,
     /// Frames the read took (fewer than offered: it ran out of frames).
     pub read: usize,
-    /// Frames whose writes were posted.
+    /// Frames posted: their writes, or SendData for those few enough for it.
     pub posted: usize,
+    /// Of those, the ones sent inline (copied; their elements went back).
+    pub inline: usize,
     /// Their bytes.
     pub bytes: u64,
     /// Frames the read said were longer than their element (cut short): dropped.
@@ -301,6 +306,10 @@ impl Session {
                 self.initiator.untake(taken);
                 InPlace::Empty
             }
+            Ok(n) if self.initiator.goes_inline(n) => match self.post_inline(data, taken, n) {
+                true => InPlace::Inline(n),
+                false => InPlace::Dropped(n),
+            },
             Ok(n) => match self.initiator.post_placed(data, taken, n) {
                 true => InPlace::Posted(n),
                 false => InPlace::Dropped(n),
@@ -310,6 +319,20 @@ impl Session {
                 InPlace::Failed(e)
             }
         })
+    }
+
+    /// Posts the `len` bytes read into `taken` as SendData, copied out of the element, which
+    /// goes back. False when the element's bytes cannot be read (nothing posted).
+    fn post_inline<C: Channel>(&mut self, data: &mut C, taken: Element, len: usize) -> bool {
+        let mut frame = vec![0u8; len];
+        let copied = data
+            .peer_window(taken.addr, len)
+            .is_some_and(|w| w.copy_out(0, &mut frame).is_ok());
+        self.initiator.untake(taken);
+        if copied {
+            data.post(Op::Send, &send_data_prefix(len), Payload::Bytes(frame));
+        }
+        copied
     }
 
     /// Reads up to `max` frames straight into free elements of the peer's of at least `size`
@@ -363,8 +386,15 @@ impl Session {
                 self.initiator.untake(t);
                 continue;
             }
-            if self.initiator.post_placed(data, t, len) {
+            let small = self.initiator.goes_inline(len);
+            let posted = if small {
+                self.post_inline(data, t, len)
+            } else {
+                self.initiator.post_placed(data, t, len)
+            };
+            if posted {
                 batch.posted += 1;
+                batch.inline += usize::from(small);
                 batch.bytes += len as u64;
             } else {
                 batch.dropped += 1;

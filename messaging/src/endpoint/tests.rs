@@ -657,15 +657,22 @@ mod in_place {
         let before = p.a.link.session().initiator().credits();
         // A small frame, a large one, and one too long for idata's 16-bit length (the
         // write then goes with a BufferRDMAIndicate).
+        // The small one, few enough bytes for SendData, is copied into one and its element
+        // goes back.
         let frames = [frame(60, 1), frame(30_000, 2), frame(65_563, 3)];
         for (i, f) in frames.iter().enumerate() {
             let got = p.a.link.read_in_place(65_600, reads(f));
-            assert_eq!(got, Some(InPlace::Posted(f.len())));
-            assert_eq!(p.a.link.stats().tx_in_place, i as u64 + 1);
+            let want = match i {
+                0 => InPlace::Inline(60),
+                _ => InPlace::Posted(f.len()),
+            };
+            assert_eq!(got, Some(want));
+            assert_eq!(p.a.link.stats().tx_in_place, i as u64);
         }
+        assert_eq!(p.a.link.stats().tx_inline, 1);
         let ini = p.a.link.session().initiator();
-        assert_eq!(ini.credits(), before - 3);
-        assert_eq!(ini.inflight_bytes(), 60 + 30_000 + 65_563);
+        assert_eq!(ini.credits(), before - 2);
+        assert_eq!(ini.inflight_bytes(), 30_000 + 65_563);
         assert_eq!(p.a.link.stats().tx_frames, 3);
         p.drive().unwrap();
         assert_eq!(p.b.received, frames.to_vec());
@@ -705,13 +712,13 @@ mod in_place {
         let mut p = pair_shm_pools();
         // The large pool has 8 elements: 6 may be read into, 2 stay.
         for i in 0..6 {
-            let f = frame(100, i);
+            let f = frame(300, i);
             assert_eq!(
                 p.a.link.read_in_place(65_600, reads(&f)),
-                Some(InPlace::Posted(100))
+                Some(InPlace::Posted(300))
             );
         }
-        assert_eq!(p.a.link.read_in_place(65_600, reads(&frame(100, 9))), None);
+        assert_eq!(p.a.link.read_in_place(65_600, reads(&frame(300, 9))), None);
         assert_eq!(
             p.send(Side::A, &frame(60_000, 7)),
             Outcome::Rdma,
@@ -719,10 +726,10 @@ mod in_place {
         );
         p.drive().unwrap();
         assert_eq!(p.b.received.len(), 7);
-        let f = frame(100, 8);
+        let f = frame(300, 8);
         assert_eq!(
             p.a.link.read_in_place(65_600, reads(&f)),
-            Some(InPlace::Posted(100)),
+            Some(InPlace::Posted(300)),
             "once credits came back"
         );
     }
@@ -759,11 +766,13 @@ mod in_place {
                 .read_batch_in_place(65_600, 64, reads_batch(&frames));
         let b = got.unwrap().unwrap();
         assert_eq!(
-            (b.offered, b.read, b.posted, b.bytes, b.dropped),
-            (6, 3, 2, 40_060, 0)
+            (b.offered, b.read, b.posted, b.inline, b.bytes, b.dropped),
+            (6, 3, 2, 1, 40_060, 0)
         );
-        assert_eq!(p.a.link.session().initiator().credits(), before - 2);
-        assert_eq!(p.a.link.stats().tx_in_place, 2);
+        // The small frame went inline, its element back.
+        assert_eq!(p.a.link.session().initiator().credits(), before - 1);
+        assert_eq!(p.a.link.stats().tx_in_place, 1);
+        assert_eq!(p.a.link.stats().tx_inline, 1);
         p.drive().unwrap();
         assert_eq!(p.b.received, vec![frame(60, 1), frame(40_000, 2)]);
         // `max` caps the elements offered; a frame cut short is dropped, its element back.
