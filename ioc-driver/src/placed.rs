@@ -7,8 +7,10 @@
 //! The IOC reads the frames from that socket straight into free elements of the host's, a
 //! batch with one `recvmmsg(2)` ([`splitnet_messaging::endpoint::Link::read_batch_in_place`]),
 //! and posts the writes: each frame is copied once, by the kernel, where the general path
-//! copies it into a send buffer and again into the element. The socket's buffer is then the host's receive ring, first in,
-//! first out and bounded in bytes; its overflows are counted as the host's `rx_ring_full`.
+//! copies it into a send buffer and again into the element (a frame few enough bytes for
+//! SendData is copied into one, and its element goes back). The socket's buffer is then the
+//! host's receive ring, first in, first out and bounded in bytes; its overflows are counted
+//! as the host's `rx_ring_full` and as LAN frames the kernel dropped.
 //! Everything else for the host (group frames, tagged frames, frames from other hosts)
 //! takes the general path, which keeps a quarter of each pool's elements for itself.
 
@@ -187,6 +189,8 @@ impl Ioc {
                     progress = PlacedProgress::Drained;
                     break;
                 }
+                // The NIC went down (reported once): no frame was lost.
+                Some(Err(e)) if e.kind() == io::ErrorKind::NetworkDown => left -= 1,
                 // The kernel dropped a frame it could not hand over (an offload a
                 // virtio-net header cannot describe): counted, and on to the next.
                 Some(Err(e)) => {

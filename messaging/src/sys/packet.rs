@@ -249,30 +249,12 @@ impl PacketSocket {
     pub fn discard(&self) -> io::Result<usize> {
         // Room for each frame's virtio-net header, which the kernel refuses to cut (EINVAL).
         let mut heads = [[0u8; 16]; RECV_BATCH];
-        // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid before the fields
-        // are set.
-        let mut iovs: [libc::iovec; RECV_BATCH] = unsafe { std::mem::zeroed() };
-        let mut msgs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
-        for i in 0..RECV_BATCH {
-            iovs[i] = libc::iovec {
-                iov_base: heads[i].as_mut_ptr().cast(),
-                iov_len: heads[i].len(),
-            };
-            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-        }
-        // SAFETY: every entry of `msgs` points at its `iovs` entry, which names its `heads`
-        // entry, all valid, writable and unmoved for the whole call.
-        let got = cvt(unsafe {
-            libc::recvmmsg(
-                self.fd.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                RECV_BATCH as libc::c_uint,
-                libc::MSG_TRUNC,
-                std::ptr::null_mut(),
-            )
-        })?;
-        Ok(got as usize)
+        let mut iovs = heads.each_mut().map(|h| libc::iovec {
+            iov_base: h.as_mut_ptr().cast(),
+            iov_len: h.len(),
+        });
+        // SAFETY: each iovec names an entry of `heads`, writable and unmoved for the call.
+        unsafe { self.recv_each(&mut iovs, &mut [0; RECV_BATCH]) }
     }
 
     /// A second descriptor of this socket, to set its receive filter from another thread.
@@ -346,23 +328,38 @@ impl PacketSocket {
         dst: &[crate::memory::SharedBytes<'_>],
         lens: &mut [usize],
     ) -> io::Result<usize> {
-        let n = dst.len().min(lens.len()).min(RECV_BATCH);
-        // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid before the fields
-        // are set.
+        let n = dst.len().min(RECV_BATCH);
+        // SAFETY: iovec is plain old data; all-zero is valid before the fields are set.
         let mut iovs: [libc::iovec; RECV_BATCH] = unsafe { std::mem::zeroed() };
-        let mut msgs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
-        for i in 0..n {
-            let (base, len) = super::shared_range(&dst[i])?;
-            iovs[i] = libc::iovec {
+        for (iov, d) in iovs.iter_mut().zip(dst) {
+            let (base, len) = super::shared_range(d)?;
+            *iov = libc::iovec {
                 iov_base: base,
                 iov_len: len,
             };
-            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
         }
-        // SAFETY: the first `n` entries of `msgs` point at `iovs`, each a range inside a
-        // live slice of atomics (see `super::read_into`), valid and unmoved for the whole
-        // call; the kernel writes at most each range's length and the entries' `msg_len`.
+        // SAFETY: the first `n` iovecs each name a range inside a live slice of atomics (see
+        // `super::read_into`), valid for the call; the kernel's writes race only with the
+        // peer's, which changes bytes, not memory safety.
+        unsafe { self.recv_each(&mut iovs[..n], lens) }
+    }
+
+    /// Receives up to `iovs.len()` frames (at most [`RECV_BATCH`]) with one `recvmmsg(2)`
+    /// and `MSG_TRUNC`, each into its iovec; their whole lengths go to `lens`.
+    ///
+    /// # Safety
+    ///
+    /// Each iovec must name memory valid for writes of its length for the whole call.
+    unsafe fn recv_each(&self, iovs: &mut [libc::iovec], lens: &mut [usize]) -> io::Result<usize> {
+        let n = iovs.len().min(lens.len()).min(RECV_BATCH);
+        // SAFETY: mmsghdr is plain old data; all-zero is valid before the fields are set.
+        let mut msgs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()).take(n) {
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: the first `n` entries of `msgs` point at `iovs`, unmoved for the call, each
+        // naming writable memory (the caller's promise); the kernel fills at most `n`.
         let got = cvt(unsafe {
             libc::recvmmsg(
                 self.fd.as_raw_fd(),
@@ -372,8 +369,8 @@ impl PacketSocket {
                 std::ptr::null_mut(),
             )
         })? as usize;
-        for i in 0..got.min(n) {
-            lens[i] = msgs[i].msg_len as usize;
+        for (len, m) in lens.iter_mut().zip(&msgs).take(got.min(n)) {
+            *len = m.msg_len as usize;
         }
         Ok(got.min(n))
     }
