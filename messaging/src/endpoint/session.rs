@@ -306,19 +306,29 @@ impl Session {
                 self.initiator.untake(taken);
                 InPlace::Empty
             }
-            Ok(n) if self.initiator.goes_inline(n) => match self.post_inline(data, taken, n) {
-                true => InPlace::Inline(n),
-                false => InPlace::Dropped(n),
-            },
-            Ok(n) => match self.initiator.post_placed(data, taken, n) {
-                true => InPlace::Posted(n),
-                false => InPlace::Dropped(n),
+            Ok(n) => match self.post_read(data, taken, n) {
+                Some(true) => InPlace::Inline(n),
+                Some(false) => InPlace::Posted(n),
+                None => InPlace::Dropped(n),
             },
             Err(e) => {
                 self.initiator.untake(taken);
                 InPlace::Failed(e)
             }
         })
+    }
+
+    /// Posts the `len` bytes read into `taken`: as SendData when few enough for it (then
+    /// `Some(true)`), else as its placed write (`Some(false)`); `None` when dropped (longer
+    /// than the element, or unreadable).
+    fn post_read<C: Channel>(&mut self, data: &mut C, taken: Element, len: usize) -> Option<bool> {
+        let inline = self.initiator.goes_inline(len);
+        let posted = if inline {
+            self.post_inline(data, taken, len)
+        } else {
+            self.initiator.post_placed(data, taken, len)
+        };
+        posted.then_some(inline)
     }
 
     /// Posts the `len` bytes read into `taken` as SendData, copied out of the element, which
@@ -386,18 +396,13 @@ impl Session {
                 self.initiator.untake(t);
                 continue;
             }
-            let small = self.initiator.goes_inline(len);
-            let posted = if small {
-                self.post_inline(data, t, len)
-            } else {
-                self.initiator.post_placed(data, t, len)
-            };
-            if posted {
-                batch.posted += 1;
-                batch.inline += usize::from(small);
-                batch.bytes += len as u64;
-            } else {
-                batch.dropped += 1;
+            match self.post_read(data, t, len) {
+                Some(inline) => {
+                    batch.posted += 1;
+                    batch.inline += usize::from(inline);
+                    batch.bytes += len as u64;
+                }
+                None => batch.dropped += 1,
             }
         }
         Some(Ok(batch))
