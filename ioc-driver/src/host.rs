@@ -169,6 +169,8 @@ pub struct Host {
     pub placed: Option<Placed>,
     /// Opening that queue failed: its frames keep the general path (until its next MAC).
     pub place_failed: bool,
+    /// Its last own queue, shut, closed with the session (see [`crate::placed`]).
+    pub shut_queue: Option<Placed>,
     /// Its fabric address.
     pub peer: String,
     /// When it connected.
@@ -229,6 +231,7 @@ impl Host {
             ),
             placed: None,
             place_failed: false,
+            shut_queue: None,
             peer,
             since: Instant::now(),
         }

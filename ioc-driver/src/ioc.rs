@@ -617,6 +617,8 @@ impl Ioc {
     }
 
     fn remove_session(&mut self, session: u64, why: &str, err: Option<&LinkError>) {
+        // Its own LAN queue is closed with `host` at the end, once its MAC is free for a
+        // host that reconnects meanwhile.
         self.unplace_rx(session);
         let Some(mut host) = self.hosts.remove(&session) else {
             return;

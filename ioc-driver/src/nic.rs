@@ -269,8 +269,10 @@ pub mod fake {
     }
 
     impl HostRx for FakeHostRx {
+        /// Shut, it counts as closed (it takes nothing).
         fn shut(&self) -> io::Result<()> {
             self.q.shut.set(true);
+            self.open.lock().unwrap().retain(|m| *m != self.mac);
             Ok(())
         }
 

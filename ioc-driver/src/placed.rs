@@ -113,10 +113,13 @@ impl Ioc {
         }
     }
 
-    /// Closes host `session`'s own queue, if it has one, and gives its frames back to the
+    /// Shuts host `session`'s own queue, if it has one, and gives its frames back to the
     /// general path. The queue takes nothing from then on; the frames still in it are
     /// dropped and counted (`rx_ring_full`); those that arrive until the general sockets
-    /// take the MAC's frames again (a few microseconds) are lost.
+    /// take the MAC's frames again (a few microseconds) are lost. The shut queue is closed
+    /// with the session ([`crate::host::Host::shut_queue`]): closing a packet socket waits
+    /// for an RCU grace period of the kernel's, tens of milliseconds on a busy machine, which
+    /// would hold up the worker in the middle of its host's work.
     pub fn unplace_rx(&mut self, session: u64) {
         let Some(h) = self.hosts.get_mut(&session) else {
             return;
@@ -140,11 +143,11 @@ impl Ioc {
         self.stats.lan_rx += waiting;
         self.stats.lan_rx_dropped += overflowed;
         h.drop_rx_n(RxDrop::RingFull, waiting + overflowed);
-        let mac = p.mac;
-        // Shut above, so it takes nothing more even while a copy of its descriptor (the
-        // host's task's readiness) outlives this.
-        drop(p);
-        self.shard.unplace(mac);
+        // Shut above, so it takes nothing more while it stays open.
+        self.shard.unplace(p.mac);
+        if let Some(h) = self.hosts.get_mut(&session) {
+            h.shut_queue = Some(p);
+        }
     }
 
     /// Reads frames from host `session`'s own queue into its pools, while elements are free.
