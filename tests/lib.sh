@@ -33,6 +33,8 @@ IOC_PID=
 STOP_RC=
 WAITED_MS=
 declare -A HOST_PID
+. "$ROOT/tests/e2e-lock.sh"
+e2e_lock || exit 1
 
 # ---------------------------------------------------------------------------------------------
 # Reporting

@@ -62,6 +62,8 @@ e2e() {
     fi
     return $rc
 }
+. tests/e2e-lock.sh
+step "end-to-end lock (tests/e2e-lock.sh)" e2e_lock
 for t in tests/e2e/*.sh; do
     step "e2e $(basename "$t" .sh)" e2e "$t"
 done

@@ -17,12 +17,11 @@
 
 # TOOL:PACKAGE pairs: the command whose absence means the Debian package is missing.
 SETUP_DEMO_PKGS=(ip:iproute2 ss:iproute2 ping:iputils-ping iperf3:iperf3 python3:python3
-    pgrep:procps timeout:coreutils cc:gcc)
+    pgrep:procps timeout:coreutils cc:gcc flock:util-linux)
 SETUP_ALL_PKGS=("${SETUP_DEMO_PKGS[@]}" dnsmasq:dnsmasq-base dhclient:isc-dhcp-client
     ethtool:ethtool systemd-analyze:systemd shellcheck:shellcheck tshark:tshark
     mmdebstrap:mmdebstrap systemd-nspawn:systemd-container runuser:util-linux
-    nsenter:util-linux setpriv:util-linux findmnt:util-linux dpkg-deb:dpkg c++:g++
-    flock:util-linux)
+    nsenter:util-linux setpriv:util-linux findmnt:util-linux dpkg-deb:dpkg c++:g++)
 
 reexec_as_root() {
     [ "$(id -u)" = 0 ] && return 0
