@@ -167,8 +167,9 @@ pub struct Host {
     pub tx: Scheduler<SendBuf>,
     /// Its own queue of LAN frames, read straight into its pools ([`crate::placed`]).
     pub placed: Option<Placed>,
-    /// Opening that queue failed: its frames keep the general path (until its next MAC).
-    pub place_failed: bool,
+    /// Opening that queue failed: its frames keep the general path, and it is not tried
+    /// again before this time (or its next MAC).
+    pub place_retry: Option<Instant>,
     /// Its last own queue, shut, closed with the session (see [`crate::placed`]).
     pub shut_queue: Option<Placed>,
     /// Its fabric address.
@@ -230,7 +231,7 @@ impl Host {
                 Instant::now(),
             ),
             placed: None,
-            place_failed: false,
+            place_retry: None,
             shut_queue: None,
             peer,
             since: Instant::now(),

@@ -388,7 +388,7 @@ impl Ioc {
         if code == CfgCode::SetMac && wire::parse_mac(data).is_ok_and(|m| Some(m) != current) {
             self.unplace_rx(session);
             if let Some(h) = self.hosts.get_mut(&session) {
-                h.place_failed = false;
+                h.place_retry = None;
             }
         }
         // The first queue reports the counters of all the host's queues together.

@@ -24,6 +24,7 @@ use splitnet_messaging::vnet;
 use splitnet_messaging::wire::Queue;
 use std::io;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// The room a frame from the socket may need: an untagged GRO super-frame of 64 KiB of IPv6
@@ -37,6 +38,11 @@ const BUDGET: usize = 64;
 const BATCH: usize = 16;
 /// Most frames discarded from a queue as it closes (its buffer holds fewer).
 const MAX_DISCARD: u64 = 1 << 16;
+/// How long a host whose queue could not be opened keeps the general path before the next
+/// try. The causes pass (a worker still starting, a MAC its last session still holds, the
+/// exclusion table full until a host leaves, a socket the kernel could not open), and a try
+/// costs the workers' directory lock and a few system calls, so it is not made per credit.
+pub const PLACE_RETRY: Duration = Duration::from_secs(1);
 
 /// A host's own queue of LAN frames.
 #[derive(Debug)]
@@ -67,7 +73,8 @@ impl Ioc {
     /// straight into its pools: its only queue, over shared memory, with a pool that can
     /// always lend an element for any frame of the NIC's. Called whenever that may have
     /// become true (the host connected, changed its MAC, advertised pools or credits);
-    /// until then, or when the NIC cannot, its frames keep the general path.
+    /// until then, or when the NIC cannot, its frames keep the general path. A failed try
+    /// is made again, when one of those happens, [`PLACE_RETRY`] later.
     pub fn place_rx(&mut self, session: u64) {
         let Some(h) = self.hosts.get_mut(&session) else {
             return;
@@ -77,7 +84,7 @@ impl Ioc {
         };
         if h.queue != Queue::SINGLE
             || h.placed.is_some()
-            || h.place_failed
+            || h.place_retry.is_some_and(|t| Instant::now() < t)
             || !link.places_writes()
             || !link.session().initiator().may_take(FRAME_MAX)
         {
@@ -85,7 +92,7 @@ impl Ioc {
         }
         let mac = h.mac;
         if self.by_mac.get(&mac) != Some(&session) || !self.shard.place(mac) {
-            h.place_failed = true;
+            h.place_retry = Some(Instant::now() + PLACE_RETRY);
             return;
         }
         let opened = self.nic.host_rx(mac).and_then(|rx| {
@@ -101,14 +108,18 @@ impl Ioc {
             Ok(p) => {
                 debug!(session, "LAN frames for the host are read into its pools");
                 h.placed = Some(p);
+                h.place_retry = None;
             }
             Err(e) => {
-                h.place_failed = true;
+                let now = Instant::now();
+                h.place_retry = Some(now + PLACE_RETRY);
                 self.shard.unplace(mac);
-                warn!(
-                    session,
-                    "LAN frames for the host take the general path: {e}"
-                );
+                if let Some(held) = h.log.allow(now) {
+                    warn!(
+                        session,
+                        "LAN frames for the host take the general path: {e} ({held} more lines held back since the last report)"
+                    );
+                }
             }
         }
     }

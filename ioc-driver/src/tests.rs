@@ -17,6 +17,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::pin::pin;
 use std::task::{Context, Waker};
+use std::time::{Duration, Instant};
 
 fn config(extra: &str) -> splitnet_config::IocConfig {
     let text =
@@ -164,7 +165,7 @@ fn connect_shm_with(ioc: &mut Ioc, node_id: u64, config: SessionConfig) -> (u64,
         .enable_all()
         .build()
         .unwrap();
-    let timeout = std::time::Duration::from_secs(5);
+    let timeout = Duration::from_secs(5);
     let max = wire::MAX_MESSAGE_LEN;
     let (hc, ic, hd, id) = rt.block_on(async {
         let (hc, ic) = tokio::join!(
@@ -210,7 +211,7 @@ fn pump(ioc: &mut Ioc, peer: &mut Peer, session: u64, read_data: bool) {
         if let Some(h) = hosts.get_mut(&session) {
             let _ = h.flush(cache);
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -1026,11 +1027,32 @@ fn every_worker_excludes_a_placed_mac_and_a_worker_that_cannot_keeps_it_general(
     assert_eq!(excluded(&w, 1), vec![own]);
     w[1].0.remove_host(s, "test", None);
     assert!(excluded(&w, 0).is_empty() && excluded(&w, 1).is_empty());
-    // An IOC whose workers have not all said how to exclude places nothing.
-    let shard = crate::shard::Shard::set(2).remove(0).0;
+    // An IOC whose workers have not all said how to exclude places nothing...
+    let mut shards = crate::shard::Shard::set(2).into_iter();
+    let shard = shards.next().expect("two shards").0;
     let nic = FakeNic::default();
     let mut ioc = Ioc::worker(config(""), Box::new(nic.clone()), 1500, true, shard);
+    let before = Instant::now();
     let (s, _peer) = connect_shm_with(&mut ioc, 3, large_pools());
-    assert!(nic.host_queue(mac(&ioc, s)).is_none());
+    let own = mac(&ioc, s);
+    assert!(nic.host_queue(own).is_none());
     assert!(nic.excluded.lock().unwrap().is_empty());
+    let due = host(&ioc, s).place_retry.expect("a retry is due");
+    assert!(due >= before + crate::placed::PLACE_RETRY);
+    // ...and tries again, when its time has come, once the other worker excludes too.
+    let (shard, _inbox) = shards.next().expect("two shards");
+    let other = FakeNic::default();
+    let _worker = Ioc::worker(config(""), Box::new(other.clone()), 1500, true, shard);
+    let retry_at = |ioc: &mut Ioc, t| ioc.hosts.get_mut(&s).expect("host").place_retry = Some(t);
+    retry_at(&mut ioc, Instant::now() + Duration::from_secs(3600));
+    ioc.place_rx(s);
+    assert!(nic.host_queue(own).is_none(), "tried before its time");
+    retry_at(&mut ioc, Instant::now());
+    ioc.place_rx(s);
+    assert!(
+        nic.host_queue(own).is_some(),
+        "placed once every worker excludes"
+    );
+    assert_eq!(*other.excluded.lock().unwrap(), vec![own]);
+    assert_eq!(host(&ioc, s).place_retry, None);
 }
