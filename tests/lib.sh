@@ -139,6 +139,11 @@ cleanup() {
     # `timeout` signals the whole process group again while this runs: finish the cleanup.
     trap '' TERM INT
     topo_down || rc=1
+    if [ "$rc" = 0 ] && [ -s "$T/broken-checks" ]; then
+        echo "FAIL: a check's query of a daemon failed on its answer (ctl_json):" >&2
+        cat "$T/broken-checks" >&2
+        rc=1
+    fi
     if [ "${KEEP_LOGS:-0}" = 1 ]; then echo "logs kept in $T" >&2; else rm -rf "$T"; fi
     exit "$rc"
 }
@@ -403,9 +408,21 @@ eventually() {
 }
 
 # ctl_json SOCKET COMMAND PYTHON-EXPRESSION: a daemon's splitnetctl answer (--json) to
-# COMMAND, evaluated as `d` by the expression (e.g. "d['stats']['drops']").
+# COMMAND, evaluated as `d` by the expression (e.g. "d['stats']['drops']"). Fails when the
+# daemon does not answer (a test may wait for that). An expression that fails on an answer
+# is a broken check, whose empty output could pass a comparison: it is recorded, and the
+# test fails at its end (cleanup) even if nothing else did.
 ctl_json() {
-    "$BIN/splitnetctl" -s "$1" --json "$2" | python3 -c "import json, sys; d = json.load(sys.stdin); print($3)"
+    local answer
+    answer=$("$BIN/splitnetctl" -s "$1" --json "$2") || return 1
+    python3 -c "import json, sys
+d = json.load(sys.stdin)
+try:
+    print($3)
+except Exception as e:
+    with open(sys.argv[1], 'a') as f:
+        f.write('%s: %r on the answer to %s\n' % (sys.argv[2], e, sys.argv[3]))
+    raise" "$T/broken-checks" "$3" "$2" <<<"$answer"
 }
 
 # fds PID / rss_kib PID: open descriptors and resident memory of a process.
