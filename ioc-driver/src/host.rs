@@ -6,7 +6,7 @@
 //! loses its own frames, counted against it; it can never take another host's buffers, and
 //! a full socket of its own is waited on by its own task only.
 
-use crate::placed::Placed;
+use crate::placed::{PlaceRetry, Placed};
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
 use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
@@ -167,9 +167,9 @@ pub struct Host {
     pub tx: Scheduler<SendBuf>,
     /// Its own queue of LAN frames, read straight into its pools ([`crate::placed`]).
     pub placed: Option<Placed>,
-    /// Opening that queue failed: its frames keep the general path, and it is not tried
-    /// again before this time (or its next MAC).
-    pub place_retry: Option<Instant>,
+    /// Opening that queue failed: its frames keep the general path until this retry (or
+    /// its next MAC).
+    pub place_retry: Option<PlaceRetry>,
     /// Its last own queue, shut, closed with the session (see [`crate::placed`]).
     pub shut_queue: Option<Placed>,
     /// Its fabric address.

@@ -237,6 +237,8 @@ pub mod fake {
         /// Times a host's queue was open while its MAC was not excluded (the kernel would
         /// have given its frames to both sockets).
         pub violations: Arc<AtomicUsize>,
+        /// Opening a host's queue fails (as when the kernel refuses a socket).
+        pub refuse_host_rx: Rc<Cell<bool>>,
     }
 
     /// A host's own queue of frames.
@@ -432,6 +434,9 @@ pub mod fake {
         }
 
         fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
+            if self.refuse_host_rx.get() {
+                return Err(io::Error::other("the kernel refused a socket"));
+            }
             if !self.excluded.lock().unwrap().contains(&mac) {
                 self.violations.fetch_add(1, Ordering::Relaxed);
             }

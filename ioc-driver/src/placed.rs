@@ -38,11 +38,34 @@ const BUDGET: usize = 64;
 const BATCH: usize = 16;
 /// Most frames discarded from a queue as it closes (its buffer holds fewer).
 const MAX_DISCARD: u64 = 1 << 16;
-/// How long a host whose queue could not be opened keeps the general path before the next
-/// try. The causes pass (a worker still starting, a MAC its last session still holds, the
-/// exclusion table full until a host leaves, a socket the kernel could not open), and a try
-/// costs the workers' directory lock and a few system calls, so it is not made per credit.
+/// How long a host whose queue could not be had keeps the general path before its first
+/// next try. Most causes pass (a worker still starting, a MAC its last session still holds,
+/// the exclusion table full until a host leaves); one that lasts (a socket the kernel keeps
+/// refusing) doubles the wait each time, up to [`PLACE_RETRY_MAX`]: a try refilters every
+/// worker's socket twice.
 pub const PLACE_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two tries.
+pub const PLACE_RETRY_MAX: Duration = Duration::from_secs(64);
+
+/// When a host whose queue could not be had tries again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlaceRetry {
+    /// Not before then.
+    pub at: Instant,
+    /// The wait that set `at`.
+    pub wait: Duration,
+}
+
+impl PlaceRetry {
+    /// The retry after a failed try at `now`, given the one before it.
+    fn after(last: Option<PlaceRetry>, now: Instant) -> PlaceRetry {
+        let wait = last.map_or(PLACE_RETRY, |r| (r.wait * 2).min(PLACE_RETRY_MAX));
+        PlaceRetry {
+            at: now + wait,
+            wait,
+        }
+    }
+}
 
 /// A host's own queue of LAN frames.
 #[derive(Debug)]
@@ -74,7 +97,7 @@ impl Ioc {
     /// always lend an element for any frame of the NIC's. Called whenever that may have
     /// become true (the host connected, changed its MAC, advertised pools or credits);
     /// until then, or when the NIC cannot, its frames keep the general path. A failed try
-    /// is made again, when one of those happens, [`PLACE_RETRY`] later.
+    /// is made again, when one of those happens, [`PLACE_RETRY`] later, then less often.
     pub fn place_rx(&mut self, session: u64) {
         let Some(h) = self.hosts.get_mut(&session) else {
             return;
@@ -84,7 +107,7 @@ impl Ioc {
         };
         if h.queue != Queue::SINGLE
             || h.placed.is_some()
-            || h.place_retry.is_some_and(|t| Instant::now() < t)
+            || h.place_retry.is_some_and(|r| Instant::now() < r.at)
             || !link.places_writes()
             || !link.session().initiator().may_take(FRAME_MAX)
         {
@@ -92,7 +115,7 @@ impl Ioc {
         }
         let mac = h.mac;
         if self.by_mac.get(&mac) != Some(&session) || !self.shard.place(mac) {
-            h.place_retry = Some(Instant::now() + PLACE_RETRY);
+            h.place_retry = Some(PlaceRetry::after(h.place_retry, Instant::now()));
             return;
         }
         let opened = self.nic.host_rx(mac).and_then(|rx| {
@@ -111,15 +134,13 @@ impl Ioc {
                 h.place_retry = None;
             }
             Err(e) => {
-                let now = Instant::now();
-                h.place_retry = Some(now + PLACE_RETRY);
+                let retry = PlaceRetry::after(h.place_retry, Instant::now());
+                h.place_retry = Some(retry);
                 self.shard.unplace(mac);
-                if let Some(held) = h.log.allow(now) {
-                    warn!(
-                        session,
-                        "LAN frames for the host take the general path: {e} ({held} more lines held back since the last report)"
-                    );
-                }
+                warn!(
+                    session,
+                    "LAN frames for the host take the general path for {:?}: {e}", retry.wait
+                );
             }
         }
     }

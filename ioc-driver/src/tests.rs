@@ -4,7 +4,7 @@
 use crate::host::Host;
 use crate::ioc::Ioc;
 use crate::nic::fake::FakeNic;
-use crate::placed::PlacedProgress;
+use crate::placed::{PlacedProgress, PLACE_RETRY, PLACE_RETRY_MAX};
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
 use splitnet_messaging::fabric::FabricChannel;
@@ -1037,17 +1037,16 @@ fn every_worker_excludes_a_placed_mac_and_a_worker_that_cannot_keeps_it_general(
     let own = mac(&ioc, s);
     assert!(nic.host_queue(own).is_none());
     assert!(nic.excluded.lock().unwrap().is_empty());
-    let due = host(&ioc, s).place_retry.expect("a retry is due");
-    assert!(due >= before + crate::placed::PLACE_RETRY);
+    let due = host(&ioc, s).place_retry.expect("a retry is due").at;
+    assert!(due >= before + PLACE_RETRY);
     // ...and tries again, when its time has come, once the other worker excludes too.
     let (shard, _inbox) = shards.next().expect("two shards");
     let other = FakeNic::default();
     let _worker = Ioc::worker(config(""), Box::new(other.clone()), 1500, true, shard);
-    let retry_at = |ioc: &mut Ioc, t| ioc.hosts.get_mut(&s).expect("host").place_retry = Some(t);
-    retry_at(&mut ioc, Instant::now() + Duration::from_secs(3600));
+    retry_at(&mut ioc, s, Instant::now() + Duration::from_secs(3600));
     ioc.place_rx(s);
     assert!(nic.host_queue(own).is_none(), "tried before its time");
-    retry_at(&mut ioc, Instant::now());
+    retry_at(&mut ioc, s, Instant::now());
     ioc.place_rx(s);
     assert!(
         nic.host_queue(own).is_some(),
@@ -1055,4 +1054,60 @@ fn every_worker_excludes_a_placed_mac_and_a_worker_that_cannot_keeps_it_general(
     );
     assert_eq!(*other.excluded.lock().unwrap(), vec![own]);
     assert_eq!(host(&ioc, s).place_retry, None);
+}
+
+/// Moves host `s`'s next try at its own queue to `at`.
+fn retry_at(ioc: &mut Ioc, s: u64, at: Instant) {
+    let h = ioc.hosts.get_mut(&s).expect("host");
+    h.place_retry.as_mut().expect("a retry").at = at;
+}
+
+#[test]
+fn a_host_whose_queue_cannot_be_opened_keeps_the_general_path_and_tries_again_less_often() {
+    let (mut ioc, nic) = ioc_with("");
+    nic.refuse_host_rx.set(true);
+    let before = Instant::now();
+    let (s, mut peer) = connect_shm_with(&mut ioc, 3, large_pools());
+    let own = mac(&ioc, s);
+    // Its frames stay with the general socket, which takes them again at once.
+    assert!(nic.host_queue(own).is_none());
+    assert!(nic.excluded.lock().unwrap().is_empty());
+    let first = host(&ioc, s).place_retry.expect("a retry");
+    assert_eq!(first.wait, PLACE_RETRY);
+    assert!(first.at >= before + PLACE_RETRY);
+    from_lan(&mut ioc, &nic, own, 4);
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(peer.frames, 4, "the general path delivers");
+    assert_eq!(
+        host(&ioc, s).place_retry,
+        Some(first),
+        "credits before its time"
+    );
+    // Its time come, the credits its reads give back try again; refused, it waits longer
+    // each time, up to PLACE_RETRY_MAX.
+    let mut waits = Vec::new();
+    for _ in 0..7 {
+        retry_at(&mut ioc, s, Instant::now());
+        from_lan(&mut ioc, &nic, own, 4);
+        pump(&mut ioc, &mut peer, s, true);
+        waits.push(host(&ioc, s).place_retry.expect("a retry").wait.as_secs());
+    }
+    assert_eq!(waits, [2, 4, 8, 16, 32, 64, 64]);
+    assert_eq!(PLACE_RETRY_MAX.as_secs(), 64);
+    assert_eq!(peer.frames, 32);
+    assert!(nic.excluded.lock().unwrap().is_empty());
+    // Once the socket can be had, the next credits place it.
+    nic.refuse_host_rx.set(false);
+    retry_at(&mut ioc, s, Instant::now());
+    from_lan(&mut ioc, &nic, own, 4);
+    pump(&mut ioc, &mut peer, s, true);
+    assert!(nic.host_queue(own).is_some(), "placed");
+    assert_eq!(host(&ioc, s).place_retry, None);
+    assert_eq!(*nic.excluded.lock().unwrap(), vec![own]);
+    nic.arrive(frame(own, LAN_PEER, 1400));
+    assert!(
+        nic.rx.borrow().is_empty(),
+        "the host's frames reach its own queue"
+    );
+    assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
