@@ -33,8 +33,6 @@ IOC_PID=
 STOP_RC=
 WAITED_MS=
 declare -A HOST_PID
-. "$ROOT/tests/e2e-lock.sh"
-e2e_lock || exit 1
 
 # ---------------------------------------------------------------------------------------------
 # Reporting
@@ -139,7 +137,7 @@ cleanup() {
     # `timeout` signals the whole process group again while this runs: finish the cleanup.
     trap '' TERM INT
     topo_down || rc=1
-    if [ "$rc" = 0 ] && [ -s "$T/broken-checks" ]; then
+    if [ -s "$T/broken-checks" ]; then
         echo "FAIL: a check's query of a daemon failed on its answer (ctl_json):" >&2
         cat "$T/broken-checks" >&2
         rc=1
@@ -148,6 +146,9 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
+# One run at a time (tests/e2e-lock.sh); without root, the test's need_root says so.
+. "$ROOT/tests/e2e-lock.sh"
+if [ "$(id -u)" = 0 ]; then e2e_lock || exit 1; fi
 
 # ---------------------------------------------------------------------------------------------
 # The reference topology

@@ -62,10 +62,16 @@ e2e() {
     fi
     return $rc
 }
+# Without the lock, the tests are not run: each would wait for it again.
+not_run() { echo "FAIL: not run: no end-to-end lock"; return 1; }
 . tests/e2e-lock.sh
 step "end-to-end lock (tests/e2e-lock.sh)" e2e_lock
 for t in tests/e2e/*.sh; do
-    step "e2e $(basename "$t" .sh)" e2e "$t"
+    if [ -n "${SPLITNET_E2E_LOCKED:-}" ]; then
+        step "e2e $(basename "$t" .sh)" e2e "$t"
+    else
+        step "e2e $(basename "$t" .sh)" not_run
+    fi
 done
 echo
 echo "== summary"

@@ -5,7 +5,8 @@
 need_root; need_tool ip ping ss; need_daemons
 topo_up 1 9000; start_ioc; start_host 1
 wait_carrier sd-host up 10
-eventually 3 test "$(sd0_mtu sd-host)" = 9000 || true
+mtu_is() { [ "$(sd0_mtu "$1")" = "$2" ]; }
+eventually 3 mtu_is sd-host 9000 || true
 assert_eq "$(sd0_mtu sd-host)" 9000 "sd0's MTU with a 9000-byte LAN"
 ping_ok sd-host 10.50.0.2 -M 'do' -s 8972
 ping_ok sd-lan 10.50.0.1 -M 'do' -s 8972

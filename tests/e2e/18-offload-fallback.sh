@@ -40,7 +40,7 @@ eventually 3 grep -q "IOC does not take checksum/segmentation offloads" "$T/host
     fail "host did not fall back when the IOC refused offloads"
 off=$(ip netns exec sd-host ethtool -k sd0 | awk '/^tcp-segmentation-offload:/{print $2}')
 assert_eq "$off" off "sd0 TSO after the IOC refused offloads"
-assert_eq "$("$BIN/splitnetctl" -s "$T/ioc.sock" --json hosts | python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"]["hosts"][0]["offloads"])')" \
+assert_eq "$(ctl_json "$T/ioc.sock" hosts "d['hosts']['hosts'][0]['offloads']")" \
     "['vnet_hdr']" "features the IOC agreed with the host"
 tx=$(iperf sd-host 10.50.0.2 5276 -t 2) || fail "IOC without offloads: tx"
 rx=$(iperf sd-host 10.50.0.2 5277 -t 2 -R) || fail "IOC without offloads: rx"

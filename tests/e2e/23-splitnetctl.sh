@@ -13,9 +13,7 @@ ping_ok sd-host 10.50.0.2
 ping_ok sd-host2 10.50.0.2
 
 # json SOCKET COMMAND PYTHON-EXPRESSION: evaluates the expression on the reply (as `d`).
-json() {
-    "$CTL" -s "$1" --json "$2" | python3 -c "import json, sys; d = json.load(sys.stdin); print($3)"
-}
+json() { ctl_json "$@"; }
 
 # --- status ------------------------------------------------------------------------------
 out=$("$CTL" -s "$T/host1.sock" status) || fail "splitnetctl status (host): $out"
@@ -52,7 +50,10 @@ before=$(json "$T/host1.sock" stats "d['stats']['fabric']['tx']['frames']")
 ip netns exec sd-host ping -c 20 -i 0.01 -W 1 10.50.0.2 >/dev/null || fail "ping burst"
 after=$(json "$T/host1.sock" stats "d['stats']['fabric']['tx']['frames']")
 assert_ge "$after" $((before + 20)) "host tx frames after 20 pings"
-eventually 3 sh -c "[ \"\$('$CTL' -s '$T/host1.sock' --json stats | python3 -c 'import json,sys; d=json.load(sys.stdin); print((d[\"stats\"][\"ioc\"] or {}).get(\"rx\", {}).get(\"frames\", 0))')\" -ge 20 ]" ||
+ioc_rx_at_least() {
+    [ "$(json "$T/host1.sock" stats "(d['stats']['ioc'] or {}).get('rx', {}).get('frames', 0)")" -ge "$1" ]
+}
+eventually 3 ioc_rx_at_least 20 ||
     fail "the IOC's counters for host 1 (GetStats) did not reach splitnetctl"
 nic_tx=$(json "$T/ioc.sock" stats "d['stats']['nic']['tx']['frames']")
 kernel_tx=$(ip netns exec sd-ioc cat /sys/class/net/lan0/statistics/tx_packets)

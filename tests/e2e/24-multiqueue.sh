@@ -19,11 +19,7 @@ wait_carrier sd-host2 up 10
 
 # json COMMAND PYTHON-EXPRESSION over the IOC's reply (as `d`; `mine` = host 1's sessions).
 json() {
-    "$CTL" -s "$T/ioc.sock" --json "$1" | python3 -c "
-import json, sys
-d = json.load(sys.stdin)
-mine = sorted((h for h in d['hosts']['hosts'] if h['mac'] == '$(link_mac sd-host sd0)'), key=lambda h: h['queue'])
-print($2)"
+    ctl_json "$T/ioc.sock" "$1" "(lambda mine: $2)(sorted((h for h in d['hosts']['hosts'] if h['mac'] == '$(link_mac sd-host sd0)'), key=lambda h: h['queue']))"
 }
 
 # sessions: how many sessions the IOC serves for host 1.
@@ -32,8 +28,7 @@ sessions() { json hosts "len(mine)"; }
 # least N frames delivered to it.
 host_sees_ioc_tx_at_least() {
     local n
-    n=$("$CTL" -s "$T/host1.sock" --json stats |
-        python3 -c 'import json, sys; c = json.load(sys.stdin)["stats"]["ioc"]; print(c["tx"]["frames"] if c else 0)')
+    n=$(ctl_json "$T/host1.sock" stats "d['stats']['ioc']['tx']['frames'] if d['stats']['ioc'] else 0")
     [ "$n" -ge "$1" ]
 }
 three_sessions() { [ "$(sessions)" = 3 ]; }
@@ -44,8 +39,7 @@ host_counts_all_queues() {
     local ioc_rx ioc_tx host host_tx host_rx
     ioc_rx=$(json hosts "sum(h['counters']['rx']['frames'] for h in mine)")
     ioc_tx=$(json hosts "sum(h['counters']['tx']['frames'] for h in mine)")
-    host=$("$CTL" -s "$T/host1.sock" --json stats |
-        python3 -c 'import json, sys; f = json.load(sys.stdin)["stats"]["fabric"]; print(f["tx"]["frames"], f["rx"]["frames"])')
+    host=$(ctl_json "$T/host1.sock" stats "'%d %d' % (d['stats']['fabric']['tx']['frames'], d['stats']['fabric']['rx']['frames'])")
     read -r host_tx host_rx <<<"$host"
     [ "$host_tx" -ge "$ioc_rx" ] && [ $((host_rx * 10)) -ge $((ioc_tx * 9)) ]
 }

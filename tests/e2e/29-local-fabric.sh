@@ -117,7 +117,8 @@ assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 6 "host 1's
 with_host1=$(packet_sockets)
 stop_host 1 TERM
 assert_eq "$STOP_RC" 0 "host 1's exit status after SIGTERM"
-eventually 5 [ "$(json status "d['status']['fabric']['hosts']")" = 2 ] || fail "host 1 still listed"
+hosts_listed() { [ "$(json status "d['status']['fabric']['hosts']")" = "$1" ]; }
+eventually 5 hosts_listed 2 || fail "host 1 still listed"
 assert_grep "$T/ioc.log" "host removed: host disconnected \(ShuttingDown\)" "the IOC's reason for host 1's leaving"
 # Its pools were flushed first: the IOC's flush replies came back through the control ring.
 assert_grep "$T/host1.log" "pools flushed" "host 1's flush with the IOC before leaving"

@@ -18,6 +18,7 @@ sd0() {
 }
 # transport: how the IOC sees its one host.
 transport() { json hosts "d['hosts']['hosts'][0]['address'] if d['hosts']['hosts'] else ''"; }
+came_back() { [ -n "$(transport)" ]; }
 topo_up 1; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
@@ -31,7 +32,7 @@ for conf in "$T/host-shm.toml" "$HOST_CONF"; do
     assert_eq "$STOP_RC" 0 "host-driver's exit status"
     HOST_CONF=$conf start_host 1
     wait_carrier sd-host up 5
-    eventually 5 [ -n "$(transport)" ] || fail "the host did not come back"
+    eventually 5 came_back || fail "the host did not come back"
     log "over $(transport) after $((WAITED_MS)) ms"
     assert_eq "$(sd0)" "$before" "sd0 across the move"
     sleep 3

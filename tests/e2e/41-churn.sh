@@ -24,7 +24,8 @@ wait $good || fail "the good host's iperf3 was interrupted"
 log "good host during the churn: $(cat "$T/good.rate") Gb/s"
 assert_no_grep "$T/host1.log" "fabric lost|connection lost" "the good host reconnected"
 # Sessions whose data channel never came are dropped after the handshake timeout.
-eventually 5 [ "$(json status "d['status']['fabric']['hosts']")" = 1 ] || fail "sessions left behind"
+hosts_listed() { [ "$(json status "d['status']['fabric']['hosts']")" = "$1" ]; }
+eventually 5 hosts_listed 1 || fail "sessions left behind"
 in_use=$(json stats "d['stats']['send_buffers'][0]")
 quota=$(json hosts "d['hosts']['hosts'][0]['buffer_quota']")
 log "send buffers in use: $in_use (the good host's quota: $quota)"
