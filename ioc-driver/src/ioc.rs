@@ -16,6 +16,7 @@ use splitnet_messaging::endpoint::{
 };
 use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{Registry, SendBufCache};
+use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::service::notify;
 use splitnet_messaging::wire::{self, features, fmt_mac, CfgCode, ErrorCode, Queue, Stats};
 use std::collections::hash_map::RandomState;
@@ -63,6 +64,9 @@ pub struct IocStats {
     pub lan_rx_dropped: u64,
     /// Frames the NIC refused.
     pub lan_tx_errors: u64,
+    /// NIC frames the kernel could not hand over (an offload a virtio-net header cannot
+    /// describe): read and lost.
+    pub lan_rx_unreadable: u64,
     /// Hosts disconnected for protocol errors.
     pub protocol_errors: u64,
     /// Hosts disconnected for protection errors.
@@ -98,6 +102,8 @@ pub struct Ioc {
     pub quota: usize,
     /// Drops counted against the hosts that left.
     pub past_drops: Drops,
+    /// Rate of the log lines the NIC's receive causes.
+    pub log: LogLimit,
     /// Source MACs any host may use besides its own (`lan.extra_source_macs`).
     pub extra_macs: Vec<[u8; 6]>,
     /// Connected hosts by session id.
@@ -164,6 +170,7 @@ impl Ioc {
             cache: SendBufCache::new(wire::MAX_SEND_DATA, buffers),
             quota,
             past_drops: Drops::default(),
+            log: LogLimit::new(crate::host::LOG_INTERVAL),
             extra_macs: cfg.lan.extra_source_macs.iter().map(|m| m.0).collect(),
             hosts: BTreeMap::new(),
             by_mac: HashMap::new(),

@@ -239,6 +239,9 @@ pub mod fake {
         pub violations: Arc<AtomicUsize>,
         /// Opening a host's queue fails (as when the kernel refuses a socket).
         pub refuse_host_rx: Rc<Cell<bool>>,
+        /// The next reads of `rx` fail, each taking its frame, as when the kernel cannot
+        /// hand a frame over.
+        pub unreadable: Rc<Cell<usize>>,
     }
 
     /// A host's own queue of frames.
@@ -398,6 +401,10 @@ pub mod fake {
                 .borrow_mut()
                 .pop_front()
                 .ok_or(io::ErrorKind::WouldBlock)?;
+            if self.unreadable.get() > 0 {
+                self.unreadable.set(self.unreadable.get() - 1);
+                return Err(io::ErrorKind::InvalidInput.into());
+            }
             let n = frame.len().min(buf.len());
             buf[..n].copy_from_slice(&frame[..n]);
             Ok(n)

@@ -179,6 +179,7 @@ impl IocStats {
         self.lan_filtered += o.lan_filtered;
         self.lan_rx_dropped += o.lan_rx_dropped;
         self.lan_tx_errors += o.lan_tx_errors;
+        self.lan_rx_unreadable += o.lan_rx_unreadable;
         self.protocol_errors += o.protocol_errors;
         self.protection_errors += o.protection_errors;
         self.handshake_failures += o.handshake_failures;
@@ -304,7 +305,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 15] = [
+    let totals: [(&str, &str, &str, u64); 16] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
@@ -346,6 +347,12 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "counter",
             "Frames the NIC refused.",
             s.lan_tx_errors,
+        ),
+        (
+            "splitnet_ioc_lan_rx_unreadable_total",
+            "counter",
+            "NIC frames the kernel could not hand over (an offload a virtio-net header cannot describe).",
+            s.lan_rx_unreadable,
         ),
         (
             "splitnet_ioc_protocol_errors_total",

@@ -1,6 +1,7 @@
 //! The IOC's forwarding, quotas and session ends, with hosts over loopback TCP and a NIC
 //! made of queues: no root, no interface.
 
+use crate::forward::LanProgress;
 use crate::host::Host;
 use crate::ioc::Ioc;
 use crate::nic::fake::FakeNic;
@@ -1110,4 +1111,31 @@ fn a_host_whose_queue_cannot_be_opened_keeps_the_general_path_and_tries_again_le
         "the host's frames reach its own queue"
     );
     assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_nic_frame_the_kernel_cannot_hand_over_is_counted_and_the_frames_behind_it_are_read() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect(&mut ioc, 1, false, 128);
+    let own = mac(&ioc, s);
+    for _ in 0..4 {
+        nic.rx.borrow_mut().push_back(frame(own, LAN_PEER, 1400));
+    }
+    nic.unreadable.set(1);
+    let lan_rx = ioc.stats.lan_rx;
+    // The failed read does not say the socket is empty: the worker reads again.
+    assert_eq!(ioc.drive_lan(), LanProgress::Budget);
+    assert_eq!(ioc.stats.lan_rx_unreadable, 1);
+    assert_eq!(ioc.drive_lan(), LanProgress::Drained);
+    assert!(nic.rx.borrow().is_empty());
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(peer.frames, 3, "the frames behind it");
+    assert_eq!(
+        ioc.stats.lan_rx,
+        lan_rx + 4,
+        "the lost frame counted as read"
+    );
+    assert!(ioc
+        .metrics_text()
+        .contains("splitnet_ioc_lan_rx_unreadable_total 1"));
 }
