@@ -195,13 +195,15 @@ impl Ioc {
             return LanProgress::NoBuffers;
         }
         let mut lens = [0usize; LAN_BATCH];
-        let (got, failed) = {
+        // Only `WouldBlock` says the socket is empty: a short batch may hide an error
+        // (`recvmmsg` returns the frames before it, and the error at the next call).
+        let (got, drained) = {
             let mut spaces: Vec<&mut [u8]> = batch.iter_mut().map(|b| b.space()).collect();
             match nic.recv_batch(&mut spaces, &mut lens) {
                 Ok(n) => (n, false),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => (0, false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => (0, true),
                 // The NIC went down (reported once): no frame was lost.
-                Err(e) if e.kind() == io::ErrorKind::NetworkDown => (0, true),
+                Err(e) if e.kind() == io::ErrorKind::NetworkDown => (0, false),
                 // The kernel dropped a frame it could not hand over (an offload a
                 // virtio-net header cannot describe): counted; frames may wait behind it.
                 Err(e) => {
@@ -210,11 +212,10 @@ impl Ioc {
                     if let Some(held) = log.allow(Instant::now()) {
                         warn!("a NIC frame could not be read: {e} ({held} more since the last report)");
                     }
-                    (0, true)
+                    (0, false)
                 }
             }
         };
-        let drained = got < batch.len() && !failed;
         for (i, mut buf) in batch.into_iter().enumerate() {
             if i >= got {
                 cache.put(buf);

@@ -239,9 +239,12 @@ pub mod fake {
         pub violations: Arc<AtomicUsize>,
         /// Opening a host's queue fails (as when the kernel refuses a socket).
         pub refuse_host_rx: Rc<Cell<bool>>,
-        /// The next reads of `rx` fail, each taking its frame, as when the kernel cannot
-        /// hand a frame over.
-        pub unreadable: Rc<Cell<usize>>,
+        /// The read of `rx` after this many more fails, taking its frame, as when the kernel
+        /// cannot hand a frame over.
+        pub unreadable_after: Rc<Cell<Option<usize>>>,
+        /// The error a batched read met after some frames, for the next read (as
+        /// `recvmmsg(2)` keeps it).
+        pending: Rc<Cell<Option<io::ErrorKind>>>,
     }
 
     /// A host's own queue of frames.
@@ -401,13 +404,40 @@ pub mod fake {
                 .borrow_mut()
                 .pop_front()
                 .ok_or(io::ErrorKind::WouldBlock)?;
-            if self.unreadable.get() > 0 {
-                self.unreadable.set(self.unreadable.get() - 1);
-                return Err(io::ErrorKind::InvalidInput.into());
+            match self.unreadable_after.get() {
+                Some(0) => {
+                    self.unreadable_after.set(None);
+                    return Err(io::ErrorKind::InvalidInput.into());
+                }
+                Some(k) => self.unreadable_after.set(Some(k - 1)),
+                None => {}
             }
             let n = frame.len().min(buf.len());
             buf[..n].copy_from_slice(&frame[..n]);
             Ok(n)
+        }
+
+        /// As `recvmmsg(2)`: an error after some frames ends the batch and is returned by
+        /// the next call.
+        fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
+            if let Some(e) = self.pending.take() {
+                return Err(e.into());
+            }
+            let mut got = 0;
+            for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
+                match self.recv(buf) {
+                    Ok(n) => *len = n,
+                    Err(e) if got == 0 => return Err(e),
+                    Err(e) => {
+                        if e.kind() != io::ErrorKind::WouldBlock {
+                            self.pending.set(Some(e.kind()));
+                        }
+                        break;
+                    }
+                }
+                got += 1;
+            }
+            Ok(got)
         }
 
         fn send(&self, frame: &[u8]) -> io::Result<usize> {

@@ -230,6 +230,7 @@ impl Ioc {
                 // virtio-net header cannot describe): counted, and on to the next.
                 Some(Err(e)) => {
                     stats.lan_rx += 1;
+                    stats.lan_rx_unreadable += 1;
                     unreadable += 1;
                     left -= 1;
                     if let Some(held) = h.log.allow(std::time::Instant::now()) {

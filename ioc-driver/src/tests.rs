@@ -987,6 +987,7 @@ fn a_closing_queue_counts_what_it_held_and_frames_it_cannot_deliver_are_counted(
     assert_eq!(peer.frames, 3);
     let h = host(&ioc, s);
     assert_eq!((h.drops.unreadable, h.drops.too_large), (1, 1));
+    assert_eq!(ioc.stats.lan_rx_unreadable, 1, "in the IOC's count too");
     assert_eq!(h.stats.rx_frames, 3);
     assert_eq!(
         ioc.stats.lan_rx,
@@ -1115,27 +1116,52 @@ fn a_host_whose_queue_cannot_be_opened_keeps_the_general_path_and_tries_again_le
 
 #[test]
 fn a_nic_frame_the_kernel_cannot_hand_over_is_counted_and_the_frames_behind_it_are_read() {
-    let (mut ioc, nic) = ioc_with("");
-    let (s, mut peer) = connect(&mut ioc, 1, false, 128);
-    let own = mac(&ioc, s);
-    for _ in 0..4 {
-        nic.rx.borrow_mut().push_back(frame(own, LAN_PEER, 1400));
+    // The failed frame first in a batch, then in the middle of one.
+    for (at, want) in [
+        (
+            0,
+            vec![
+                LanProgress::Budget,
+                LanProgress::Budget,
+                LanProgress::Drained,
+            ],
+        ),
+        (
+            1,
+            vec![
+                LanProgress::Budget,
+                LanProgress::Budget,
+                LanProgress::Budget,
+                LanProgress::Drained,
+            ],
+        ),
+    ] {
+        let (mut ioc, nic) = ioc_with("");
+        let (s, mut peer) = connect(&mut ioc, 1, false, 128);
+        let own = mac(&ioc, s);
+        for _ in 0..4 {
+            nic.rx.borrow_mut().push_back(frame(own, LAN_PEER, 1400));
+        }
+        nic.unreadable_after.set(Some(at));
+        let lan_rx = ioc.stats.lan_rx;
+        // Neither a failed read nor a short batch says the socket is empty: the worker
+        // reads on until one does.
+        let mut got = Vec::new();
+        while got.last() != Some(&LanProgress::Drained) && got.len() < 8 {
+            got.push(ioc.drive_lan());
+        }
+        assert_eq!(got, want, "the failed frame at {at}");
+        assert!(nic.rx.borrow().is_empty());
+        assert_eq!(ioc.stats.lan_rx_unreadable, 1);
+        pump(&mut ioc, &mut peer, s, true);
+        assert_eq!(peer.frames, 3, "the frames around it");
+        assert_eq!(
+            ioc.stats.lan_rx,
+            lan_rx + 4,
+            "the lost frame counted as read"
+        );
+        assert!(ioc
+            .metrics_text()
+            .contains("splitnet_ioc_lan_rx_unreadable_total 1"));
     }
-    nic.unreadable.set(1);
-    let lan_rx = ioc.stats.lan_rx;
-    // The failed read does not say the socket is empty: the worker reads again.
-    assert_eq!(ioc.drive_lan(), LanProgress::Budget);
-    assert_eq!(ioc.stats.lan_rx_unreadable, 1);
-    assert_eq!(ioc.drive_lan(), LanProgress::Drained);
-    assert!(nic.rx.borrow().is_empty());
-    pump(&mut ioc, &mut peer, s, true);
-    assert_eq!(peer.frames, 3, "the frames behind it");
-    assert_eq!(
-        ioc.stats.lan_rx,
-        lan_rx + 4,
-        "the lost frame counted as read"
-    );
-    assert!(ioc
-        .metrics_text()
-        .contains("splitnet_ioc_lan_rx_unreadable_total 1"));
 }
