@@ -301,24 +301,9 @@ pub mod fake {
             dst: &[SharedBytes<'_>],
             lens: &mut [usize],
         ) -> io::Result<usize> {
-            if let Some(e) = self.q.pending.take() {
-                return Err(e.into());
-            }
-            let mut got = 0;
-            for (d, len) in dst.iter().zip(lens.iter_mut()) {
-                match self.recv_into(d) {
-                    Ok(n) => *len = n,
-                    Err(e) if got == 0 => return Err(e),
-                    Err(e) => {
-                        if e.kind() != io::ErrorKind::WouldBlock {
-                            self.q.pending.set(Some(e.kind()));
-                        }
-                        break;
-                    }
-                }
-                got += 1;
-            }
-            Ok(got)
+            read_batch(&self.q.pending, dst.len().min(lens.len()), |i| {
+                self.recv_into(&dst[i]).map(|n| lens[i] = n)
+            })
         }
 
         /// An empty frame stands for one the kernel cannot hand over: it is consumed and
@@ -397,6 +382,31 @@ pub mod fake {
         }
     }
 
+    /// Up to `n` reads as `recvmmsg(2)` makes them (`read(i)` fills entry `i`): an error
+    /// after some frames ends the batch and is kept in `pending` for the next call.
+    fn read_batch(
+        pending: &Cell<Option<io::ErrorKind>>,
+        n: usize,
+        mut read: impl FnMut(usize) -> io::Result<()>,
+    ) -> io::Result<usize> {
+        if let Some(e) = pending.take() {
+            return Err(e.into());
+        }
+        for i in 0..n {
+            match read(i) {
+                Ok(()) => {}
+                Err(e) if i == 0 => return Err(e),
+                Err(e) => {
+                    if e.kind() != io::ErrorKind::WouldBlock {
+                        pending.set(Some(e.kind()));
+                    }
+                    return Ok(i);
+                }
+            }
+        }
+        Ok(n)
+    }
+
     impl Nic for FakeNic {
         fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
             let frame = self
@@ -420,24 +430,9 @@ pub mod fake {
         /// As `recvmmsg(2)`: an error after some frames ends the batch and is returned by
         /// the next call.
         fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
-            if let Some(e) = self.pending.take() {
-                return Err(e.into());
-            }
-            let mut got = 0;
-            for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
-                match self.recv(buf) {
-                    Ok(n) => *len = n,
-                    Err(e) if got == 0 => return Err(e),
-                    Err(e) => {
-                        if e.kind() != io::ErrorKind::WouldBlock {
-                            self.pending.set(Some(e.kind()));
-                        }
-                        break;
-                    }
-                }
-                got += 1;
-            }
-            Ok(got)
+            read_batch(&self.pending, bufs.len().min(lens.len()), |i| {
+                self.recv(bufs[i]).map(|n| lens[i] = n)
+            })
         }
 
         fn send(&self, frame: &[u8]) -> io::Result<usize> {
