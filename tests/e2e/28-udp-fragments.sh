@@ -7,6 +7,9 @@
 #    or the LAN receiver's kernel (no reassembly, socket buffer full: not splitnet's);
 #  - at 300 Mb/s splitnet loses at most twice what VXLAN loses (with a floor of 0.2% of the
 #    datagrams: one lost fragment loses a datagram, and a few are noise on a 2-core machine).
+#    Datagrams the LAN receiver's socket had no room for arrived whole and are not a path's
+#    loss: on one machine they measure how long the receiver waited for a CPU (the daemons
+#    share it; on real machines they do not), so both paths' losses are taken without them.
 # The 1 Gb/s ratio is printed; UDP_1G_BOUND=1 also asserts it. At 1 Gb/s the losses on both
 # paths are the LAN receiver's socket buffer overflowing while the CPUs are busy, so the figure
 # swings between runs: a timing, reported and not asserted by default.
@@ -66,9 +69,12 @@ eventually 5 ip netns exec sd-host ping -q -c 1 -W 1 10.50.0.2 >/dev/null || fai
 declare -A VX
 port=5501
 for rate in 300M 1G; do
+    buf0=$(lan_rcvbuf)
     read -r sent lost < <(udp "$port" "$rate")
-    VX[$rate]="$sent $lost"
-    log "VXLAN    $rate: $lost of $sent datagrams lost ($(pct "$lost" "$sent")%)"
+    sleep 0.5
+    full=$(($(lan_rcvbuf) - buf0))
+    VX[$rate]="$sent $((lost - full))"
+    log "VXLAN    $rate: $lost of $sent datagrams lost ($(pct "$lost" "$sent")%); LAN socket buffer full $full datagrams"
     port=$((port + 1))
 done
 topo_down || fail "VXLAN topology not removed"
@@ -93,12 +99,14 @@ for rate in 300M 1G; do
     # Non-UDP frames (ARP, ND) move both ways too: a handful of frames of slack.
     [ "$missing" -le $((counted + 20)) ] ||
         fail "$rate: $missing fragments lost between sd0 and the LAN, only $counted counted by splitnet"
+    # Each path's own losses: the datagrams lost, less those the LAN receiver's socket refused.
     read -r vsent vlost <<<"${VX[$rate]}"
+    own=$((lost - (buf1 - buf0)))
     bound=$(awk -v vl="$vlost" -v vs="$vsent" -v s="$sent" 'BEGIN { b = 2 * vl / vs; if (b < 0.002) b = 0.002; printf "%d", b * s }')
     if [ "$rate" = 300M ] || [ "${UDP_1G_BOUND:-0}" = 1 ]; then
-        assert_le "$lost" "$bound" "$rate: datagrams splitnet lost (VXLAN lost $vlost of $vsent in the same run)"
+        assert_le "$own" "$bound" "$rate: datagrams splitnet lost before the LAN receiver's socket (VXLAN lost $vlost of $vsent in the same run)"
     fi
-    log "$rate: splitnet/VXLAN loss ratio $(awk -v a="$lost" -v b="$sent" -v c="$vlost" -v d="$vsent" 'BEGIN { if (c == 0) print "n/a (VXLAN lost none)"; else printf "%.1f", (a / b) / (c / d) }')"
+    log "$rate: datagrams lost before the LAN receiver's socket: splitnet $own, VXLAN $vlost; ratio $(awk -v a="$own" -v b="$sent" -v c="$vlost" -v d="$vsent" 'BEGIN { if (c <= 0) print "n/a (VXLAN lost none)"; else printf "%.1f", (a / b) / (c / d) }')"
     port=$((port + 1))
 done
 pass "UDP 8000-byte datagrams: every lost fragment counted where it was lost; 300 Mb/s within 2x of VXLAN"
