@@ -19,28 +19,32 @@ need_root; need_tool ip ping ss python3 iperf3; need_daemons
 CTL=$BIN/splitnetctl
 DUR=${UDP_SECONDS:-5}
 
-# udp PORT RATE: iperf3 -u -l 8000 at RATE for DUR s from sd-host to sd-lan; prints "sent lost".
+# udp PORT RATE: iperf3 -u -l 8000 at RATE for DUR s from sd-host to sd-lan, then half a
+# second for what is still on its way; prints "sent lost refused": datagrams sent, lost, and
+# of those lost, refused whole by the LAN receiver's full socket.
 udp() {
-    local port=$1 rate=$2
+    local port=$1 rate=$2 buf0
     ip netns exec sd-lan timeout 60 iperf3 -s -1 -p "$port" >"$T/server.$port" 2>&1 &
     PIDS+=($!)
     wait_listen sd-lan "$port"
+    buf0=$(lan_rcvbuf)
     # iperf3 warns on stdout that the datagram exceeds the MSS: keep the JSON only.
     timeout 60 ip netns exec sd-host iperf3 -c 10.50.0.2 -p "$port" -u -l 8000 -b "$rate" \
         -t "$DUR" -J 2>&1 | sed -n '/^{/,$p' >"$T/udp.$port.json"
+    sleep 0.5
     python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 if "error" in d: sys.exit("iperf3: " + d["error"])
-s = d["end"]["sum"]; print(s["packets"], s["lost_packets"])' "$T/udp.$port.json" ||
+s = d["end"]["sum"]; print(s["packets"], s["lost_packets"], int(sys.argv[2]))' \
+        "$T/udp.$port.json" "$(($(lan_rcvbuf) - buf0))" ||
         fail "iperf3 UDP at $rate: $(head -c 300 "$T/udp.$port.json")"
 }
 # pct LOST SENT
 pct() { awk -v l="$1" -v s="$2" 'BEGIN { printf "%.2f", s ? 100 * l / s : 0 }'; }
 # frames NS DEV FIELD: a kernel counter of DEV.
 counter() { ip netns exec "$1" cat "/sys/class/net/$2/statistics/$3"; }
-# lan_kernel_drops: fragments the LAN receiver's kernel received but could not deliver
-# (reassembly failures count fragments only in part; the socket-buffer overflows count
-# datagrams): reported, not splitnet's.
+# lan_rcvbuf: datagrams the LAN receiver's kernel reassembled but could not deliver, its
+# socket buffer full (not a path's loss: see the top).
 lan_rcvbuf() {
     ip netns exec sd-lan awk '/^Udp:/ { if (!h) { for (i = 1; i <= NF; i++) c[$i] = i; h = 1 } else print $c["RcvbufErrors"] }' /proc/net/snmp
 }
@@ -70,10 +74,7 @@ eventually 5 ip netns exec sd-host ping -q -c 1 -W 1 10.50.0.2 >/dev/null || fai
 declare -A VX
 port=5501
 for rate in 300M 1G; do
-    buf0=$(lan_rcvbuf)
-    read -r sent lost < <(udp "$port" "$rate")
-    sleep 0.5
-    full=$(($(lan_rcvbuf) - buf0))
+    read -r sent lost full < <(udp "$port" "$rate")
     VX[$rate]="$sent $((lost - full))"
     log "VXLAN    $rate: $lost of $sent datagrams lost ($(pct "$lost" "$sent")%); LAN socket buffer full $full datagrams"
     port=$((port + 1))
@@ -86,23 +87,22 @@ wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
 for rate in 300M 1G; do
     read -r q0 h0 i0 n0 < <(splitnet_counted)
-    tap0=$(counter sd-host sd0 tx_packets); lan0=$(counter sd-lan lan1 rx_packets); buf0=$(lan_rcvbuf)
-    read -r sent lost < <(udp "$port" "$rate")
-    sleep 0.5
+    tap0=$(counter sd-host sd0 tx_packets); lan0=$(counter sd-lan lan1 rx_packets)
+    read -r sent lost full < <(udp "$port" "$rate")
     read -r q1 h1 i1 n1 < <(splitnet_counted)
-    tap1=$(counter sd-host sd0 tx_packets); lan1=$(counter sd-lan lan1 rx_packets); buf1=$(lan_rcvbuf)
+    tap1=$(counter sd-host sd0 tx_packets); lan1=$(counter sd-lan lan1 rx_packets)
     queue=$((q1 - q0)); host=$((h1 - h0)); ioc=$((i1 - i0)); nic=$((n1 - n0))
     # Frames sd0 took (tx_packets) or dropped at its queue, against frames lan1 received:
     # what splitnet lost on the way must all be counted.
     offered=$((tap1 - tap0 + queue)); arrived=$((lan1 - lan0))
     missing=$((offered - arrived)); counted=$((queue + host + ioc + nic))
-    log "splitnet $rate: $lost of $sent datagrams lost ($(pct "$lost" "$sent")%); fragments: $offered offered to sd0, $arrived reached lan1; counted: sd0 queue $queue, host-driver $host, IOC $ioc, NIC $nic; LAN socket buffer full $((buf1 - buf0)) datagrams"
+    log "splitnet $rate: $lost of $sent datagrams lost ($(pct "$lost" "$sent")%); fragments: $offered offered to sd0, $arrived reached lan1; counted: sd0 queue $queue, host-driver $host, IOC $ioc, NIC $nic; LAN socket buffer full $full datagrams"
     # Non-UDP frames (ARP, ND) move both ways too: a handful of frames of slack.
     [ "$missing" -le $((counted + 20)) ] ||
         fail "$rate: $missing fragments lost between sd0 and the LAN, only $counted counted by splitnet"
     # Each path's own losses: the datagrams lost, less those the LAN receiver's socket refused.
     read -r vsent vlost <<<"${VX[$rate]}"
-    own=$((lost - (buf1 - buf0)))
+    own=$((lost - full))
     bound=$(awk -v vl="$vlost" -v vs="$vsent" -v s="$sent" 'BEGIN { b = 2 * vl / vs; if (b < 0.002) b = 0.002; printf "%d", b * s }')
     if [ "$rate" = 300M ] || [ "${UDP_1G_BOUND:-0}" = 1 ]; then
         assert_le "$own" "$bound" "$rate: datagrams splitnet lost before the LAN receiver's socket (VXLAN lost $vlost of $vsent in the same run)"
