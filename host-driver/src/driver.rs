@@ -794,7 +794,6 @@ impl<'a> Conn<'a> {
                     }
                     Err(e) => Err(e.to_string()),
                 },
-                _ = ready.peer_gone() => Err("the IOC's shared-memory channels closed".into()),
                 g = ready.data.writable(), if pending && data_writable => match g {
                     Ok(mut g) => match link.flush() {
                         Ok(true) => Ok(()),

@@ -47,14 +47,6 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
             }
             _ = wake.notified() => Ok((None, None)),
             _ = tokio::time::sleep_until(deadline) => Ok((None, None)),
-            _ = ready.peer_gone() => {
-                // A host that leaves says Goodbye on the control channel first.
-                let why = match ioc.borrow_mut().drive_host(session, Lane::Control) {
-                    Err(HostEnd::Closed(why)) => why,
-                    _ => "its shared-memory channels closed".into(),
-                };
-                break Err(HostEnd::Closed(why));
-            }
         };
         if let Some(l) = ioc
             .borrow_mut()

@@ -7,8 +7,9 @@
 //! GetStats a second) but never reads its data channel; it prints its MAC, then whether the
 //! IOC kept it. `rogue churn ADDR N` connects and vanishes N times. `rogue shm PATH` connects
 //! to the IOC's local socket with its data channel in shared memory, then corrupts its ring
-//! and rings the IOC's doorbell, and (another session) floods that doorbell. Exit status 0
-//! when every attack was refused as expected.
+//! and rings the IOC's doorbell, and (other sessions) floods that doorbell, and asks to be
+//! woken for every answer without ever reading its own doorbell. Exit status 0 when every
+//! attack was refused (or, the last, survived) as expected.
 //!
 //! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
 
@@ -659,13 +660,12 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
 struct ShmChannelSetup {
     /// The ring this host produces into.
     to_ioc: splitnet_messaging::sys::shm::Mapping,
-    /// The IOC's doorbell.
-    ioc_bell: splitnet_messaging::sys::eventfd::EventFd,
-    /// Kept open for the session's lifetime: the other ring, this host's doorbell and (a
-    /// data channel's) pool arena.
+    /// The channel's doorbell: this host's end of its connection.
+    ioc_bell: splitnet_messaging::sys::doorbell::Doorbell,
+    /// Kept open for the session's lifetime: the other ring and (a data channel's) pool
+    /// arena.
     _keep: (
         splitnet_messaging::sys::shm::Mapping,
-        splitnet_messaging::sys::eventfd::EventFd,
         Option<splitnet_messaging::sys::shm::Memfd>,
     ),
 }
@@ -677,7 +677,7 @@ impl ShmChannelSetup {
         use splitnet_messaging::adapter::shm::setup::{
             Setup, ACK_LEN, MAX_PAYLOAD, POOL_RANGE, RING_DATA, RING_DATA_CONTROL,
         };
-        use splitnet_messaging::sys::{eventfd::EventFd, shm};
+        use splitnet_messaging::sys::{doorbell::Doorbell, shm};
         let setup = Setup {
             data_size: if data { RING_DATA } else { RING_DATA_CONTROL },
             max_payload: MAX_PAYLOAD,
@@ -692,7 +692,6 @@ impl ShmChannelSetup {
         };
         let (to_ioc, to_ioc_map) = ring(c"rogue-to-ioc")?;
         let (from_ioc, from_ioc_map) = ring(c"rogue-from-ioc")?;
-        let bell = EventFd::new().map_err(|e| e.to_string())?;
         let pools = match data {
             true => Some(
                 shm::Memfd::create(c"rogue-pools", setup.pool_size as usize)
@@ -700,19 +699,19 @@ impl ShmChannelSetup {
             ),
             false => None,
         };
-        let mut fds = vec![to_ioc.as_fd(), from_ioc.as_fd(), bell.as_fd()];
+        let mut fds = vec![to_ioc.as_fd(), from_ioc.as_fd()];
         fds.extend(pools.as_ref().map(|p| p.as_fd()));
         shm::send_fds(sock, &setup.emit(), &fds).map_err(|e| e.to_string())?;
         let mut ack = [0u8; ACK_LEN];
-        let want = 1 + usize::from(data);
-        let (n, mut got) = shm::recv_fds(sock, &mut ack, want).map_err(|e| e.to_string())?;
+        let want = usize::from(data);
+        let (n, got) = shm::recv_fds(sock, &mut ack, want).map_err(|e| e.to_string())?;
         if Setup::parse_ack(&ack[..n]).is_err() || got.len() != want {
             return Err("no ACK from the IOC".into());
         }
         Ok(ShmChannelSetup {
             to_ioc: to_ioc_map,
-            ioc_bell: EventFd::from_fd(got.remove(0)),
-            _keep: (from_ioc_map, bell, pools),
+            ioc_bell: Doorbell::new(sock.try_clone().map_err(|e| e.to_string())?),
+            _keep: (from_ioc_map, pools),
         })
     }
 }
@@ -763,9 +762,102 @@ impl ShmSession {
 
     /// Whether the IOC ended the session: its end of stream within `WAIT`.
     fn ended(&self) -> bool {
-        let mut b = [0u8; 1];
-        matches!((&self.sock).read(&mut b), Ok(0))
+        ended(&self.sock)
     }
+}
+
+/// Whether the IOC closed `sock` within `WAIT`: its end of stream after any doorbell bytes.
+fn ended(mut sock: &UnixStream) -> bool {
+    let mut b = [0u8; 4096];
+    let end = Instant::now() + WAIT;
+    sock.set_nonblocking(false).ok();
+    sock.set_read_timeout(Some(WAIT)).ok();
+    while Instant::now() < end {
+        match sock.read(&mut b) {
+            // A close with doorbell bytes it had not read resets the connection.
+            Ok(0) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// A host with both channels in shared memory that asks to be woken for every answer and
+/// never reads its doorbell (nor, an IOC using eventfds, would it read one): for 3 s it sends
+/// a GetStats every millisecond and polls its ring for the answer. The IOC must answer every
+/// one to the end, however many of its rings went unread. Returns (requests, answers).
+fn doorbell_never_read(path: &str) -> Result<(u32, u32), String> {
+    use splitnet_messaging::adapter::shm::setup::{SHM_CHANNEL, SHM_CONTROL_CHANNEL};
+    use splitnet_messaging::fabric::shm::offer;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut reg = Registry::new(0);
+    let hello = |channel, session| {
+        handshake::hello(Role::Host, channel, Queue::SINGLE, session, 0x5c2, 70_000)
+    };
+    let open = |channel, session, reg: &mut Registry| -> Result<(UnixStream, u64), String> {
+        let s = UnixStream::connect(path).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(WAIT)).ok();
+        let mut ch = StreamChannel::new(s, DomainId(0), wire::MAX_MESSAGE_LEN);
+        send(&mut ch, hello(channel, session));
+        let r = recv(&mut ch, reg).ok_or("no HelloReply")?;
+        let r = handshake::accept_reply(&r).map_err(|e| e.to_string())?;
+        let s = ch.into_stream();
+        s.set_nonblocking(true).map_err(|e| e.to_string())?;
+        Ok((s, r.session))
+    };
+    let (c, session) = open(SHM_CONTROL_CHANNEL, 0, &mut reg)?;
+    let mut ctrl = rt
+        .block_on(offer(c, DomainId(0), wire::MAX_MESSAGE_LEN, None, WAIT))
+        .map_err(|e| e.to_string())?;
+    let (d, _) = open(SHM_CHANNEL, session, &mut reg)?;
+    let _data = rt
+        .block_on(offer(
+            d,
+            DomainId(0),
+            wire::MAX_MESSAGE_LEN,
+            Some(1 << 20),
+            WAIT,
+        ))
+        .map_err(|e| e.to_string())?;
+    let req = msg(&Message::CfgUtilRequest(CfgRequest {
+        code: CfgCode::GetStats,
+        data: &[],
+    }));
+    let (mut asked, mut answered) = (0u32, 0u32);
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        ctrl.post(Op::Send, &[], Payload::Bytes(req.clone()));
+        ctrl.flush().map_err(|e| e.to_string())?;
+        asked += 1;
+        let by = Instant::now() + WAIT;
+        'answer: while Instant::now() < by {
+            // Ask to be woken, then look: never read the doorbell.
+            ctrl.prepare_sleep();
+            while let Some(c) = ctrl.poll_recv(&mut reg).map_err(|e| e.to_string())? {
+                if matches!(c, RxCompletion::Recv { .. })
+                    && matches!(
+                        Message::parse(ctrl.received()),
+                        Ok((_, Message::CfgUtilReply(_)))
+                    )
+                {
+                    answered += 1;
+                    break 'answer;
+                }
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        if answered < asked {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok((asked, answered))
 }
 
 /// Attacks over shared memory, each on a session of its own; the IOC must end each session
@@ -801,7 +893,10 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
         let mut b = [0u8; 1];
         while start.elapsed() < WAIT {
             for _ in 0..64 {
-                bell.ring().map_err(|e| e.to_string())?;
+                // A ring refused (the IOC closed the connection) ends the flood.
+                if bell.ring().is_err() {
+                    return Ok(ended(&s.sock));
+                }
                 std::thread::yield_now();
             }
             if matches!((&s.sock).read(&mut b), Ok(0)) {
@@ -826,6 +921,21 @@ fn shm_attacks(path: &str) -> Vec<&'static str> {
         Ok(s.ended())
     };
     let mut missed = Vec::new();
+    match doorbell_never_read(path) {
+        Ok((asked, answered)) => {
+            println!("shm-doorbell-never-read: {answered} of {asked} GetStats answered");
+            verdict(
+                &mut missed,
+                "shm-doorbell-never-read",
+                asked > 100 && answered == asked,
+                "every request answered",
+            );
+        }
+        Err(e) => {
+            println!("shm-doorbell-never-read: {e}");
+            missed.push("shm-doorbell-never-read");
+        }
+    }
     for (name, attack) in [
         (
             "shm-bad-ring-index",

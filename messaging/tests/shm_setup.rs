@@ -11,7 +11,6 @@ use splitnet_messaging::fabric::FabricError;
 use splitnet_messaging::memory::{
     Access, DomainId, Frame, Handle, RegionSpec, Registry, SharedRegion,
 };
-use splitnet_messaging::sys::eventfd::EventFd;
 use splitnet_messaging::sys::shm::{send_fds, Memfd};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -203,11 +202,55 @@ fn offer_and_accept_agree_and_carry_operations() {
     assert!(copy[2..].iter().all(|&b| b == 0xcd));
 }
 
+/// A host that never reads its doorbell: the IOC rings it as often as the host asks and never
+/// waits (a ring finds the host's end full and counts as rung), and the host's records still
+/// arrive.
+#[test]
+fn a_host_that_never_reads_its_doorbell_cannot_block_the_ioc() {
+    let (h, i) = set_up(None, false);
+    let (mut h, mut i) = (h.unwrap(), i.unwrap());
+    let mut reg = Registry::new(0);
+    let mut rang = 0;
+    for n in 0..20_000u32 {
+        // The host asks to be woken each time, and never reads its doorbell.
+        assert!(h.prepare_sleep());
+        carries(&mut i, &mut h, &n.to_be_bytes());
+        rang += usize::from(i.take_rang_peer());
+        assert_eq!(h.poll_recv(&mut reg).unwrap(), None);
+    }
+    assert_eq!(rang, 20_000, "every request was answered with a ring");
+    carries(&mut h, &mut i, b"still served");
+}
+
+/// The peer's end of stream is said once everything it published has been read: a Goodbye
+/// in the ring is never lost to its close.
+#[test]
+fn a_peer_that_leaves_is_seen_after_its_last_records() {
+    let (h, i) = set_up(None, false);
+    let (mut h, mut i) = (h.unwrap(), i.unwrap());
+    let mut reg = Registry::new(0);
+    assert_eq!(i.poll_recv(&mut reg).unwrap(), None);
+    assert!(i.prepare_sleep());
+    h.post(Op::Send, &[], Payload::Bytes(b"goodbye".to_vec()));
+    assert!(h.flush().unwrap());
+    drop(h);
+    i.wake();
+    assert_eq!(
+        i.poll_recv(&mut reg).unwrap(),
+        Some(RxCompletion::Recv { len: 7 })
+    );
+    assert_eq!(i.received(), b"goodbye");
+    // Its end of stream keeps the doorbell readable: the next wake-up reads it.
+    assert!(splitnet_messaging::sys::readable_now(i.bell().as_fd()).unwrap());
+    i.wake();
+    let e = i.poll_recv(&mut reg).unwrap_err();
+    assert!(e.to_string().contains("closed by peer"), "{e}");
+}
+
 #[test]
 fn a_rogue_hosts_set_ups_are_refused() {
     let len = ring_len();
     let sealed = || Memfd::create(c"test-ring", len).unwrap();
-    let bell = EventFd::new().unwrap();
     let pools = Memfd::create(c"test-pools", POOLS as usize).unwrap();
     let send = |s: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]| {
         send_fds(s, data, fds).unwrap();
@@ -219,35 +262,42 @@ fn a_rogue_hosts_set_ups_are_refused() {
     let mut bad = good_setup();
     bad[0] = b'X';
     let e = shm_error(ioc_sees(|s| {
-        send(
-            s,
-            &bad,
-            &[a.as_fd(), b.as_fd(), bell.as_fd(), pools.as_fd()],
-        )
+        send(s, &bad, &[a.as_fd(), b.as_fd(), pools.as_fd()])
     }));
     assert!(e.contains("not a shared-memory set-up"), "{e}");
     // Too few descriptors.
     let e = shm_error(ioc_sees(|s| {
-        send(s, &good_setup(), &[a.as_fd(), b.as_fd(), bell.as_fd()])
+        send(s, &good_setup(), &[a.as_fd(), b.as_fd()])
     }));
-    assert!(e.contains("needs 4 descriptors"), "{e}");
-    // A ring of the wrong size.
-    let small = Memfd::create(c"small", len / 2).unwrap();
+    assert!(e.contains("needs 3 descriptors"), "{e}");
+    // A descriptor more (version 2's doorbell, here a pipe the host never reads): refused,
+    // never written to.
+    let (pipe_rx, pipe_tx) = std::io::pipe().unwrap();
     let e = shm_error(ioc_sees(|s| {
         send(
             s,
             &good_setup(),
-            &[small.as_fd(), b.as_fd(), bell.as_fd(), pools.as_fd()],
+            &[a.as_fd(), b.as_fd(), pipe_tx.as_fd(), pools.as_fd()],
         )
+    }));
+    assert!(e.contains("4 descriptors received, at most 3"), "{e}");
+    drop((pipe_rx, pipe_tx));
+    // Version 2's set-up: refused by its version.
+    let mut v2 = good_setup();
+    v2[4..6].copy_from_slice(&2u16.to_be_bytes());
+    let e = shm_error(ioc_sees(|s| {
+        send(s, &v2, &[a.as_fd(), b.as_fd(), pools.as_fd()])
+    }));
+    assert!(e.contains("set-up version 2"), "{e}");
+    // A ring of the wrong size.
+    let small = Memfd::create(c"small", len / 2).unwrap();
+    let e = shm_error(ioc_sees(|s| {
+        send(s, &good_setup(), &[small.as_fd(), b.as_fd(), pools.as_fd()])
     }));
     assert!(e.contains(&format!("bytes, expected {len}")), "{e}");
     // A pool arena of another size than the set-up says.
     let e = shm_error(ioc_sees(|s| {
-        send(
-            s,
-            &good_setup(),
-            &[a.as_fd(), b.as_fd(), bell.as_fd(), small.as_fd()],
-        )
+        send(s, &good_setup(), &[a.as_fd(), b.as_fd(), small.as_fd()])
     }));
     assert!(e.contains(&format!("expected {POOLS}")), "{e}");
     // Not sealed: the host could shrink it under the IOC's mapping.
@@ -262,17 +312,13 @@ fn a_rogue_hosts_set_ups_are_refused() {
         send(
             s,
             &good_setup(),
-            &[unsealed.as_fd(), b.as_fd(), bell.as_fd(), pools.as_fd()],
+            &[unsealed.as_fd(), b.as_fd(), pools.as_fd()],
         )
     }));
     assert!(e.contains("not sealed against resizing"), "{e}");
     // Sealed and sized, but never initialised as a ring.
     let e = shm_error(ioc_sees(|s| {
-        send(
-            s,
-            &good_setup(),
-            &[a.as_fd(), b.as_fd(), bell.as_fd(), pools.as_fd()],
-        )
+        send(s, &good_setup(), &[a.as_fd(), b.as_fd(), pools.as_fd()])
     }));
     assert!(e.contains("magic"), "{e}");
 }
@@ -294,15 +340,14 @@ fn a_control_channel_is_set_up_without_a_pool_arena_and_refused_with_one() {
     assert!(e.contains("descriptors"), "{e}");
     let (h, i) = set_up(None, true);
     assert!(h.is_err());
-    assert!(shm_error(i).contains("needs 4 descriptors"));
-    // Three descriptors but a set-up that names an arena.
+    assert!(shm_error(i).contains("needs 3 descriptors"));
+    // Two descriptors but a set-up that names an arena.
     let (host, ioc) = pair();
     let (a, b) = (
         Memfd::create(c"a", ring_len()).unwrap(),
         Memfd::create(c"b", ring_len()).unwrap(),
     );
-    let bell = EventFd::new().unwrap();
-    send_fds(&host, &good_setup(), &[a.as_fd(), b.as_fd(), bell.as_fd()]).unwrap();
+    send_fds(&host, &good_setup(), &[a.as_fd(), b.as_fd()]).unwrap();
     let e = shm_error(rt.block_on(accept(ioc, DomainId(1), 4096, None, TIMEOUT)));
     assert!(e.contains("has no pool arena"), "{e}");
     // A control channel with a data channel's larger rings: refused.
@@ -312,7 +357,7 @@ fn a_control_channel_is_set_up_without_a_pool_arena_and_refused_with_one() {
         max_payload: MAX_PAYLOAD,
         pool_size: 0,
     };
-    send_fds(&host, &large.emit(), &[a.as_fd(), b.as_fd(), bell.as_fd()]).unwrap();
+    send_fds(&host, &large.emit(), &[a.as_fd(), b.as_fd()]).unwrap();
     let e = shm_error(rt.block_on(accept(ioc, DomainId(1), 4096, None, TIMEOUT)));
     assert!(
         e.contains("control channel's rings are 262144 bytes"),

@@ -119,7 +119,6 @@ impl Side {
                 }
                 g = ready.data.writable(), if pending && ready.writable(Lane::Data) => (None, Some(g.unwrap())),
                 g = ready.ctrl.writable(), if pending && ready.writable(Lane::Control) => (None, Some(g.unwrap())),
-                r = ready.peer_gone(), if !self.finished => panic!("peer gone: {r:?}"),
                 // Finished: look again soon whether the other side is too.
                 _ = tokio::time::sleep(Duration::from_millis(5)), if self.finished => (None, None),
                 _ = tokio::time::sleep(STALL) => panic!(

@@ -84,12 +84,17 @@ log "a burst of 12000 frames at a stopped shared-memory host: $full dropped by i
 assert_eq "$(others_drops)" "$others" "the other hosts' drops"
 assert_no_grep "$T/host1.log" "fabric lost" "host 1's session through the burst"
 ping_ok sd-host 10.50.0.2
-# Rogue hosts over shared memory publish a ring index their data ring or their control
-# ring refuses, flood the IOC's data or control doorbell, publish a placed write into no
-# pool they were granted: each session ends, its shared memory is unmapped, and the other
-# hosts go on.
-ip netns exec sd-host "$ROGUE" shm "$sock" >"$T/rogue.out" 2>&1 || fail "rogue shm: $(cat "$T/rogue.out")"
-log "rogue: $(cat "$T/rogue.out")"
+# Rogue hosts over shared memory ask to be woken for every answer and never read their
+# doorbell (3 s of GetStats, every one answered), publish a ring index their data ring or
+# their control ring refuses, flood the IOC's data or control doorbell, publish a placed
+# write into no pool they were granted: each bad session ends, its shared memory is
+# unmapped, and the other hosts go on; host 3 (over TCP) pings the LAN every 50 ms all
+# along and is answered every time.
+ip netns exec sd-host3 ping -q -i 0.05 -W 1 -c 120 10.50.0.2 >"$T/ping3.out" 2>&1 & pinger=$!
+ip netns exec sd-host "$ROGUE" shm "$sock" >"$T/rogue.out" 2>&1 || fail "rogue shm: $(tr '\n' ';' <"$T/rogue.out")"
+log "rogue: $(tr '\n' ';' <"$T/rogue.out")"
+wait "$pinger" || fail "host 3 lost pings during the rogue sessions: $(tail -2 "$T/ping3.out" | head -1)"
+log "host 3 during the rogue sessions: $(grep -o '[0-9]* received' "$T/ping3.out") of 120 pings"
 bad_rings=$(grep -c "shared-memory ring" "$T/ioc.log")
 [ "$bad_rings" -ge 2 ] || fail "the IOC ended $bad_rings sessions for a bad ring index, not 2 (data and control)"
 floods=$(grep -c "doorbell rung 64 times" "$T/ioc.log")

@@ -194,16 +194,18 @@ impl FabricChannel {
         }
     }
 
-    /// For shared memory, the readiness of its set-up socket (the peer's sign of life).
-    fn setup_socket(&self) -> io::Result<Option<Ready>> {
+    /// Whether the channel is in shared memory (its readiness is a doorbell, never to be
+    /// waited on for writing).
+    fn is_shared_memory(&self) -> bool {
         match self {
-            FabricChannel::Stream(_) => Ok(None),
+            FabricChannel::Stream(_) => false,
             #[cfg(feature = "sys")]
-            FabricChannel::Shm(t) => Ready::new(t.socket()).map(Some),
+            FabricChannel::Shm(_) => true,
         }
     }
 
-    /// What the caller waits on for this channel's progress: its socket, or the doorbell.
+    /// What the caller waits on for this channel's progress: its socket, or the doorbell
+    /// (readable also once the peer has gone).
     fn readiness(&self) -> io::Result<Ready> {
         match self {
             FabricChannel::Stream(c) => Ready::new(c.stream()),
@@ -532,36 +534,21 @@ pub struct LinkReady {
     /// Channel 1: its socket, or for shared memory this side's doorbell (rung for records
     /// and for room alike: never wait for it to be writable).
     pub data: Ready,
-    /// For each channel in shared memory (control, data), its set-up socket, readable once
-    /// the peer has gone.
-    pub peer: [Option<Ready>; 2],
+    /// For each channel (control, data), whether it is in shared memory. Its doorbell is
+    /// readable once the peer has gone too, and polling it then fails.
+    pub shm: [bool; 2],
 }
 
 impl LinkReady {
     /// Whether waiting for `lane` to be writable makes sense (a socket), rather than for its
     /// doorbell (shared memory).
     pub fn writable(&self, lane: Lane) -> bool {
-        self.peer[lane_index(lane)].is_none()
+        !self.shm[lane_index(lane)]
     }
 
     /// Whether the data channel is in shared memory.
     pub fn is_shared_memory(&self) -> bool {
         !self.writable(Lane::Data)
-    }
-
-    /// Completes when the peer of a shared-memory channel has gone (a set-up socket reached
-    /// end of stream, or carried anything at all); never for sockets.
-    pub async fn peer_gone(&self) -> io::Result<()> {
-        async fn gone(p: Option<&Ready>) -> io::Result<()> {
-            match p {
-                Some(p) => p.readable().await.map(|_| ()),
-                None => std::future::pending().await,
-            }
-        }
-        tokio::select! {
-            r = gone(self.peer[0].as_ref()) => r,
-            r = gone(self.peer[1].as_ref()) => r,
-        }
     }
 
     /// Completes when a lane has input to poll. `sleeps` says per lane (control, data) what
@@ -631,7 +618,7 @@ impl FabricLink {
         let ready = LinkReady {
             ctrl: ctrl.readiness()?,
             data: data.readiness()?,
-            peer: [ctrl.setup_socket()?, data.setup_socket()?],
+            shm: [ctrl.is_shared_memory(), data.is_shared_memory()],
         };
         Ok(FabricLink {
             ready,

@@ -5,24 +5,24 @@
 //! naming [`SHM_CHANNEL`]. After each HelloReply, the two sides set up that channel's shared
 //! memory over its socket (`SCM_RIGHTS`):
 //!
-//! 1. The host sends a [`Setup`] with four descriptors: the ring it produces into (host to
+//! 1. The host sends a [`Setup`] with three descriptors: the ring it produces into (host to
 //!    IOC), the ring the IOC produces into (IOC to host), both sealed `memfd`s it created and
-//!    initialised, its doorbell (an `eventfd`), and its pool arena (a sealed `memfd` in
-//!    which it lays out its receive pools). A control channel's set-up has no pool arena
-//!    (0 pages, three descriptors) and smaller rings.
+//!    initialised, and its pool arena (a sealed `memfd` in which it lays out its receive
+//!    pools). A control channel's set-up has no pool arena (0 pages, two descriptors) and
+//!    smaller rings.
 //! 2. The IOC checks the setup against its limits, verifies each `memfd` (sealed against
 //!    shrinking and growing, exactly the size the set-up gives), maps it, checks the ring
 //!    headers, and answers [`ACK`] and the size of its own pool arena for this host, with
-//!    two descriptors: its doorbell and that arena (a sealed `memfd` it created, in which it
-//!    laid out the pools it advertises to the host); for a control channel 0 pages and its
-//!    doorbell alone. The host checks the size and verifies and maps the arena as the IOC
-//!    did its own.
+//!    that arena (a sealed `memfd` it created, in which it laid out the pools it advertises
+//!    to the host); for a control channel 0 pages and no descriptor. The host checks the
+//!    size and verifies and maps the arena as the IOC did its own.
 //!
 //! Then each operation travels as a ring record ([`ShmChannel`]); each side places its RDMA
 //! writes straight into the other's pool elements, so their records are headers only
-//! ([`crate::adapter::shm::KIND_PLACED`]). Each side sleeps on the
-//! doorbell it created and rings the peer's when the peer asked to be woken. The socket
-//! carries nothing more: its end of stream says that the peer is gone.
+//! ([`crate::adapter::shm::KIND_PLACED`]). The connection stays the channel's doorbell
+//! ([`Doorbell`]): each side sleeps until its end is readable and rings the peer, with a
+//! byte, when the peer asked to be woken; its end of stream says that the peer is gone. No
+//! descriptor the peer sends is ever read or written, so none can block this side.
 
 pub use crate::adapter::shm::setup::{SHM_CHANNEL, SHM_CONTROL_CHANNEL};
 
@@ -33,7 +33,7 @@ use crate::adapter::shm::setup::{
 use crate::adapter::shm::{Consumer, Producer, RingConfig, ShmChannel};
 use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
 use crate::memory::{DomainId, Registry, SendBufCache, SharedBytes, SharedRegion};
-use crate::sys::eventfd::EventFd;
+use crate::sys::doorbell::Doorbell;
 use crate::sys::shm::{recv_fds, send_fds, Mapping, Memfd};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -41,30 +41,27 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A channel over shared-memory rings, with its doorbells and the socket that
-/// outlives the set-up as a sign of life.
+/// A channel over shared-memory rings, with the doorbell its set-up connection became.
 #[derive(Debug)]
 pub struct ShmTransport {
     ch: ShmChannel<Mapping>,
-    /// This side's doorbell (created here): readable when the peer rang.
-    bell: EventFd,
-    /// The peer's doorbell.
-    peer: EventFd,
-    sock: UnixStream,
+    /// This side's end of the set-up connection: readable when the peer rang or left.
+    bell: Doorbell,
     /// This side rang the peer since [`Channel::take_rang_peer`] last looked.
     rang: bool,
+    /// Why the doorbell failed (the peer left): said once the ring is drained.
+    failed: Option<io::Error>,
     /// This side's pool arena, shared with the peer that places writes in it.
     pools: Option<Arc<Mapping>>,
 }
 
 impl ShmTransport {
-    fn new(ch: ShmChannel<Mapping>, bell: EventFd, peer: EventFd, sock: UnixStream) -> Self {
+    fn new(ch: ShmChannel<Mapping>, sock: UnixStream) -> Self {
         ShmTransport {
             ch,
-            bell,
-            peer,
-            sock,
+            bell: Doorbell::new(sock),
             rang: false,
+            failed: None,
             pools: None,
         }
     }
@@ -81,20 +78,15 @@ impl ShmTransport {
         self.ch.set_domain(domain);
     }
 
-    /// This side's doorbell, to wait on.
-    pub fn bell(&self) -> &EventFd {
+    /// This side's doorbell, to wait on: readable when the peer rang, and once it has gone.
+    pub fn bell(&self) -> &Doorbell {
         &self.bell
-    }
-
-    /// The set-up socket: readable (end of stream) once the peer has gone.
-    pub fn socket(&self) -> &UnixStream {
-        &self.sock
     }
 
     /// Rings the peer if what this side did is what it waits for.
     fn ring_peer(&mut self) -> Result<(), ChannelError> {
         if self.ch.take_doorbell() {
-            self.peer.ring()?;
+            self.bell.ring()?;
             self.rang = true;
         }
         Ok(())
@@ -115,6 +107,17 @@ impl Channel for ShmTransport {
     fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
         let r = self.ch.poll_recv(reg)?;
         if r.is_none() {
+            // Everything the peer published before it left has been read: say that it left.
+            if let Some(e) = self.failed.take() {
+                // A peer that closes with rings this side had not read resets the
+                // connection: that is a close too.
+                return Err(match e.kind() {
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
+                        ChannelError::Closed
+                    }
+                    _ => ChannelError::Io(e),
+                });
+            }
             // Drained: what this side consumed may be the room the peer waits for.
             self.ring_peer()?;
         }
@@ -171,8 +174,10 @@ impl Channel for ShmTransport {
 
     fn wake(&mut self) {
         self.ch.wake();
-        if matches!(self.bell.drain(), Ok(n) if n > 0) {
-            self.ch.rang();
+        match self.bell.drain() {
+            Ok(0) => {}
+            Ok(_) => self.ch.rang(),
+            Err(e) => self.failed = Some(e),
         }
     }
 
@@ -293,18 +298,16 @@ pub async fn offer(
         Some(_) => Some(PoolArena::new(c"splitnet-host-pools", setup.pool_size)?),
         None => None,
     };
-    let bell = EventFd::new()?;
-    let mut fds = vec![tx_fd.as_fd(), rx_fd.as_fd(), bell.as_fd()];
+    let mut fds = vec![tx_fd.as_fd(), rx_fd.as_fd()];
     fds.extend(pools.as_ref().map(|p| p.fd.as_fd()));
     if send_fds(&sock, &setup.emit(), &fds)? != SETUP_LEN {
         return Err(FabricError::Shm("the set-up was cut short".into()));
     }
     let mut ack = [0u8; ACK_LEN];
-    let (n, fds) = recv_setup(&sock, &mut ack, 1 + usize::from(pools.is_some()), timeout).await?;
+    let (n, fds) = recv_setup(&sock, &mut ack, usize::from(pools.is_some()), timeout).await?;
     let refused = || FabricError::Shm("the IOC refused the shared memory".into());
     let ioc_pools = Setup::parse_ack(&ack[..n]).map_err(|_| refused())?;
     let mut fds = fds.into_iter();
-    let peer = fds.next().ok_or_else(refused)?;
     let ioc_map = match (fds.next(), ioc_pools, &pools) {
         (Some(fd), len @ 1.., Some(_)) => {
             Some(verify(fd, usize::try_from(len).map_err(|_| refused())?)?)
@@ -316,7 +319,7 @@ pub async fn offer(
     if let Some(m) = ioc_map {
         ch.set_peer_pools(m);
     }
-    let mut t = ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock);
+    let mut t = ShmTransport::new(ch, sock);
     t.pools = pools.map(|p| p.map);
     Ok(t)
 }
@@ -332,7 +335,7 @@ pub async fn accept(
     pools: Option<PoolArena>,
     timeout: Duration,
 ) -> Result<ShmTransport, FabricError> {
-    let want = 3 + usize::from(pools.is_some());
+    let want = 2 + usize::from(pools.is_some());
     let mut buf = [0u8; SETUP_LEN];
     let (n, fds) = recv_setup(&sock, &mut buf, want, timeout).await?;
     let setup = Setup::parse(&buf[..n]).map_err(shm_err)?;
@@ -359,7 +362,7 @@ pub async fn accept(
         fds.next()
             .ok_or_else(|| FabricError::Shm("descriptor missing".into()))
     };
-    let (rx_fd, tx_fd, peer) = (next()?, next()?, next()?);
+    let (rx_fd, tx_fd) = (next()?, next()?);
     let (rx_map, tx_map) = (
         verify(rx_fd, cfg.region_len())?,
         verify(tx_fd, cfg.region_len())?,
@@ -375,14 +378,12 @@ pub async fn accept(
     if let Some(m) = host_pools {
         ch.set_peer_pools(m);
     }
-    let bell = EventFd::new()?;
     let ack = Setup::emit_ack(pools.as_ref().map_or(0, PoolArena::size));
-    let mut fds = vec![bell.as_fd()];
-    fds.extend(pools.as_ref().map(|p| p.fd.as_fd()));
+    let fds: Vec<_> = pools.as_ref().map(|p| p.fd.as_fd()).into_iter().collect();
     if send_fds(&sock, &ack, &fds)? != ACK_LEN {
         return Err(FabricError::Shm("the answer was cut short".into()));
     }
-    let mut t = ShmTransport::new(ch, bell, EventFd::from_fd(peer), sock);
+    let mut t = ShmTransport::new(ch, sock);
     t.pools = pools.map(|p| p.map);
     Ok(t)
 }

@@ -9,7 +9,7 @@
 #![allow(unsafe_code)]
 
 pub mod bpf;
-pub mod eventfd;
+pub mod doorbell;
 pub mod fanout;
 pub mod filter;
 pub mod netdev;

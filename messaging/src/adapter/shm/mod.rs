@@ -10,8 +10,8 @@
 //! * [`setup`]: what a host proposes when it sets up shared memory with the IOC.
 //! * [`spin`]: how long a consumer polls before it sleeps (adaptive, halt-polling style).
 //!
-//! All are sans-IO: the doorbell itself (an `eventfd`, `sys::eventfd` with the `sys` feature)
-//! and the waiting belong to the caller.
+//! All are sans-IO: the doorbell itself (a byte on the channel's connection,
+//! `sys::doorbell` with the `sys` feature) and the waiting belong to the caller.
 
 pub mod channel;
 pub mod mem;

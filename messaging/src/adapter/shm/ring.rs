@@ -61,7 +61,7 @@
 //! a sequentially consistent fence, and loads `head` again: if `head != tail`, data arrived
 //! meanwhile, it clears `wake` (stores `tail`) and keeps polling instead of sleeping. After
 //! publishing a new `head` the producer issues a sequentially consistent fence, loads `wake`,
-//! and rings the doorbell (an `eventfd` write, outside this module) only if `wake` is armed
+//! and rings the doorbell (a byte on the connection, outside this module) only if `wake` is armed
 //! (bit 0 set) and the event index `e = wake & !1` lies in `[old_head, new_head)`, computed
 //! as `new - e - 1 < new - old` in wrapping arithmetic. The two fences make it impossible for
 //! both the consumer to miss the new `head` and the producer to miss the armed `wake`, so no

@@ -40,8 +40,9 @@ pub const SHM_CHANNEL: u8 = 2;
 pub const SHM_CONTROL_CHANNEL: u8 = 3;
 /// The set-up message's magic: the bytes `SNSH`.
 pub const MAGIC: [u8; 4] = *b"SNSH";
-/// The set-up layout version (2: the host's pools are in shared memory).
-pub const VERSION: u16 = 2;
+/// The set-up layout version (3: the set-up connection is the doorbell, and no doorbell
+/// descriptor travels; 2 passed an `eventfd` each way).
+pub const VERSION: u16 = 3;
 /// The IOC's answer to an accepted set-up: these 4 bytes, then the size of its own pool
 /// arena for this host (u32, big-endian).
 pub const ACK: [u8; 4] = *b"SNOK";
@@ -192,7 +193,9 @@ mod tests {
         };
         assert_eq!(with(0, b"SNSX"), Err(SetupError::Magic));
         assert_eq!(with(4, &1u16.to_be_bytes()), Err(SetupError::Version(1)));
-        assert_eq!(with(6, &[0, 1]), Err(SetupError::Version(2)));
+        // Version 2 passed eventfd doorbells: refused.
+        assert_eq!(with(4, &2u16.to_be_bytes()), Err(SetupError::Version(2)));
+        assert_eq!(with(6, &[0, 1]), Err(SetupError::Version(VERSION)));
         for bad in [0u32, 3 << 20, RING_DATA_RANGE.0 / 2, RING_DATA_RANGE.1 * 2] {
             assert_eq!(with(8, &bad.to_be_bytes()), Err(SetupError::DataSize(bad)));
         }

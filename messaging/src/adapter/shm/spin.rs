@@ -1,6 +1,6 @@
 //! How long a shared-memory consumer polls its ring before it arms the doorbell and sleeps.
 //!
-//! Waking a sleeping thread costs an `eventfd` write and read and, on an idle vCPU, a wake-up
+//! Waking a sleeping thread costs a doorbell's send and receive and, on an idle vCPU, a wake-up
 //! of 16-18 us per hop on the reference machine; polling a ring costs nothing but the CPU it
 //! burns. Polling pays when the next record comes soon after the last, and loses when gaps
 //! are long, or when the peer needs the very CPU the poller occupies. So the spin budget
