@@ -6,9 +6,9 @@ cd "$(dirname "$0")" || exit 1
 secs=${1:-10}
 command -v cargo-fuzz >/dev/null || { echo "missing cargo-fuzz (cargo install cargo-fuzz)"; exit 1; }
 export RUSTC_BOOTSTRAP=1
-# No sanitizer: everything the targets reach is safe Rust (messaging denies unsafe_code outside
-# its syscall and reactor shells, which no target calls), so AddressSanitizer would find
-# nothing Rust's own checks miss, and it made the endpoint target about 5x slower.
+# No sanitizer: everything the targets reach is safe Rust (splitnet-messaging and config deny
+# unsafe_code; the syscall crates, netif and fabric's shm, are not reached), so AddressSanitizer
+# would find nothing Rust's own checks miss, and it made the endpoint target about 5x slower.
 SAN=(-s none)
 cargo fuzz build -O "${SAN[@]}" >/dev/null 2>&1 || { echo "fuzz build failed"; cargo fuzz build -O "${SAN[@]}"; exit 1; }
 rc=0

@@ -6,11 +6,11 @@
 #![no_main]
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use splitnet_messaging::adapter::shm::{
-    heap_pair, ring_config, HeapShared, Producer, SharedMem, KIND_OP, KIND_PLACED,
-};
+use splitnet_messaging::adapter::shm::{heap_pair, ring_config, Producer, KIND_OP, KIND_PLACED};
 use splitnet_messaging::adapter::{Channel, RxCompletion};
-use splitnet_messaging::memory::{Access, DomainId, RegionSpec, Registry};
+use splitnet_messaging::memory::{
+    Access, DomainId, HeapShared, RegionSpec, Registry, SharedMem,
+};
 
 #[derive(Debug, Arbitrary)]
 struct Input {

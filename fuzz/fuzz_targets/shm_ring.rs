@@ -13,7 +13,8 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use splitnet_messaging::adapter::shm::ring::HEADER_LEN;
-use splitnet_messaging::adapter::shm::{Consumer, HeapShared, Producer, RingConfig, SharedMem};
+use splitnet_messaging::adapter::shm::{Consumer, Producer, RingConfig};
+use splitnet_messaging::memory::{HeapShared, SharedMem};
 
 #[derive(Debug, Arbitrary)]
 enum Action {

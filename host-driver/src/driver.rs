@@ -8,20 +8,20 @@
 use crate::snapshot::Snapshot;
 use splitnet_config::{FabricAddr, HostConfig, HostFabric};
 use splitnet_control::report::{offload_names, Counters, Interface};
+use splitnet_fabric::{self as fabric, DataPath, FabricChannel, FabricLink};
 use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig};
 use splitnet_messaging::adapter::Channel;
 use splitnet_messaging::endpoint::{
     InPlace, InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
     SessionConfig, TargetConfig,
 };
-use splitnet_messaging::fabric::{self, DataPath, FabricChannel, FabricLink};
 use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBuf, SendBufCache, SharedBytes};
 use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
-use splitnet_messaging::service::{self, notify};
-use splitnet_messaging::sys::netdev;
-use splitnet_messaging::sys::tap::{Offloads, Tap};
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, HelloReply, Message, Queue};
+use splitnet_netif::netdev;
+use splitnet_netif::tap::{Offloads, Tap};
+use splitnet_service::{self as service, notify};
 use std::cell::RefCell;
 use std::io;
 use std::path::PathBuf;
@@ -411,7 +411,7 @@ fn feature_bits(o: &Offloads) -> u64 {
 fn default_node_id(ifname: &str) -> u64 {
     let machine = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
     // The fabric address distinguishes hosts that share a machine id (namespaces, clones).
-    let host = splitnet_messaging::sys::hostname();
+    let host = splitnet_netif::hostname();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in machine
         .trim()

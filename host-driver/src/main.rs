@@ -10,7 +10,7 @@ mod driver;
 mod snapshot;
 
 use clap::Parser;
-use splitnet_messaging::service;
+use splitnet_service as service;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

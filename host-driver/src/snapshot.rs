@@ -7,7 +7,7 @@ use splitnet_control::report::{
     Stats, Status, TxLimit,
 };
 use splitnet_messaging::endpoint::{LinkStats, Session};
-use splitnet_messaging::service::{metrics, Introspect};
+use splitnet_service::{metrics, Introspect};
 use std::time::Instant;
 
 /// The host driver's state as operators see it.

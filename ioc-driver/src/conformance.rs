@@ -711,14 +711,14 @@ fn hello_reply(version: u16, status: u16) -> Vec<u8> {
 /// raw IOC at `addr`, its data channel over `path`.
 fn host_connect(
     addr: SocketAddr,
-    path: splitnet_messaging::fabric::DataPath,
-) -> Result<(), splitnet_messaging::fabric::FabricError> {
+    path: splitnet_fabric::DataPath,
+) -> Result<(), splitnet_fabric::FabricError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(splitnet_messaging::fabric::connect(
-        || splitnet_messaging::fabric::dial_tcp(addr),
+    rt.block_on(splitnet_fabric::connect(
+        || splitnet_fabric::dial_tcp(addr),
         path,
         7,
         splitnet_messaging::wire::Queue::SINGLE,
@@ -746,7 +746,7 @@ fn h9_host_answers_an_unusable_reply_with_goodbye() {
         c.put(&hello_reply(2, 0));
         c.drain()
     });
-    let r = host_connect(addr, splitnet_messaging::fabric::DataPath::Stream);
+    let r = host_connect(addr, splitnet_fabric::DataPath::Stream);
     assert!(r.is_err());
     assert_eq!(ioc.join().unwrap(), vec![code("H9")]);
 }
@@ -771,7 +771,7 @@ fn a_host_falls_back_to_its_control_socket_when_the_ioc_refuses_channel_3() {
         }
         channels
     });
-    let path = splitnet_messaging::fabric::DataPath::Shm {
+    let path = splitnet_fabric::DataPath::Shm {
         pool_bytes: 1 << 20,
     };
     // The data channel's set-up would follow over a Unix socket; not over TCP.

@@ -27,7 +27,7 @@ use tracing::warn;
 /// Completions handled per channel per wake-up.
 pub const RX_BUDGET: usize = 256;
 /// Frames read from the NIC per wake-up, with one `recvmmsg(2)`.
-const LAN_BATCH: usize = splitnet_messaging::sys::packet::RECV_BATCH;
+const LAN_BATCH: usize = splitnet_netif::packet::RECV_BATCH;
 
 /// Copies `frame` into a send buffer and posts it to `host`, within its quota.
 fn deliver_copy(host: &mut Host, frame: HostFrame<'_>, cache: &mut SendBufCache) {

@@ -7,13 +7,13 @@
 //! a full socket of its own is waited on by its own task only.
 
 use crate::placed::{PlaceRetry, Placed};
+use splitnet_fabric::FabricChannel;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
-use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
 use splitnet_messaging::sched::{FqConfig, Scheduler};
-use splitnet_messaging::service::loglimit::LogLimit;
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{self, Queue, Stats};
+use splitnet_service::loglimit::LogLimit;
 use std::collections::hash_map::RandomState;
 use std::rc::Rc;
 use std::time::{Duration, Instant};

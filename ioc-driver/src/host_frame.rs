@@ -89,7 +89,7 @@ impl<'a> HostFrame<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use splitnet_messaging::adapter::shm::{HeapShared, SharedMem};
+    use splitnet_messaging::memory::{HeapShared, SharedMem};
 
     #[test]
     fn a_shared_frame_is_checked_from_its_private_head_and_copied_whole() {

@@ -3,8 +3,8 @@
 use crate::forward::HostEnd;
 use crate::ioc::{Ioc, MAX_CONTROL_BACKLOG};
 use crate::placed::PlacedProgress;
+use splitnet_fabric::{Guard, LinkReady, Ready};
 use splitnet_messaging::endpoint::{Lane, Liveness};
-use splitnet_messaging::fabric::{Guard, LinkReady, Ready};
 use splitnet_messaging::wire::Message;
 use std::cell::RefCell;
 use std::rc::Rc;

@@ -10,15 +10,15 @@ use crate::lan_tx::LanTx;
 use crate::nic::Nic;
 use crate::shard::{self, Shard};
 use splitnet_config::IocConfig;
+use splitnet_fabric::FabricChannel;
 use splitnet_messaging::endpoint::{
     InitiatorConfig, Keepalive, Link, LinkError, LinkEvent, PoolGetOutcome, PoolSpec,
     SessionConfig, TargetConfig,
 };
-use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{Registry, SendBufCache};
-use splitnet_messaging::service::loglimit::LogLimit;
-use splitnet_messaging::service::notify;
 use splitnet_messaging::wire::{self, features, fmt_mac, CfgCode, ErrorCode, Queue, Stats};
+use splitnet_service::loglimit::LogLimit;
+use splitnet_service::notify;
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;

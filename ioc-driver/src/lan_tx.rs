@@ -13,7 +13,7 @@ use crate::host::{Host, TxDrop};
 use crate::host_frame::HostFrame;
 use crate::ioc::IocStats;
 use crate::nic::Nic;
-use splitnet_messaging::sys::packet::SEND_BATCH;
+use splitnet_netif::packet::SEND_BATCH;
 use std::collections::BTreeMap;
 use tracing::debug;
 

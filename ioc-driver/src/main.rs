@@ -24,7 +24,7 @@ mod tests;
 mod worker;
 
 use clap::Parser;
-use splitnet_messaging::service;
+use splitnet_service as service;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -4,8 +4,8 @@
 //! its place, so that forwarding, quotas and session ends run without root or an interface.
 
 use splitnet_messaging::memory::SharedBytes;
-use splitnet_messaging::sys::packet::{FilterHandle, PacketSocket};
-use splitnet_messaging::sys::{fanout, filter};
+use splitnet_netif::packet::{FilterHandle, PacketSocket};
+use splitnet_netif::{fanout, filter};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 

@@ -18,7 +18,7 @@ use crate::host::RxDrop;
 use crate::host_frame::HEAD;
 use crate::ioc::Ioc;
 use crate::nic::HostRx;
-use splitnet_messaging::fabric::Ready;
+use splitnet_fabric::Ready;
 use splitnet_messaging::memory::SharedBytes;
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::Queue;

@@ -9,9 +9,9 @@ use splitnet_control::report::{
     offload_names, Counters, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools, Pools,
     Reply, Request, Role, Stats, Status,
 };
-use splitnet_messaging::service::metrics::Exposition;
-use splitnet_messaging::sys::netdev;
 use splitnet_messaging::wire::{self, features, fmt_mac};
+use splitnet_netif::netdev;
+use splitnet_service::metrics::Exposition;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 

@@ -11,7 +11,7 @@
 //! generation changes.
 
 use crate::nic::{Exclusion, Nic};
-use splitnet_messaging::sys::filter::MAX_EXCLUDED;
+use splitnet_netif::filter::MAX_EXCLUDED;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;

@@ -6,9 +6,9 @@ use crate::host::Host;
 use crate::ioc::Ioc;
 use crate::nic::fake::FakeNic;
 use crate::placed::{PlacedProgress, PLACE_RETRY, PLACE_RETRY_MAX};
+use splitnet_fabric::FabricChannel;
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
-use splitnet_messaging::fabric::FabricChannel;
 use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBufCache};
 use splitnet_messaging::testing;
 use splitnet_messaging::vnet::{VnetHdr, VNET_HDR_LEN};
@@ -149,7 +149,7 @@ fn connect_shm(ioc: &mut Ioc, node_id: u64) -> (u64, Peer) {
 
 /// [`connect_shm`] with the host's own session configuration.
 fn connect_shm_with(ioc: &mut Ioc, node_id: u64, config: SessionConfig) -> (u64, Peer) {
-    use splitnet_messaging::fabric::shm::{accept, offer, PoolArena};
+    use splitnet_fabric::shm::{accept, offer, PoolArena};
     let unix = || {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         for s in [&a, &b] {

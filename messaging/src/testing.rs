@@ -3,12 +3,13 @@
 //! Both peers live in one thread; [`Pair::drive`] moves bytes both ways and feeds every
 //! completion to the sessions until nothing moves any more.
 
-use crate::adapter::shm::{self, HeapShared, ShmChannel};
+use crate::adapter::shm::{self, ShmChannel};
 use crate::adapter::{pipe, Channel, PipeEnd, StreamChannel};
 use crate::endpoint::{
     InitiatorConfig, Lane, Link, LinkError, LinkEvent, PoolSpec, Posted, Session, SessionConfig,
     TargetConfig,
 };
+use crate::memory::HeapShared;
 use crate::memory::{DomainId, Frame, Registry, SendBufCache};
 use crate::wire;
 
@@ -275,10 +276,7 @@ impl Pair<ShmPipe> {
         let (mut d0, mut d1) = rings();
         let (mut reg_a, mut reg_b) = (Registry::new(1 << 30), Registry::new(1 << 30));
         if pools {
-            let (arena_a, arena_b) = (
-                shm::HeapShared::new(16 << 20),
-                shm::HeapShared::new(16 << 20),
-            );
+            let (arena_a, arena_b) = (HeapShared::new(16 << 20), HeapShared::new(16 << 20));
             d0.set_peer_pools(arena_b.clone());
             d1.set_peer_pools(arena_a.clone());
             let fresh = "a new registry has no regions";

@@ -5,7 +5,7 @@
 //! holds a handful of pools, registered at a session's start and after a flush, so nothing
 //! smarter pays (and no allocator crate manages memory it does not own).
 
-use crate::adapter::shm::SharedMem;
+use crate::memory::SharedMem;
 use std::sync::Arc;
 
 /// Shared memory that backs regions.
@@ -95,7 +95,7 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapter::shm::HeapShared;
+    use crate::memory::HeapShared;
     use proptest::prelude::*;
 
     fn arena(len: usize) -> Arena {

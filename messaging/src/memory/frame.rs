@@ -6,7 +6,7 @@
 //! ([`SharedBytes::copy_out`], whose copy is then private and checked once) or hands the
 //! kernel its address (`sys::write_parts`), where the kernel copies it.
 
-use crate::adapter::shm::{MemError, SharedMem};
+use crate::memory::{MemError, SharedMem};
 use std::sync::atomic::AtomicU32;
 
 /// A delivered frame.
@@ -126,7 +126,7 @@ impl<'a> SharedBytes<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapter::shm::HeapShared;
+    use crate::memory::HeapShared;
 
     #[test]
     fn shared_bytes_stay_inside_their_memory_and_range() {

@@ -1,10 +1,12 @@
-//! Registered memory: handles, protection domains, regions and the send-buffer cache.
+//! Registered memory: handles, protection domains, regions and the send-buffer cache, and
+//! memory shared with a peer that may rewrite it at any moment ([`SharedMem`]).
 
 mod arena;
 mod frame;
 mod handle;
 mod registry;
 mod sendbuf;
+mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -15,3 +17,4 @@ pub use registry::{
     arena_offset, Placement, ProtectionError, RegionSpec, Registry, RegistryError, RegistryStats,
 };
 pub use sendbuf::{CacheStats, SendBuf, SendBufCache};
+pub use shared::{HeapShared, MemError, SharedMem};

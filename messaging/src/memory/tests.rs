@@ -264,7 +264,7 @@ proptest! {
 
 #[test]
 fn a_domain_with_an_arena_lays_its_regions_out_there_until_it_is_full() {
-    use crate::adapter::shm::HeapShared;
+    use crate::memory::HeapShared;
     let mut reg = Registry::new(1 << 30);
     let spec = |count| RegionSpec {
         domain: PD_A,

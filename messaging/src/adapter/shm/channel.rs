@@ -18,12 +18,12 @@
 //! asked to be woken by a publication; [`ShmChannel::prepare_sleep`] arms this side's own
 //! request before the caller sleeps on its doorbell.
 
-use super::mem::SharedMem;
 use super::ring::{Consumer, Producer, PushError, RingConfig, RingError};
 use crate::adapter::op::{Op, OpHeader, OP_HEADER_LEN};
 use crate::adapter::rx::{RxCompletion, RxError};
 use crate::adapter::tx::{Payload, TxQueue};
 use crate::adapter::{Channel, ChannelError};
+use crate::memory::SharedMem;
 use crate::memory::{arena_offset, DomainId, Placement, Registry, SendBufCache, SharedBytes};
 use thiserror::Error;
 
@@ -438,16 +438,22 @@ impl<M: SharedMem + Send + Sync> Channel for ShmChannel<M> {
     }
 }
 
-/// Two connected channels over in-process rings of `cfg` ([`super::HeapShared`]): for tests,
+/// Two connected channels over in-process rings of `cfg` ([`crate::memory::HeapShared`]): for tests,
 /// fuzzing and benchmarks. `a` accepts writes into the pools of `domain_a` (its side's
 /// registry), `b` into those of `domain_b`.
 pub fn heap_pair(
     cfg: RingConfig,
     (domain_a, domain_b): (DomainId, DomainId),
     max_send: usize,
-) -> Result<(ShmChannel<super::HeapShared>, ShmChannel<super::HeapShared>), RingError> {
-    let ring = || -> Result<super::HeapShared, RingError> {
-        let m = super::HeapShared::new(cfg.region_len());
+) -> Result<
+    (
+        ShmChannel<crate::memory::HeapShared>,
+        ShmChannel<crate::memory::HeapShared>,
+    ),
+    RingError,
+> {
+    let ring = || -> Result<crate::memory::HeapShared, RingError> {
+        let m = crate::memory::HeapShared::new(cfg.region_len());
         cfg.init(&m)?;
         Ok(m)
     };
@@ -471,9 +477,9 @@ pub fn heap_pair(
 mod tests {
     use super::*;
     use crate::adapter::shm::ring::HEADER_LEN;
-    use crate::adapter::shm::{HeapShared, SharedMem};
     use crate::adapter::tests::{drain, target_pool as pool, PD};
     use crate::memory::{Frame, Handle, ProtectionError, RegistryError};
+    use crate::memory::{HeapShared, SharedMem};
 
     /// Two channels over rings of `data_size` bytes carrying payloads up to 4 KiB.
     fn pair(data_size: u32) -> (ShmChannel<HeapShared>, ShmChannel<HeapShared>) {

@@ -1,8 +1,6 @@
 //! Building blocks of a shared-memory transport for co-located daemons
 //! (`docs/transports.md`, "Shared-memory rings").
 //!
-//! * [`mem`]: the [`SharedMem`] trait for memory a peer may rewrite at any moment, and
-//!   [`HeapShared`], an in-process implementation (the `sys` feature adds a `memfd` mapping).
 //! * [`ring`]: a single-producer single-consumer ring of variable-length records with
 //!   doorbell suppression, hardened against a hostile peer.
 //! * [`channel`]: a [`crate::adapter::Channel`] over two rings, with the checks of the TCP
@@ -10,11 +8,13 @@
 //! * [`setup`]: what a host proposes when it sets up shared memory with the IOC.
 //! * [`spin`]: how long a consumer polls before it sleeps (adaptive, halt-polling style).
 //!
-//! All are sans-IO: the doorbell itself (a byte on the channel's connection,
-//! `sys::doorbell` with the `sys` feature) and the waiting belong to the caller.
+//! All are sans-IO over [`crate::memory::SharedMem`], memory a peer may rewrite at any
+//! moment: mapping it, passing it, the doorbell and the waiting belong to the caller
+//! (`splitnet-fabric`'s `shm` module).
 
 pub mod channel;
-pub mod mem;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod harness;
 pub mod ring;
 pub mod setup;
 pub mod spin;
@@ -24,6 +24,5 @@ pub(crate) mod tests;
 pub use channel::{
     heap_pair, ring_config, ShmChannel, ShmError, KIND_OP, KIND_PLACED, MAX_IDLE_WAKES,
 };
-pub use mem::{HeapShared, MemError, SharedMem};
 pub use ring::{ConfigError, Consumer, Producer, PushError, Pushed, Record, RingConfig, RingError};
 pub use spin::{Idle, Spin, SpinConfig};

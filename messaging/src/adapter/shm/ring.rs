@@ -86,7 +86,7 @@
 //! refuses a `tail` that is not a multiple of 8 or outside `[head - data_size, head]`.
 //! Each side checks the header against its own configuration when attaching.
 
-use super::mem::{MemError, SharedMem};
+use crate::memory::{MemError, SharedMem};
 use std::sync::atomic::{fence, Ordering};
 use thiserror::Error;
 

@@ -1,6 +1,10 @@
 //! What both daemons need to be good system services: systemd notifications and a
 //! watchdog fed from the data path, logging set up from the configuration or `RUST_LOG`,
-//! and the current-thread runtime they run on.
+//! and the current-thread runtime they run on; the metrics endpoint ([`metrics`]), the
+//! control socket `splitnetctl` talks to ([`control`]), and rate limits for log lines a peer
+//! can provoke ([`loglimit`]).
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod control;
 pub mod loglimit;

@@ -659,14 +659,14 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
 /// One channel's shared memory as a rogue host sets it up (docs/protocol.md section 9).
 struct ShmChannelSetup {
     /// The ring this host produces into.
-    to_ioc: splitnet_messaging::sys::shm::Mapping,
+    to_ioc: splitnet_fabric::shm::memfd::Mapping,
     /// The channel's doorbell: this host's end of its connection.
-    ioc_bell: splitnet_messaging::sys::doorbell::Doorbell,
+    ioc_bell: splitnet_fabric::shm::doorbell::Doorbell,
     /// Kept open for the session's lifetime: the other ring and (a data channel's) pool
     /// arena.
     _keep: (
-        splitnet_messaging::sys::shm::Mapping,
-        Option<splitnet_messaging::sys::shm::Memfd>,
+        splitnet_fabric::shm::memfd::Mapping,
+        Option<splitnet_fabric::shm::memfd::Memfd>,
     ),
 }
 
@@ -674,10 +674,10 @@ impl ShmChannelSetup {
     /// Sends a correct set-up on `sock` (with a pool arena for a data channel) and takes the
     /// IOC's answer.
     fn offer(sock: &UnixStream, data: bool) -> Result<ShmChannelSetup, String> {
+        use splitnet_fabric::shm::{doorbell::Doorbell, memfd as shm};
         use splitnet_messaging::adapter::shm::setup::{
             Setup, ACK_LEN, MAX_PAYLOAD, POOL_RANGE, RING_DATA, RING_DATA_CONTROL,
         };
-        use splitnet_messaging::sys::{doorbell::Doorbell, shm};
         let setup = Setup {
             data_size: if data { RING_DATA } else { RING_DATA_CONTROL },
             max_payload: MAX_PAYLOAD,
@@ -790,8 +790,8 @@ fn ended(mut sock: &UnixStream) -> bool {
 /// a GetStats every millisecond and polls its ring for the answer. The IOC must answer every
 /// one to the end, however many of its rings went unread. Returns (requests, answers).
 fn doorbell_never_read(path: &str) -> Result<(u32, u32), String> {
+    use splitnet_fabric::shm::offer;
     use splitnet_messaging::adapter::shm::setup::{SHM_CHANNEL, SHM_CONTROL_CHANNEL};
-    use splitnet_messaging::fabric::shm::offer;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -869,8 +869,9 @@ fn doorbell_never_read(path: &str) -> Result<(u32, u32), String> {
 /// - `shm-placed-ungranted`: publishes a placed write (a header alone) naming no element it
 ///   was granted.
 fn shm_attacks(path: &str) -> Vec<&'static str> {
-    use splitnet_messaging::adapter::shm::{ring_config, setup, Producer, SharedMem, KIND_PLACED};
+    use splitnet_messaging::adapter::shm::{ring_config, setup, Producer, KIND_PLACED};
     use splitnet_messaging::adapter::{Op, OpHeader};
+    use splitnet_messaging::memory::SharedMem;
     // `head` of a ring to the IOC (offset 64): not a multiple of 8.
     let bad_index = |data: bool| -> Result<bool, String> {
         let s = ShmSession::open(path)?;

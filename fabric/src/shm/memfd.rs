@@ -10,7 +10,7 @@
 //! Plain `libc` calls: the handful needed do not justify another dependency.
 
 use super::{cvt, cvt_size};
-use crate::adapter::shm::{MemError, SharedMem};
+use splitnet_messaging::memory::{MemError, SharedMem};
 use std::ffi::CStr;
 use std::io;
 use std::mem::size_of;
@@ -398,8 +398,9 @@ pub fn recv_fds(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapter::shm::tests::{payload, transfer};
-    use crate::adapter::shm::{Consumer, HeapShared, Producer, Record, RingConfig};
+    use splitnet_messaging::adapter::shm::harness::{payload, transfer};
+    use splitnet_messaging::adapter::shm::{Consumer, Producer, Record, RingConfig};
+    use splitnet_messaging::memory::HeapShared;
     use std::io::Read;
 
     fn ring_cfg() -> RingConfig {

@@ -1,4 +1,11 @@
-//! The tokio shell around the sans-IO core: stream channels, readiness and the handshake.
+//! splitnet's fabric: the transports a link's channels travel over and the tokio shell that
+//! sets them up around the sans-IO core (`splitnet-messaging`).
+//!
+//! * This module: stream channels over TCP (between machines) and Unix sockets (between
+//!   daemons on one machine), their readiness with the tokio reactor, dialing, the handshake
+//!   and [`FabricLink`], a link with its registrations.
+//! * [`shm`]: channels in shared memory (on one machine), with all of that transport's
+//!   `unsafe` (mappings, descriptor passing, the doorbell) in its two submodules.
 //!
 //! A [`FabricLink`] owns a [`Link`] over two non-blocking stream sockets (channel 0,
 //! control, and channel 1, data: TCP between machines, Unix stream sockets between daemons
@@ -6,13 +13,18 @@
 //! [`FabricLink::ready`] and then drive the link until the sockets would block; nothing here
 //! buffers or copies frames.
 
-use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel};
-#[cfg(feature = "sys")]
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
 pub mod shm;
-use crate::endpoint::handshake::{self, HandshakeError};
-use crate::endpoint::{Lane, Link, Session};
-use crate::memory::{DomainId, Registry};
-use crate::wire::{self, ErrorCode, Hello, HelloReply, Queue, Role};
+
+use splitnet_messaging::adapter::{
+    Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
+};
+use splitnet_messaging::endpoint::handshake::{self, HandshakeError};
+use splitnet_messaging::endpoint::{Lane, Link, Session};
+use splitnet_messaging::memory::{DomainId, Registry};
+use splitnet_messaging::wire::{self, ErrorCode, Hello, HelloReply, Queue, Role};
 use std::future::Future;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -103,7 +115,6 @@ pub enum FabricChannel {
     /// Over the connection's socket.
     Stream(StreamConn),
     /// Over shared-memory rings.
-    #[cfg(feature = "sys")]
     Shm(Box<shm::ShmTransport>),
 }
 
@@ -118,7 +129,6 @@ macro_rules! each {
     ($self:expr, $c:ident => $e:expr) => {
         match $self {
             FabricChannel::Stream($c) => $e,
-            #[cfg(feature = "sys")]
             FabricChannel::Shm($c) => $e,
         }
     };
@@ -137,7 +147,7 @@ impl Channel for FabricChannel {
     fn received(&self) -> &[u8] {
         each!(self, c => c.received())
     }
-    fn reclaim(&mut self, cache: &mut crate::memory::SendBufCache) {
+    fn reclaim(&mut self, cache: &mut splitnet_messaging::memory::SendBufCache) {
         each!(self, c => c.reclaim(cache))
     }
     fn pending(&self) -> usize {
@@ -170,7 +180,11 @@ impl Channel for FabricChannel {
     fn places_writes(&self) -> bool {
         each!(self, c => c.places_writes())
     }
-    fn peer_window(&self, addr: u64, len: usize) -> Option<crate::memory::SharedBytes<'_>> {
+    fn peer_window(
+        &self,
+        addr: u64,
+        len: usize,
+    ) -> Option<splitnet_messaging::memory::SharedBytes<'_>> {
         each!(self, c => c.peer_window(addr, len))
     }
     fn post_placed(&mut self, op: Op, len: u32) {
@@ -186,10 +200,9 @@ impl FabricChannel {
     /// This side's pool arena, if the peer places its writes in this side's pools: the
     /// registry lays the session's pools out in it ([`Registry::attach_arena`]) before the
     /// session starts.
-    pub fn pools(&self) -> Option<crate::memory::SharedRegion> {
+    pub fn pools(&self) -> Option<splitnet_messaging::memory::SharedRegion> {
         match self {
             FabricChannel::Stream(_) => None,
-            #[cfg(feature = "sys")]
             FabricChannel::Shm(t) => t.pools(),
         }
     }
@@ -199,7 +212,6 @@ impl FabricChannel {
     fn is_shared_memory(&self) -> bool {
         match self {
             FabricChannel::Stream(_) => false,
-            #[cfg(feature = "sys")]
             FabricChannel::Shm(_) => true,
         }
     }
@@ -209,7 +221,6 @@ impl FabricChannel {
     fn readiness(&self) -> io::Result<Ready> {
         match self {
             FabricChannel::Stream(c) => Ready::new(c.stream()),
-            #[cfg(feature = "sys")]
             FabricChannel::Shm(t) => Ready::new(t.bell()),
         }
     }
@@ -352,7 +363,6 @@ pub enum DataPath {
     /// Over shared memory set up on its connection (a Unix socket to the IOC's
     /// `fabric.listen_local`: see [`shm`]), with a pool arena for `pool_bytes` of this
     /// side's receive pools.
-    #[cfg(feature = "sys")]
     Shm {
         /// Bytes of receive pools the arena must hold.
         pool_bytes: u64,
@@ -399,7 +409,6 @@ where
     };
     let (ctrl_no, data_no) = match path {
         DataPath::Stream => (wire::CONTROL_CHANNEL, 1),
-        #[cfg(feature = "sys")]
         DataPath::Shm { .. } => (shm::SHM_CONTROL_CHANNEL, shm::SHM_CHANNEL),
     };
     let (ctrl, r, ctrl_no) = match open(ctrl_no, first).await {
@@ -414,15 +423,9 @@ where
         }
         r => r.map(|(c, r)| (c, r, ctrl_no))?,
     };
-    #[cfg(feature = "sys")]
     let ctrl = match ctrl_no == wire::CONTROL_CHANNEL {
         true => FabricChannel::Stream(ctrl),
         false => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
-    };
-    #[cfg(not(feature = "sys"))]
-    let ctrl = {
-        let _ = ctrl_no; // Always channel 0 without shared memory.
-        FabricChannel::Stream(ctrl)
     };
     let (data, r2) = open(data_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
@@ -432,7 +435,6 @@ where
     }
     let data = match path {
         DataPath::Stream => FabricChannel::Stream(data),
-        #[cfg(feature = "sys")]
         DataPath::Shm { pool_bytes } => {
             FabricChannel::Shm(Box::new(shm_offer(data, Some(pool_bytes), timeout).await?))
         }
@@ -442,7 +444,6 @@ where
 
 /// The host's shared-memory set-up on a channel whose HelloReply it read (see
 /// [`shm::offer`]).
-#[cfg(feature = "sys")]
 async fn shm_offer(
     ch: StreamConn,
     pool_bytes: Option<u64>,
@@ -467,7 +468,6 @@ async fn goodbye(mut ch: StreamConn, code: ErrorCode, timeout: Duration) {
 async fn goodbye_on(ch: FabricChannel, code: ErrorCode, timeout: Duration) {
     match ch {
         FabricChannel::Stream(c) => goodbye(c, code, timeout).await,
-        #[cfg(feature = "sys")]
         FabricChannel::Shm(mut t) => {
             post_goodbye(&mut *t, code);
             let _ = t.flush();
@@ -578,7 +578,6 @@ impl LinkReady {
 /// Whether a Hello's channel number opens a session's control channel: on its socket, or
 /// in shared memory ([`shm::SHM_CONTROL_CHANNEL`]).
 pub fn is_control(channel: u8) -> bool {
-    #[cfg(feature = "sys")]
     if channel == shm::SHM_CONTROL_CHANNEL {
         return true;
     }

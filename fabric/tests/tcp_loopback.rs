@@ -1,8 +1,8 @@
 //! Two endpoints over real TCP on loopback push 100,000 frames of random sizes each way at
 //! once: every byte exact, none lost, every credit back at the end.
 
+use splitnet_fabric::{self as fabric, DataPath, FabricLink};
 use splitnet_messaging::endpoint::{Lane, LinkEvent, Posted, Session};
-use splitnet_messaging::fabric::{self, DataPath, FabricLink};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::testing::config;
 use splitnet_messaging::wire::{self, ErrorCode, MAX_MESSAGE_LEN};
@@ -239,7 +239,6 @@ fn hundred_thousand_frames_each_way_over_a_unix_socket() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[cfg(feature = "sys")]
 #[test]
 fn hundred_thousand_frames_each_way_over_shared_memory() {
     let (l, dir) = unix_listener("shm");
@@ -279,7 +278,6 @@ fn exchange(listener: Listener, path_kind: DataPath) {
                     assert_eq!(hello.channel, wire::CONTROL_CHANNEL);
                     c.into()
                 }
-                #[cfg(feature = "sys")]
                 DataPath::Shm { .. } => {
                     assert_eq!(hello.channel, fabric::shm::SHM_CONTROL_CHANNEL);
                     let fabric::Stream::Unix(sock) = c.into_stream() else {
@@ -301,7 +299,6 @@ fn exchange(listener: Listener, path_kind: DataPath) {
                     assert_eq!((hello.session, hello.channel), (1, 1));
                     d.into()
                 }
-                #[cfg(feature = "sys")]
                 DataPath::Shm { .. } => {
                     assert_eq!(
                         (hello.session, hello.channel),

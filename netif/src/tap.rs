@@ -6,7 +6,7 @@
 
 use super::netdev::{self, ifreq};
 use super::{cvt, read, write};
-use crate::memory::SharedBytes;
+use splitnet_messaging::memory::SharedBytes;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 

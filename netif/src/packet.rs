@@ -7,7 +7,7 @@
 
 use super::bpf::Insn;
 use super::{cvt, netdev, write};
-use crate::vnet::{insert_vlan, VLAN_TAG_LEN};
+use splitnet_messaging::vnet::{insert_vlan, VLAN_TAG_LEN};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -267,7 +267,10 @@ impl PacketSocket {
     /// length, which is more than `dst`'s when the frame did not fit (then cut). The VLAN
     /// tag the kernel took out, if any, is not put back: use it on a socket whose filter
     /// refuses tagged frames ([`super::filter::only_to`]).
-    pub fn recv_into(&self, dst: &crate::memory::SharedBytes<'_>) -> io::Result<usize> {
+    pub fn recv_into(
+        &self,
+        dst: &splitnet_messaging::memory::SharedBytes<'_>,
+    ) -> io::Result<usize> {
         super::recv_into(self.fd.as_fd(), dst, libc::MSG_TRUNC)
     }
 
@@ -325,7 +328,7 @@ impl PacketSocket {
     /// one; their whole lengths go to `lens`. Returns how many arrived (`WouldBlock`: none).
     pub fn recv_batch_into(
         &self,
-        dst: &[crate::memory::SharedBytes<'_>],
+        dst: &[splitnet_messaging::memory::SharedBytes<'_>],
         lens: &mut [usize],
     ) -> io::Result<usize> {
         let n = dst.len().min(RECV_BATCH);
@@ -385,7 +388,7 @@ impl PacketSocket {
     pub fn send_parts(
         &self,
         head: &[u8],
-        rest: &crate::memory::SharedBytes<'_>,
+        rest: &splitnet_messaging::memory::SharedBytes<'_>,
     ) -> io::Result<usize> {
         super::write_parts(self.fd.as_fd(), head, rest)
     }
@@ -495,11 +498,11 @@ impl AsFd for PacketSocket {
 
 #[cfg(test)]
 mod tests {
-    use super::super::filter::{all_but, only_to};
     use super::*;
-    use crate::adapter::shm::HeapShared;
-    use crate::memory::SharedBytes;
-    use crate::vnet::VNET_HDR_LEN;
+    use crate::filter::{all_but, only_to};
+    use splitnet_messaging::memory::HeapShared;
+    use splitnet_messaging::memory::SharedBytes;
+    use splitnet_messaging::vnet::VNET_HDR_LEN;
 
     /// Moves this test's thread into a network namespace of its own with its loopback up;
     /// false (the test is skipped) when not run as root (`tests/run-all.sh` runs it as root).
@@ -548,7 +551,7 @@ mod tests {
     /// Waits (up to 5 s) until `s` holds a frame.
     fn wait_readable(s: &PacketSocket) {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while !super::super::readable_now(s.as_fd()).unwrap() && std::time::Instant::now() < until {
+        while !crate::readable_now(s.as_fd()).unwrap() && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }

@@ -2,16 +2,16 @@
 //! acceptance agree and carry operations; every kind of bad set-up a rogue host can send
 //! is refused with an error (never a panic, never a mapping of what was not checked).
 
+use splitnet_fabric::shm::memfd::{send_fds, Memfd};
+use splitnet_fabric::shm::{accept, offer, PoolArena, ShmTransport};
+use splitnet_fabric::FabricError;
 use splitnet_messaging::adapter::shm::setup::{
     Setup, MAX_PAYLOAD, POOL_RANGE, RING_DATA, SETUP_LEN,
 };
 use splitnet_messaging::adapter::{Channel, Op, Payload, RxCompletion};
-use splitnet_messaging::fabric::shm::{accept, offer, PoolArena, ShmTransport};
-use splitnet_messaging::fabric::FabricError;
 use splitnet_messaging::memory::{
     Access, DomainId, Frame, Handle, RegionSpec, Registry, SharedRegion,
 };
-use splitnet_messaging::sys::shm::{send_fds, Memfd};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -241,7 +241,7 @@ fn a_peer_that_leaves_is_seen_after_its_last_records() {
     );
     assert_eq!(i.received(), b"goodbye");
     // Its end of stream keeps the doorbell readable: the next wake-up reads it.
-    assert!(splitnet_messaging::sys::readable_now(i.bell().as_fd()).unwrap());
+    assert!(i.bell().is_readable().unwrap());
     i.wake();
     let e = i.poll_recv(&mut reg).unwrap_err();
     assert!(e.to_string().contains("closed by peer"), "{e}");

@@ -10,8 +10,8 @@
 //! may fetch a checked byte from shared memory a second time. The bulk copies
 //! [`SharedMem::copy_out`] and [`SharedMem::copy_in`], for payloads that are only carried to
 //! private memory and parsed (if at all) there, default to the same, and an implementation
-//! may make them `memcpy`, as `sys::shm::Mapping` does (this crate's `unsafe` lives in `sys`
-//! only): a word-at-a-time copy of every frame cost a fifth of all CPU under load.
+//! may make them `memcpy`, as `splitnet-fabric`'s `memfd::Mapping` does (this crate has no
+//! `unsafe`): a word-at-a-time copy of every frame cost a fifth of all CPU under load.
 //!
 //! Words hold their bytes in little-endian order whatever the host's order, so the byte at
 //! offset `4 * i + j` is byte `j` of `u32::from_le(words[i])`.

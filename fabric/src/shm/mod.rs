@@ -19,22 +19,32 @@
 //!
 //! Then each operation travels as a ring record ([`ShmChannel`]); each side places its RDMA
 //! writes straight into the other's pool elements, so their records are headers only
-//! ([`crate::adapter::shm::KIND_PLACED`]). The connection stays the channel's doorbell
+//! ([`splitnet_messaging::adapter::shm::KIND_PLACED`]). The connection stays the channel's doorbell
 //! ([`Doorbell`]): each side sleeps until its end is readable and rings the peer, with a
 //! byte, when the peer asked to be woken; its end of stream says that the peer is gone. No
 //! descriptor the peer sends is ever read or written, so none can block this side.
 
-pub use crate::adapter::shm::setup::{SHM_CHANNEL, SHM_CONTROL_CHANNEL};
+//!
+//! All of this transport's `unsafe` is in two submodules: [`memfd`] (sealed files, their
+//! mappings, descriptor passing) and [`doorbell`]; the ring itself and its checks against a
+//! hostile peer are sans-IO, in `splitnet_messaging::adapter::shm`.
+
+#[allow(unsafe_code)]
+pub mod doorbell;
+#[allow(unsafe_code)]
+pub mod memfd;
+
+pub use splitnet_messaging::adapter::shm::setup::{SHM_CHANNEL, SHM_CONTROL_CHANNEL};
 
 use super::{FabricError, Ready};
-use crate::adapter::shm::setup::{
+use doorbell::Doorbell;
+use memfd::{recv_fds, send_fds, Mapping, Memfd};
+use splitnet_messaging::adapter::shm::setup::{
     Setup, ACK_LEN, MAX_PAYLOAD, RING_DATA, RING_DATA_CONTROL, SETUP_LEN,
 };
-use crate::adapter::shm::{Consumer, Producer, RingConfig, ShmChannel};
-use crate::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
-use crate::memory::{DomainId, Registry, SendBufCache, SharedBytes, SharedRegion};
-use crate::sys::doorbell::Doorbell;
-use crate::sys::shm::{recv_fds, send_fds, Mapping, Memfd};
+use splitnet_messaging::adapter::shm::{Consumer, Producer, RingConfig, ShmChannel};
+use splitnet_messaging::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
+use splitnet_messaging::memory::{DomainId, Registry, SendBufCache, SharedBytes, SharedRegion};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -386,4 +396,18 @@ pub async fn accept(
     let mut t = ShmTransport::new(ch, sock);
     t.pools = pools.map(|p| p.map);
     Ok(t)
+}
+
+/// `r`, or the error `errno` gives when negative.
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `r` as a byte count, or the error `errno` gives when negative.
+fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
+    usize::try_from(r).map_err(|_| io::Error::last_os_error())
 }

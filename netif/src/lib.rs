@@ -1,20 +1,23 @@
-//! Linux interfaces the daemons need and no well-kept crate offers as one piece: a TAP with
-//! `IFF_VNET_HDR`, `TUNSETOFFLOAD` and `TUNSETCARRIER`, an `AF_PACKET` socket with
-//! `PACKET_VNET_HDR`, and the `SIOC*IF*` ioctls for MTU, MAC and flags.
+//! The Linux network interfaces the daemons need and no well-kept crate offers as one piece:
+//! a TAP with `IFF_VNET_HDR`, `TUNSETOFFLOAD` and `TUNSETCARRIER` ([`tap`]), an `AF_PACKET`
+//! socket with `PACKET_VNET_HDR`, batched reads and fanout ([`packet`], [`fanout`]), its
+//! classic BPF receive filters ([`bpf`], [`filter`]), and the `SIOC*IF*` ioctls for MTU, MAC
+//! and flags ([`netdev`]); and the reads and writes between a descriptor and memory shared
+//! with a peer that the kernel does for us (below).
 //!
 //! `tun-tap` 0.1 cannot set `IFF_VNET_HDR` (it must be given at `TUNSETIFF` time) and
 //! `tun-rs` segments GSO frames in userspace in its offload mode, which is exactly what the
-//! pass-through design avoids; both lack `TUNSETCARRIER`. So the few ioctls live here,
-//! the only module of the workspace allowed `unsafe`, each call with a `// SAFETY:` note.
+//! pass-through design avoids; both lack `TUNSETCARRIER`. So the few ioctls live here. This
+//! crate's business is system calls: it allows `unsafe`, each use with a `// SAFETY:` note;
+//! the protocol core (`splitnet-messaging`) has none.
 #![allow(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod bpf;
-pub mod doorbell;
 pub mod fanout;
 pub mod filter;
 pub mod netdev;
 pub mod packet;
-pub mod shm;
 pub mod tap;
 
 use std::io;
@@ -57,7 +60,9 @@ pub fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// The address and length of the bytes `b` names in shared memory, for the kernel. Formed
 /// from the atomics' own pointer, so no Rust reference to the bytes exists; checked again
 /// against the words (in bounds by `SharedBytes`' construction) since `unsafe` relies on it.
-fn shared_range(b: &crate::memory::SharedBytes<'_>) -> io::Result<(*mut libc::c_void, usize)> {
+fn shared_range(
+    b: &splitnet_messaging::memory::SharedBytes<'_>,
+) -> io::Result<(*mut libc::c_void, usize)> {
     let (words, off, len) = b.raw();
     if off.checked_add(len).is_none_or(|end| end > words.len() * 4) {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -73,7 +78,7 @@ fn shared_range(b: &crate::memory::SharedBytes<'_>) -> io::Result<(*mut libc::c_
 pub fn write_parts(
     fd: BorrowedFd<'_>,
     head: &[u8],
-    tail: &crate::memory::SharedBytes<'_>,
+    tail: &splitnet_messaging::memory::SharedBytes<'_>,
 ) -> io::Result<usize> {
     let (base, len) = shared_range(tail)?;
     let iov = [
@@ -94,7 +99,10 @@ pub fn write_parts(
 
 /// Reads into the bytes `dst` names in shared memory with one `read(2)`: the kernel writes
 /// them, so no Rust reference to memory the peer may rewrite is formed.
-pub fn read_into(fd: BorrowedFd<'_>, dst: &crate::memory::SharedBytes<'_>) -> io::Result<usize> {
+pub fn read_into(
+    fd: BorrowedFd<'_>,
+    dst: &splitnet_messaging::memory::SharedBytes<'_>,
+) -> io::Result<usize> {
     let (base, len) = shared_range(dst)?;
     // SAFETY: the range lies inside a live slice of atomics, valid for the call; atomics
     // may be written through a shared reference (interior mutability), and the kernel's
@@ -106,7 +114,7 @@ pub fn read_into(fd: BorrowedFd<'_>, dst: &crate::memory::SharedBytes<'_>) -> io
 /// and `flags`, as [`read_into`] reads.
 pub fn recv_into(
     fd: BorrowedFd<'_>,
-    dst: &crate::memory::SharedBytes<'_>,
+    dst: &splitnet_messaging::memory::SharedBytes<'_>,
     flags: libc::c_int,
 ) -> io::Result<usize> {
     let (base, len) = shared_range(dst)?;
@@ -142,8 +150,8 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapter::shm::HeapShared;
-    use crate::memory::SharedBytes;
+    use splitnet_messaging::memory::HeapShared;
+    use splitnet_messaging::memory::SharedBytes;
     use std::io::Write;
     use std::os::fd::AsFd;
     use std::os::unix::net::UnixDatagram;
