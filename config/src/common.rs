@@ -3,6 +3,7 @@
 
 use crate::error::Invalid;
 use serde::{Deserialize, Deserializer};
+use splitnet_messaging::endpoint::{InitiatorConfig, PoolSpec, SessionConfig, TargetConfig};
 use std::fmt;
 use std::str::FromStr;
 
@@ -156,6 +157,36 @@ impl Default for Pools {
 }
 
 impl Pools {
+    /// The protocol's session settings these pools give, the same on both sides: the pools
+    /// to advertise, the credit and grant bounds, and the pool asked for with
+    /// BufferRecvPoolGet when the peer's run out (the largest element size).
+    pub fn session_config(&self) -> SessionConfig {
+        let advertise: Vec<PoolSpec> = self
+            .advertise
+            .iter()
+            .map(|p| PoolSpec {
+                element_size: p.element_size,
+                element_count: p.element_count,
+            })
+            .collect();
+        let largest = advertise.iter().max_by_key(|p| p.element_size).copied();
+        SessionConfig {
+            target: TargetConfig {
+                credit_batch: self.credit_batch,
+                max_granted_bytes: self.max_granted_bytes,
+                max_pools: 16,
+                max_element_size: 1 << 20,
+            },
+            initiator: InitiatorConfig {
+                send_data_max: self.send_data_max,
+                max_pools: 16,
+                max_elements: 65_536,
+                pool_get: largest,
+            },
+            advertise,
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<(), Invalid> {
         let n = self.advertise.len();
         if !(1..=16).contains(&n) {

@@ -12,8 +12,7 @@ use splitnet_fabric::{self as fabric, DataPath, FabricChannel, FabricLink};
 use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig};
 use splitnet_messaging::adapter::Channel;
 use splitnet_messaging::endpoint::{
-    InPlace, InitiatorConfig, Keepalive, Lane, LinkEvent, Liveness, PoolSpec, Posted, Session,
-    SessionConfig, TargetConfig,
+    InPlace, Keepalive, Lane, LinkEvent, Liveness, Posted, Session,
 };
 use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBuf, SendBufCache, SharedBytes};
 use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
@@ -432,35 +431,6 @@ fn netns_inode() -> u64 {
         .unwrap_or(0)
 }
 
-/// Maps the configured pools and limits onto the endpoint's configuration.
-fn session_config(cfg: &HostConfig) -> SessionConfig {
-    let advertise: Vec<PoolSpec> = cfg
-        .pools
-        .advertise
-        .iter()
-        .map(|p| PoolSpec {
-            element_size: p.element_size,
-            element_count: p.element_count,
-        })
-        .collect();
-    let largest = advertise.iter().max_by_key(|p| p.element_size).copied();
-    SessionConfig {
-        target: TargetConfig {
-            credit_batch: cfg.pools.credit_batch,
-            max_granted_bytes: cfg.pools.max_granted_bytes,
-            max_pools: 16,
-            max_element_size: 1 << 20,
-        },
-        initiator: InitiatorConfig {
-            send_data_max: cfg.pools.send_data_max,
-            max_pools: 16,
-            max_elements: 65_536,
-            pool_get: largest,
-        },
-        advertise,
-    }
-}
-
 /// Opens both channels of `queue`'s session to the IOC at `ioc` (TCP, or its local Unix
 /// socket) and completes the handshake (see [`fabric::connect`]).
 async fn connect(
@@ -621,7 +591,7 @@ impl<'a> Conn<'a> {
             true => feature_bits(&tap.enable_offloads(cfg.interface.offload)?),
             false => 0,
         };
-        let sc = session_config(cfg);
+        let sc = cfg.pools.session_config();
         let mut reg = Registry::new(cfg.pools.max_granted_bytes);
         // Over shared memory the IOC places its frames straight into the pools.
         if let Some(arena) = data.pools() {

@@ -11,10 +11,7 @@ use crate::nic::Nic;
 use crate::shard::{self, Shard};
 use splitnet_config::IocConfig;
 use splitnet_fabric::FabricChannel;
-use splitnet_messaging::endpoint::{
-    InitiatorConfig, Keepalive, Link, LinkError, LinkEvent, PoolGetOutcome, PoolSpec,
-    SessionConfig, TargetConfig,
-};
+use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, LinkEvent, PoolGetOutcome};
 use splitnet_messaging::memory::{Registry, SendBufCache};
 use splitnet_messaging::wire::{self, features, fmt_mac, CfgCode, ErrorCode, Queue, Stats};
 use splitnet_service::loglimit::LogLimit;
@@ -186,35 +183,6 @@ impl Ioc {
             pending: HashMap::new(),
             admitting: 0,
             cfg,
-        }
-    }
-
-    /// The endpoint configuration every host session gets.
-    pub fn session_config(&self) -> SessionConfig {
-        let p = &self.cfg.pools;
-        let advertise: Vec<PoolSpec> = p
-            .advertise
-            .iter()
-            .map(|a| PoolSpec {
-                element_size: a.element_size,
-                element_count: a.element_count,
-            })
-            .collect();
-        let largest = advertise.iter().max_by_key(|a| a.element_size).copied();
-        SessionConfig {
-            target: TargetConfig {
-                credit_batch: p.credit_batch,
-                max_granted_bytes: p.max_granted_bytes,
-                max_pools: 16,
-                max_element_size: 1 << 20,
-            },
-            initiator: InitiatorConfig {
-                send_data_max: p.send_data_max,
-                max_pools: 16,
-                max_elements: 65_536,
-                pool_get: largest,
-            },
-            advertise,
         }
     }
 

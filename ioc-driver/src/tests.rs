@@ -116,7 +116,7 @@ fn connect_with(ioc: &mut Ioc, node_id: u64, small: bool, config: SessionConfig)
     let (ictrl, hctrl) = pair(false);
     let (idata, hdata) = pair(small);
     let (session, token) = ioc.new_session();
-    let mut s = Session::new(DomainId(session as u32), ioc.session_config());
+    let mut s = Session::new(DomainId(session as u32), ioc.cfg.pools.session_config());
     s.start(&mut ioc.reg).unwrap();
     let link = Link::new(
         s,
@@ -181,7 +181,7 @@ fn connect_shm_with(ioc: &mut Ioc, node_id: u64, config: SessionConfig) -> (u64,
     });
     let shm = |t: Result<_, _>| FabricChannel::Shm(Box::new(t.unwrap()));
     let (hc, ic, hd, id) = (shm(hc), shm(ic), shm(hd), shm(id));
-    let mut s = Session::new(domain, ioc.session_config());
+    let mut s = Session::new(domain, ioc.cfg.pools.session_config());
     s.start(&mut ioc.reg).unwrap();
     let link = Link::new(s, ic, id);
     let peer_addr = "local".to_string();

@@ -332,7 +332,7 @@ async fn handshake(
             return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
         }
     }
-    let mut s = Session::new(domain, ioc.borrow().session_config());
+    let mut s = Session::new(domain, ioc.borrow().cfg.pools.session_config());
     let started = s.start(&mut ioc.borrow_mut().reg);
     if let Err(e) = started {
         warn!(%peer, "cannot register pools for a new host: {e}");
