@@ -4,10 +4,10 @@
 //! every expected status and Goodbye code, the Goodbye's channel and what ends, is read
 //! from the tables of section 7 at test time: change the document and these tests follow.
 
-use crate::ioc::Ioc;
 use crate::nic::fake::FakeNic;
 use crate::nic::Nic;
-use crate::server::{Acceptor, Cluster};
+use crate::state::WorkerState;
+use crate::supervisor::{Acceptor, Cluster};
 use crate::worker::NicFactory;
 use std::cell::RefCell;
 use std::io::{ErrorKind, Read, Write};
@@ -302,7 +302,7 @@ fn start_ioc(extra: &str) -> SocketAddr {
 /// [`start_ioc`], with `prepare` applied to each worker's state before it accepts. The
 /// IOC runs `fabric.workers` workers (two unless `extra` says otherwise), so a host's
 /// channels and queues meet on their worker as they do in the daemon.
-fn start_ioc_with(extra: &str, prepare: fn(&mut Ioc)) -> SocketAddr {
+fn start_ioc_with(extra: &str, prepare: fn(&mut WorkerState)) -> SocketAddr {
     let extra = if extra.contains("workers") {
         extra.to_string()
     } else {
@@ -675,12 +675,12 @@ fn h11_too_many_handshakes_at_once() {
 fn a_stale_handshake_timer_cannot_act_on_a_successor() {
     let addr = start_ioc("handshake_timeout_ms = 400");
     let t0 = Instant::now();
-    // Host A: a full session (its control channel's timer runs until t0 + 400 ms), ended
+    // HostQueue A: a full session (its control channel's timer runs until t0 + 400 ms), ended
     // at once by a protocol error.
     let mut a = Session::open(addr, 0xA, 0, 1, 0);
     a.data.put(&[9; 32]);
     assert_eq!(a.ctrl.drain(), vec![code("E1")]);
-    // Host B's control channel waits while A's timer fires; its data channel comes after.
+    // HostQueue B's control channel waits while A's timer fires; its data channel comes after.
     std::thread::sleep(Duration::from_millis(250).saturating_sub(t0.elapsed()));
     let mut ctrl = Conn::open(addr);
     ctrl.put(&Hello::host(0, 0, 0xB).bytes());

@@ -9,9 +9,9 @@
 //! A frame in a host's shared pool goes out as its checked private head and the rest (see
 //! [`HostFrame`]): copied so into a slot, or given so to the kernel.
 
-use crate::host::{Host, TxDrop};
+use crate::counters::{IocStats, TxDrop};
 use crate::host_frame::HostFrame;
-use crate::ioc::IocStats;
+use crate::host_queue::HostQueue;
 use crate::nic::Nic;
 use splitnet_netif::packet::SEND_BATCH;
 use std::collections::BTreeMap;
@@ -45,7 +45,7 @@ impl LanTx {
         from: u64,
         frame: HostFrame<'_>,
         nic: &dyn Nic,
-        hosts: &mut BTreeMap<u64, Host>,
+        hosts: &mut BTreeMap<u64, HostQueue>,
         stats: &mut IocStats,
     ) {
         if frame.len() > SLOT {
@@ -69,7 +69,12 @@ impl LanTx {
 
     /// Sends every queued frame; a frame the NIC refuses is counted against its host and
     /// the ones after it are still sent.
-    pub fn flush(&mut self, nic: &dyn Nic, hosts: &mut BTreeMap<u64, Host>, stats: &mut IocStats) {
+    pub fn flush(
+        &mut self,
+        nic: &dyn Nic,
+        hosts: &mut BTreeMap<u64, HostQueue>,
+        stats: &mut IocStats,
+    ) {
         let mut frames: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
         for (i, &(_, len)) in self.queued.iter().enumerate() {
             frames[i] = &self.arena[i * SLOT..i * SLOT + len];
@@ -104,7 +109,7 @@ fn account(
     from: u64,
     len: usize,
     sent: bool,
-    hosts: &mut BTreeMap<u64, Host>,
+    hosts: &mut BTreeMap<u64, HostQueue>,
     stats: &mut IocStats,
 ) {
     let h = hosts.get_mut(&from);

@@ -4,21 +4,34 @@
 //! one or more hosts at once, each in its own protection domain with its own pools: LAN
 //! frames go to the host whose MAC they name (group frames to every host), host frames go to
 //! the LAN or, host to host, straight across inside the IOC.
+//!
+//! The main thread ([`supervisor`]) starts one [`worker`] thread per core, each with its own
+//! [`state`]; it reads each connection's Hello and hands it to its worker, whose
+//! [`admission`] completes the handshake and whose [`session_task`]s serve the hosts. Frames
+//! flow [`from_lan`] and [`from_host`] through [`deliver`] to host queues ([`host_queue`],
+//! [`own_queue`]) and through [`lan_tx`] to the [`nic`]; [`shard`] is what the workers
+//! share, [`cfgutil`] answers hosts' requests, [`counters`] and [`report`] are what
+//! operators see.
 #![deny(unsafe_code)]
 
+mod admission;
+mod cfgutil;
 #[cfg(test)]
 mod conformance;
-mod forward;
-mod host;
+mod counters;
+mod deliver;
+mod from_host;
+mod from_lan;
 mod host_frame;
-mod hosts;
-mod ioc;
+mod host_queue;
 mod lan_tx;
 mod nic;
-mod placed;
+mod own_queue;
 mod report;
-mod server;
+mod session_task;
 mod shard;
+mod state;
+mod supervisor;
 #[cfg(test)]
 mod tests;
 mod worker;
@@ -86,7 +99,7 @@ fn main() -> ExitCode {
     let control = cfg
         .control
         .socket_path(cli.control_socket, splitnet_control::IOC_SOCKET);
-    match local.block_on(&rt, server::run(cfg, control)) {
+    match local.block_on(&rt, supervisor::run(cfg, control)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

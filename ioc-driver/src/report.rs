@@ -2,8 +2,9 @@
 //! [`Snapshot`] of its state when asked (nothing is copied on the data path); the
 //! snapshots of all workers are merged and the answer is built from the sum.
 
-use crate::host::{Drops, Host};
-use crate::ioc::{Ioc, IocStats};
+use crate::counters::{Drops, IocStats};
+use crate::host_queue::HostQueue;
+use crate::state::WorkerState;
 use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_control::report::{
     offload_names, Counters, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools, Pools,
@@ -32,7 +33,7 @@ fn named_drops(d: &Drops) -> BTreeMap<String, u64> {
         .collect()
 }
 
-fn peer_pools(h: &Host) -> Option<PeerPools> {
+fn peer_pools(h: &HostQueue) -> Option<PeerPools> {
     let session = h.link.as_ref()?.session();
     Some(PeerPools::of(
         format!("session {} ({})", h.session, fmt_mac(&h.mac)),
@@ -61,7 +62,7 @@ pub struct Snapshot {
     /// Shutting down.
     pub stopping: bool,
     /// NIC link state.
-    pub link_up: bool,
+    pub nic_up: bool,
     /// The NIC's MTU as offered to hosts.
     pub mtu: u32,
     /// Offloads offered to hosts.
@@ -100,7 +101,7 @@ pub fn offered(cfg: &IocConfig) -> u64 {
     }
 }
 
-impl Ioc {
+impl WorkerState {
     /// The features offered to every host ([`offered`]).
     pub fn offered(&self) -> u64 {
         offered(&self.cfg)
@@ -148,7 +149,7 @@ impl Ioc {
         Snapshot {
             started: self.started,
             stopping: self.stopping,
-            link_up: self.link_up,
+            nic_up: self.nic_up,
             mtu: self.mtu,
             offered: self.offered(),
             stats: self.stats,
@@ -191,11 +192,11 @@ impl IocStats {
 
 impl Snapshot {
     /// A snapshot of no worker: the IOC's own facts, every count zero.
-    pub fn empty(started: Instant, mtu: u32, link_up: bool, offered: u64) -> Snapshot {
+    pub fn empty(started: Instant, mtu: u32, nic_up: bool, offered: u64) -> Snapshot {
         Snapshot {
             started,
             stopping: false,
-            link_up,
+            nic_up,
             mtu,
             offered,
             stats: IocStats::default(),
@@ -257,7 +258,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
                 name: lan.clone(),
                 mac: netdev::mac(lan).map(|m| fmt_mac(&m)).unwrap_or_default(),
                 mtu: s.mtu,
-                carrier: s.link_up,
+                carrier: s.nic_up,
                 promisc: cfg.lan.promiscuous != Promiscuous::Off,
                 multicast: s.groups.len() as u32,
                 offloads: offload_names(s.offered),
@@ -316,7 +317,7 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "splitnet_ioc_lan_link_up",
             "gauge",
             "NIC link state (1 up).",
-            u64::from(snap.link_up),
+            u64::from(snap.nic_up),
         ),
         (
             "splitnet_ioc_lan_rx_frames_total",

@@ -1,4 +1,4 @@
-//! The IOC's workers: sessions spread over threads, each worker an [`crate::ioc::Ioc`] of
+//! The IOC's workers: sessions spread over threads, each worker a `WorkerState` of
 //! its own (its hosts, its pools, its packet socket in the NIC's fanout group). What the
 //! workers share is here: which worker serves each MAC, how many sessions each holds, and
 //! a bounded inbox per worker for the frames that cross from one worker to another.
@@ -40,7 +40,7 @@ struct Directory {
     promisc: Vec<bool>,
     /// MACs whose frames their hosts' own queues receive ([`crate::nic::HostRx`]): every
     /// worker's socket excludes them.
-    placed: Vec<[u8; 6]>,
+    own_queue_macs: Vec<[u8; 6]>,
     /// Each started worker's handle on its socket's exclusions.
     exclusions: Vec<Box<dyn Exclusion>>,
 }
@@ -50,7 +50,7 @@ impl Directory {
     fn exclude(&self) -> io::Result<()> {
         self.exclusions
             .iter()
-            .try_for_each(|e| e.exclude(&self.placed))
+            .try_for_each(|e| e.exclude(&self.own_queue_macs))
     }
 }
 
@@ -299,7 +299,7 @@ impl Shard {
     /// Adds this worker's socket to those that exclude the placed MACs.
     pub fn add_exclusion(&self, e: Box<dyn Exclusion>) -> io::Result<()> {
         let mut d = self.dir();
-        e.exclude(&d.placed)?;
+        e.exclude(&d.own_queue_macs)?;
         d.exclusions.push(e);
         Ok(())
     }
@@ -310,15 +310,15 @@ impl Shard {
     pub fn place(&self, mac: [u8; 6]) -> bool {
         let mut d = self.dir();
         if d.exclusions.len() < self.count()
-            || d.placed.len() >= MAX_EXCLUDED
-            || d.placed.contains(&mac)
+            || d.own_queue_macs.len() >= MAX_EXCLUDED
+            || d.own_queue_macs.contains(&mac)
         {
             return false;
         }
-        d.placed.push(mac);
+        d.own_queue_macs.push(mac);
         if let Err(e) = d.exclude() {
             warn!("cannot leave a host's frames to its own queue: {e}");
-            d.placed.pop();
+            d.own_queue_macs.pop();
             let _ = d.exclude();
             return false;
         }
@@ -328,9 +328,9 @@ impl Shard {
     /// Gives `mac`'s frames back to the workers' sockets (close its host's queue first).
     pub fn unplace(&self, mac: [u8; 6]) {
         let mut d = self.dir();
-        let before = d.placed.len();
-        d.placed.retain(|m| *m != mac);
-        if d.placed.len() != before {
+        let before = d.own_queue_macs.len();
+        d.own_queue_macs.retain(|m| *m != mac);
+        if d.own_queue_macs.len() != before {
             if let Err(e) = d.exclude() {
                 warn!("cannot give a host's frames back to the workers' sockets: {e}");
             }

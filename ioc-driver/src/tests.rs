@@ -1,11 +1,12 @@
 //! The IOC's forwarding, quotas and session ends, with hosts over loopback TCP and a NIC
 //! made of queues: no root, no interface.
 
-use crate::forward::LanProgress;
-use crate::host::Host;
-use crate::ioc::Ioc;
+use crate::from_host;
+use crate::from_lan::{self, LanProgress};
+use crate::host_queue::HostQueue;
 use crate::nic::fake::FakeNic;
-use crate::placed::{PlacedProgress, PLACE_RETRY, PLACE_RETRY_MAX};
+use crate::own_queue::{OwnQueueProgress, OWN_QUEUE_RETRY, OWN_QUEUE_RETRY_MAX};
+use crate::state::WorkerState;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
@@ -26,10 +27,10 @@ fn config(extra: &str) -> splitnet_config::IocConfig {
     splitnet_config::parse_ioc(&text, Path::new("test.toml")).unwrap()
 }
 
-fn ioc_with(extra: &str) -> (Ioc, FakeNic) {
+fn ioc_with(extra: &str) -> (WorkerState, FakeNic) {
     let nic = FakeNic::default();
     (
-        Ioc::new(config(extra), Box::new(nic.clone()), 1500, true),
+        WorkerState::new(config(extra), Box::new(nic.clone()), 1500, true),
         nic,
     )
 }
@@ -93,7 +94,7 @@ impl Peer {
     }
 }
 
-/// Host pools with room for many frames, so credit never runs out before the quota does.
+/// HostQueue pools with room for many frames, so credit never runs out before the quota does.
 fn host_config(send_data_max: usize) -> SessionConfig {
     let mut c = testing::config(send_data_max);
     c.advertise = vec![PoolSpec {
@@ -107,12 +108,17 @@ fn host_config(send_data_max: usize) -> SessionConfig {
 
 /// Connects a host over loopback (tiny socket buffers when `small`), admits it, and lets
 /// both sides exchange their pools. Returns its session id.
-fn connect(ioc: &mut Ioc, node_id: u64, small: bool, send_data_max: usize) -> (u64, Peer) {
+fn connect(ioc: &mut WorkerState, node_id: u64, small: bool, send_data_max: usize) -> (u64, Peer) {
     connect_with(ioc, node_id, small, host_config(send_data_max))
 }
 
 /// [`connect`] with the host's own session configuration.
-fn connect_with(ioc: &mut Ioc, node_id: u64, small: bool, config: SessionConfig) -> (u64, Peer) {
+fn connect_with(
+    ioc: &mut WorkerState,
+    node_id: u64,
+    small: bool,
+    config: SessionConfig,
+) -> (u64, Peer) {
     let (ictrl, hctrl) = pair(false);
     let (idata, hdata) = pair(small);
     let (session, token) = ioc.new_session();
@@ -143,12 +149,12 @@ fn connect_with(ioc: &mut Ioc, node_id: u64, small: bool, config: SessionConfig)
 /// Connects a host whose channels are in shared memory (over Unix socket pairs, as through
 /// `fabric.listen_local`), each side's pools in an arena the other places its writes in.
 /// Returns its session id.
-fn connect_shm(ioc: &mut Ioc, node_id: u64) -> (u64, Peer) {
+fn connect_shm(ioc: &mut WorkerState, node_id: u64) -> (u64, Peer) {
     connect_shm_with(ioc, node_id, host_config(128))
 }
 
 /// [`connect_shm`] with the host's own session configuration.
-fn connect_shm_with(ioc: &mut Ioc, node_id: u64, config: SessionConfig) -> (u64, Peer) {
+fn connect_shm_with(ioc: &mut WorkerState, node_id: u64, config: SessionConfig) -> (u64, Peer) {
     use splitnet_fabric::shm::{accept, offer, PoolArena};
     let unix = || {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -203,12 +209,12 @@ fn connect_shm_with(ioc: &mut Ioc, node_id: u64, config: SessionConfig) -> (u64,
 }
 
 /// Lets the IOC's side of `session` and the host run until things settle.
-fn pump(ioc: &mut Ioc, peer: &mut Peer, session: u64, read_data: bool) {
+fn pump(ioc: &mut WorkerState, peer: &mut Peer, session: u64, read_data: bool) {
     for _ in 0..20 {
         peer.step(read_data);
-        let _ = ioc.drive_host(session, Lane::Control);
-        let _ = ioc.drive_host(session, Lane::Data);
-        let Ioc { hosts, cache, .. } = ioc;
+        let _ = from_host::drive_host(ioc, session, Lane::Control);
+        let _ = from_host::drive_host(ioc, session, Lane::Data);
+        let WorkerState { hosts, cache, .. } = ioc;
         if let Some(h) = hosts.get_mut(&session) {
             let _ = h.flush(cache);
         }
@@ -243,12 +249,12 @@ fn tso_frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
 
 const LAN_PEER: [u8; 6] = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
 
-fn mac(ioc: &Ioc, session: u64) -> [u8; 6] {
+fn mac(ioc: &WorkerState, session: u64) -> [u8; 6] {
     ioc.hosts[&session].mac
 }
 
 /// Feeds `n` LAN frames for `to` through the NIC.
-fn from_lan(ioc: &mut Ioc, nic: &FakeNic, to: [u8; 6], n: usize) {
+fn from_lan(ioc: &mut WorkerState, nic: &FakeNic, to: [u8; 6], n: usize) {
     for _ in 0..n {
         nic.rx.borrow_mut().push_back(frame(to, LAN_PEER, 1400));
     }
@@ -256,7 +262,7 @@ fn from_lan(ioc: &mut Ioc, nic: &FakeNic, to: [u8; 6], n: usize) {
         if nic.rx.borrow().is_empty() {
             return;
         }
-        ioc.drive_lan();
+        from_lan::drive_lan(ioc);
     }
     assert!(
         nic.rx.borrow().is_empty(),
@@ -265,12 +271,12 @@ fn from_lan(ioc: &mut Ioc, nic: &FakeNic, to: [u8; 6], n: usize) {
     );
 }
 
-fn host(ioc: &Ioc, session: u64) -> &Host {
+fn host(ioc: &WorkerState, session: u64) -> &HostQueue {
     &ioc.hosts[&session]
 }
 
 /// Fills a host that does not read its data channel until its quota is in use.
-fn stuck_host(ioc: &mut Ioc, nic: &FakeNic) -> (u64, Peer) {
+fn stuck_host(ioc: &mut WorkerState, nic: &FakeNic) -> (u64, Peer) {
     let (slow, mut peer) = connect(ioc, 7, true, 128);
     let to = mac(ioc, slow);
     from_lan(ioc, nic, to, 400);
@@ -284,7 +290,7 @@ fn stuck_host(ioc: &mut Ioc, nic: &FakeNic) -> (u64, Peer) {
 
 #[test]
 fn every_session_end_returns_every_send_buffer() {
-    type End = fn(&mut Ioc, u64);
+    type End = fn(&mut WorkerState, u64);
     let ends: [(&str, End); 3] = [
         ("goodbye", |ioc, s| {
             ioc.remove_host(s, "host disconnected", None)
@@ -370,14 +376,14 @@ fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_old
     from_lan(&mut ioc, &nic, to, 200);
     let h = host(&ioc, s);
     assert_eq!(h.held(), h.quota, "its quota is in use");
-    assert!(h.tx.waiting() > 0, "frames wait in its ring");
+    assert!(h.rx_ring.waiting() > 0, "frames wait in its ring");
     let quota_drops = h.drops.quota;
     // A broadcast reaches every host through a copy; at the quota it takes the place of the
     // oldest frame waiting instead of being dropped.
     nic.rx
         .borrow_mut()
         .push_back(frame([0xff; 6], LAN_PEER, 60));
-    ioc.drive_lan();
+    from_lan::drive_lan(&mut ioc);
     let h = host(&ioc, s);
     assert_eq!(h.held(), h.quota);
     assert_eq!(
@@ -385,7 +391,7 @@ fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_old
         quota_drops + 1,
         "the evicted frame is counted"
     );
-    let Ioc { hosts, cache, .. } = &mut ioc;
+    let WorkerState { hosts, cache, .. } = &mut ioc;
     let waiting = hosts.get_mut(&s).unwrap().take_waiting();
     assert!(
         waiting
@@ -398,7 +404,7 @@ fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_old
     }
 }
 
-fn woken(h: &Host) -> bool {
+fn woken(h: &HostQueue) -> bool {
     let mut n = pin!(h.wake.notified());
     let mut cx = Context::from_waker(Waker::noop());
     n.as_mut().poll(&mut cx).is_ready()
@@ -421,7 +427,7 @@ fn a_full_socket_wakes_its_task_once_and_is_not_retried() {
     }
     // Its own task finds the socket still full: it stays blocked and is not woken by the
     // kick that follows (the busy loop of issue 14).
-    let Ioc { hosts, cache, .. } = &mut ioc;
+    let WorkerState { hosts, cache, .. } = &mut ioc;
     let h = hosts.get_mut(&slow).unwrap();
     assert!(!h.flush(cache).unwrap());
     ioc.kick_hosts();
@@ -452,7 +458,7 @@ fn a_host_socket_that_fills_from_another_path_wakes_its_task() {
 
 /// Frames the host writes into the IOC's pools: each goes to the NIC or is dropped and
 /// counted with its cause.
-fn host_sends(ioc: &mut Ioc, peer: &mut Peer, session: u64, frames: Vec<Vec<u8>>) {
+fn host_sends(ioc: &mut WorkerState, peer: &mut Peer, session: u64, frames: Vec<Vec<u8>>) {
     let mut cache = SendBufCache::new(wire::MAX_SEND_DATA, 64);
     for f in frames {
         let mut b = cache.get().unwrap();
@@ -523,7 +529,7 @@ fn over_shared_memory_frames_are_placed_in_the_peers_pools_both_ways() {
         s,
         vec![small.clone(), tso.clone(), spoofed],
     );
-    // Placed in the IOC's pools, checked from a private head, sent whole and exact: the
+    // OwnQueue in the IOC's pools, checked from a private head, sent whole and exact: the
     // small frame through a batch slot, the TSO frame from the pool.
     assert_eq!(*nic.tx.borrow(), vec![small, tso]);
     assert_eq!(host(&ioc, s).drops.spoofed, 1);
@@ -557,7 +563,7 @@ fn extra_source_macs_are_allowed() {
 #[test]
 fn sendata_that_belongs_in_a_pool_is_refused_and_counted() {
     let nic = FakeNic::default();
-    let mut ioc = Ioc::new(config(""), Box::new(nic.clone()), 9000, true);
+    let mut ioc = WorkerState::new(config(""), Box::new(nic.clone()), 9000, true);
     // This host sends every frame up to 2000 bytes inline.
     let (s, mut peer) = connect(&mut ioc, 3, false, 2000);
     let own = mac(&ioc, s);
@@ -584,7 +590,7 @@ fn sendata_that_belongs_in_a_pool_is_refused_and_counted() {
 #[test]
 fn lan_frames_leave_in_order_in_batches_and_a_refused_one_is_counted() {
     let nic = FakeNic::default();
-    let mut ioc = Ioc::new(config(""), Box::new(nic.clone()), 9000, true);
+    let mut ioc = WorkerState::new(config(""), Box::new(nic.clone()), 9000, true);
     let (s, mut peer) = connect(&mut ioc, 3, false, 128);
     let own = mac(&ioc, s);
     // Small frames go into the batch's slots, the 5000-byte one straight to the NIC: the
@@ -622,11 +628,11 @@ fn lan_frames_leave_in_order_in_batches_and_a_refused_one_is_counted() {
 fn receive_ring_overflows_the_nic_reports_are_counted_once() {
     let (mut ioc, nic) = ioc_with("");
     nic.drops.set(5);
-    ioc.count_nic_drops();
-    ioc.count_nic_drops();
+    from_lan::count_nic_drops(&mut ioc);
+    from_lan::count_nic_drops(&mut ioc);
     assert_eq!(ioc.stats.lan_rx_dropped, 5, "taken from the NIC once");
     nic.drops.set(2);
-    ioc.count_nic_drops();
+    from_lan::count_nic_drops(&mut ioc);
     assert!(ioc
         .metrics_text()
         .contains("\nsplitnet_ioc_lan_rx_dropped_total 7\n"));
@@ -652,7 +658,13 @@ fn set_mac_follows_the_policy() {
 
 /// Frames the LAN sends to `to`: how many reached host `session`, and how many the IOC
 /// filtered as for no host.
-fn lan_to(ioc: &mut Ioc, nic: &FakeNic, peer: &mut Peer, session: u64, to: [u8; 6]) -> (u64, u64) {
+fn lan_to(
+    ioc: &mut WorkerState,
+    nic: &FakeNic,
+    peer: &mut Peer,
+    session: u64,
+    to: [u8; 6],
+) -> (u64, u64) {
     let (got, filtered) = (peer.frames, ioc.stats.lan_filtered);
     from_lan(ioc, nic, to, 3);
     pump(ioc, peer, session, true);
@@ -709,19 +721,19 @@ fn session_ids_are_not_reused_and_tokens_differ() {
 #[test]
 fn quotas_leave_the_lan_a_buffer_whatever_the_hosts_hold() {
     for max in [1, 2, 8, 16, 64] {
-        let (quota, buffers) = crate::ioc::buffer_plan(max);
+        let (quota, buffers) = crate::state::buffer_plan(max);
         assert!(quota >= 8);
         assert!(buffers > quota * max as usize, "max_hosts {max}");
     }
 }
 
 /// Two workers, each with its NIC socket and its inbox.
-fn two_workers() -> Vec<(Ioc, FakeNic, crate::shard::InboxRx)> {
+fn two_workers() -> Vec<(WorkerState, FakeNic, crate::shard::InboxRx)> {
     crate::shard::Shard::set(2)
         .into_iter()
         .map(|(shard, inbox)| {
             let nic = FakeNic::default();
-            let ioc = Ioc::worker(config(""), Box::new(nic.clone()), 1500, true, shard);
+            let ioc = WorkerState::worker(config(""), Box::new(nic.clone()), 1500, true, shard);
             (ioc, nic, inbox)
         })
         .collect()
@@ -743,7 +755,7 @@ fn frames_cross_to_the_worker_of_their_host_and_never_back_to_the_lan() {
     assert_eq!(w[0].0.stats.crossed_out, 3);
     let crossed = w[1].2.take();
     assert_eq!(crossed.len(), 3);
-    w[1].0.deliver_crossed(&crossed);
+    from_lan::deliver_crossed(&mut w[1].0, &crossed);
     pump(&mut w[1].0, &mut pb, b, true);
     assert_eq!(pb.frames, 3, "B got the LAN's frames");
     // A's unicast to B crosses; its broadcast goes to the LAN once and crosses once.
@@ -758,7 +770,7 @@ fn frames_cross_to_the_worker_of_their_host_and_never_back_to_the_lan() {
     assert_eq!(host(&w[0].0, a).stats.tx_frames, 2);
     let crossed = w[1].2.take();
     assert_eq!(crossed, vec![to_b, bcast]);
-    w[1].0.deliver_crossed(&crossed);
+    from_lan::deliver_crossed(&mut w[1].0, &crossed);
     pump(&mut w[1].0, &mut pb, b, true);
     assert_eq!(pb.frames, 5, "B got A's two frames");
     assert!(
@@ -792,7 +804,7 @@ fn a_full_inbox_drops_and_counts_and_admission_spans_the_workers() {
     let n = crate::shard::INBOX_BYTES / big.len() + 5;
     for _ in 0..n {
         nic0.rx.borrow_mut().push_back(big.clone());
-        w[0].0.drive_lan();
+        from_lan::drive_lan(&mut w[0].0);
     }
     let s = w[0].0.stats;
     assert_eq!(s.crossed_out + s.cross_dropped, n as u64);
@@ -825,13 +837,13 @@ fn a_frame_for_no_host_reaches_the_promiscuous_hosts_of_every_worker() {
     assert_eq!(pa.frames, 2, "worker 0's promiscuous host");
     let crossed = w[1].2.take();
     assert_eq!(crossed.len(), 2);
-    w[1].0.deliver_crossed(&crossed);
+    from_lan::deliver_crossed(&mut w[1].0, &crossed);
     pump(&mut w[1].0, &mut pb, b, true);
     assert_eq!(pb.frames, 2, "worker 1's promiscuous host");
     assert_eq!(w[0].0.stats.lan_filtered, 0);
 }
 
-/// Host pools with elements large enough for any frame of the NIC's, besides small ones.
+/// HostQueue pools with elements large enough for any frame of the NIC's, besides small ones.
 fn large_pools() -> SessionConfig {
     let mut c = host_config(128);
     c.advertise.push(PoolSpec {
@@ -868,16 +880,22 @@ fn over_shared_memory_a_hosts_lan_frames_are_read_straight_into_its_pools() {
     // Before the host reads, 3/4 of its 64 large elements take frames; then the queue
     // waits for credit, keeping the rest (the last quarter stays for the general path).
     peer.kept = Some(Vec::new());
-    assert_eq!(ioc.drive_placed(s), PlacedProgress::Starved);
-    assert!(host(&ioc, s).placed.as_ref().unwrap().starved);
+    assert_eq!(
+        from_lan::read_own_queue(&mut ioc, s),
+        OwnQueueProgress::Starved
+    );
+    assert!(host(&ioc, s).own_queue.as_ref().unwrap().starved);
     assert_eq!(queue.frames.borrow().len(), 12);
     // It reads and gives credit back: the rest follows, every frame exact and in order.
     for _ in 0..5 {
         pump(&mut ioc, &mut peer, s, true);
-        ioc.drive_placed(s);
+        from_lan::read_own_queue(&mut ioc, s);
     }
     pump(&mut ioc, &mut peer, s, true);
-    assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
+    assert_eq!(
+        from_lan::read_own_queue(&mut ioc, s),
+        OwnQueueProgress::Drained
+    );
     assert!(queue.frames.borrow().is_empty());
     assert_eq!(peer.kept.as_ref().unwrap(), &sent);
     let h = host(&ioc, s);
@@ -897,7 +915,10 @@ fn over_shared_memory_a_hosts_lan_frames_are_read_straight_into_its_pools() {
     for _ in 0..5 {
         nic.arrive(frame(own, LAN_PEER, 50));
     }
-    assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
+    assert_eq!(
+        from_lan::read_own_queue(&mut ioc, s),
+        OwnQueueProgress::Drained
+    );
     let link = host(&ioc, s).link.as_ref().unwrap();
     assert_eq!(link.session().initiator().credits(), credits);
     assert_eq!(link.stats().tx_inline, 5);
@@ -905,7 +926,7 @@ fn over_shared_memory_a_hosts_lan_frames_are_read_straight_into_its_pools() {
     assert_eq!(peer.kept.as_ref().unwrap().len(), 65);
     // Its queue's overflows are its own drops.
     queue.drops.set(7);
-    ioc.count_nic_drops();
+    from_lan::count_nic_drops(&mut ioc);
     assert_eq!(host(&ioc, s).drops.ring_full, 7);
     assert_eq!(ioc.reg.stats().protection_errors, 0);
     assert_eq!(peer.reg.stats().protection_errors, 0);
@@ -982,7 +1003,10 @@ fn a_closing_queue_counts_what_it_held_and_frames_it_cannot_deliver_are_counted(
         queue.frames.borrow_mut().push_back(f);
     }
     let lan_rx = ioc.stats.lan_rx;
-    assert_eq!(ioc.drive_placed(s), PlacedProgress::Drained);
+    assert_eq!(
+        from_lan::read_own_queue(&mut ioc, s),
+        OwnQueueProgress::Drained
+    );
     pump(&mut ioc, &mut peer, s, true);
     assert_eq!(peer.frames, 3);
     let h = host(&ioc, s);
@@ -1000,14 +1024,14 @@ fn a_closing_queue_counts_what_it_held_and_frames_it_cannot_deliver_are_counted(
     }
     queue.drops.set(2);
     let (lan_rx, lan_dropped) = (ioc.stats.lan_rx, ioc.stats.lan_rx_dropped);
-    ioc.unplace_rx(s);
+    ioc.close_own_queue(s);
     assert!(queue.shut.get() && queue.frames.borrow().is_empty());
     assert!(nic.host_queue(own).is_none());
     assert_eq!(host(&ioc, s).drops.ring_full, 5);
     assert_eq!(ioc.stats.lan_rx, lan_rx + 3);
     assert_eq!(ioc.stats.lan_rx_dropped, lan_dropped + 2);
     // Placing it again (as credits do) reopens it; a SetMac to the MAC it has keeps it.
-    ioc.place_rx(s);
+    ioc.open_own_queue(s);
     let queue = nic.host_queue(own).expect("reopened");
     nic.arrive(good.clone());
     peer.link.session_mut().cfg_request(CfgCode::SetMac, &own);
@@ -1020,7 +1044,7 @@ fn a_closing_queue_counts_what_it_held_and_frames_it_cannot_deliver_are_counted(
 #[test]
 fn every_worker_excludes_a_placed_mac_and_a_worker_that_cannot_keeps_it_general() {
     let mut w = two_workers();
-    let excluded = |w: &[(Ioc, FakeNic, crate::shard::InboxRx)], i: usize| {
+    let excluded = |w: &[(WorkerState, FakeNic, crate::shard::InboxRx)], i: usize| {
         w[i].1.excluded.lock().unwrap().clone()
     };
     let (s, _peer) = connect_shm_with(&mut w[1].0, 3, large_pools());
@@ -1033,35 +1057,35 @@ fn every_worker_excludes_a_placed_mac_and_a_worker_that_cannot_keeps_it_general(
     let mut shards = crate::shard::Shard::set(2).into_iter();
     let shard = shards.next().expect("two shards").0;
     let nic = FakeNic::default();
-    let mut ioc = Ioc::worker(config(""), Box::new(nic.clone()), 1500, true, shard);
+    let mut ioc = WorkerState::worker(config(""), Box::new(nic.clone()), 1500, true, shard);
     let before = Instant::now();
     let (s, _peer) = connect_shm_with(&mut ioc, 3, large_pools());
     let own = mac(&ioc, s);
     assert!(nic.host_queue(own).is_none());
     assert!(nic.excluded.lock().unwrap().is_empty());
-    let due = host(&ioc, s).place_retry.expect("a retry is due").at;
-    assert!(due >= before + PLACE_RETRY);
+    let due = host(&ioc, s).own_queue_retry.expect("a retry is due").at;
+    assert!(due >= before + OWN_QUEUE_RETRY);
     // ...and tries again, when its time has come, once the other worker excludes too.
     let (shard, _inbox) = shards.next().expect("two shards");
     let other = FakeNic::default();
-    let _worker = Ioc::worker(config(""), Box::new(other.clone()), 1500, true, shard);
+    let _worker = WorkerState::worker(config(""), Box::new(other.clone()), 1500, true, shard);
     retry_at(&mut ioc, s, Instant::now() + Duration::from_secs(3600));
-    ioc.place_rx(s);
+    ioc.open_own_queue(s);
     assert!(nic.host_queue(own).is_none(), "tried before its time");
     retry_at(&mut ioc, s, Instant::now());
-    ioc.place_rx(s);
+    ioc.open_own_queue(s);
     assert!(
         nic.host_queue(own).is_some(),
         "placed once every worker excludes"
     );
     assert_eq!(*other.excluded.lock().unwrap(), vec![own]);
-    assert_eq!(host(&ioc, s).place_retry, None);
+    assert_eq!(host(&ioc, s).own_queue_retry, None);
 }
 
 /// Moves host `s`'s next try at its own queue to `at`.
-fn retry_at(ioc: &mut Ioc, s: u64, at: Instant) {
+fn retry_at(ioc: &mut WorkerState, s: u64, at: Instant) {
     let h = ioc.hosts.get_mut(&s).expect("host");
-    h.place_retry.as_mut().expect("a retry").at = at;
+    h.own_queue_retry.as_mut().expect("a retry").at = at;
 }
 
 #[test]
@@ -1074,28 +1098,34 @@ fn a_host_whose_queue_cannot_be_opened_keeps_the_general_path_and_tries_again_le
     // Its frames stay with the general socket, which takes them again at once.
     assert!(nic.host_queue(own).is_none());
     assert!(nic.excluded.lock().unwrap().is_empty());
-    let first = host(&ioc, s).place_retry.expect("a retry");
-    assert_eq!(first.wait, PLACE_RETRY);
-    assert!(first.at >= before + PLACE_RETRY);
+    let first = host(&ioc, s).own_queue_retry.expect("a retry");
+    assert_eq!(first.wait, OWN_QUEUE_RETRY);
+    assert!(first.at >= before + OWN_QUEUE_RETRY);
     from_lan(&mut ioc, &nic, own, 4);
     pump(&mut ioc, &mut peer, s, true);
     assert_eq!(peer.frames, 4, "the general path delivers");
     assert_eq!(
-        host(&ioc, s).place_retry,
+        host(&ioc, s).own_queue_retry,
         Some(first),
         "credits before its time"
     );
     // Its time come, the credits its reads give back try again; refused, it waits longer
-    // each time, up to PLACE_RETRY_MAX.
+    // each time, up to OWN_QUEUE_RETRY_MAX.
     let mut waits = Vec::new();
     for _ in 0..7 {
         retry_at(&mut ioc, s, Instant::now());
         from_lan(&mut ioc, &nic, own, 4);
         pump(&mut ioc, &mut peer, s, true);
-        waits.push(host(&ioc, s).place_retry.expect("a retry").wait.as_secs());
+        waits.push(
+            host(&ioc, s)
+                .own_queue_retry
+                .expect("a retry")
+                .wait
+                .as_secs(),
+        );
     }
     assert_eq!(waits, [2, 4, 8, 16, 32, 64, 64]);
-    assert_eq!(PLACE_RETRY_MAX.as_secs(), 64);
+    assert_eq!(OWN_QUEUE_RETRY_MAX.as_secs(), 64);
     assert_eq!(peer.frames, 32);
     assert!(nic.excluded.lock().unwrap().is_empty());
     // Once the socket can be had, the next credits place it.
@@ -1104,7 +1134,7 @@ fn a_host_whose_queue_cannot_be_opened_keeps_the_general_path_and_tries_again_le
     from_lan(&mut ioc, &nic, own, 4);
     pump(&mut ioc, &mut peer, s, true);
     assert!(nic.host_queue(own).is_some(), "placed");
-    assert_eq!(host(&ioc, s).place_retry, None);
+    assert_eq!(host(&ioc, s).own_queue_retry, None);
     assert_eq!(*nic.excluded.lock().unwrap(), vec![own]);
     nic.arrive(frame(own, LAN_PEER, 1400));
     assert!(
@@ -1148,7 +1178,7 @@ fn a_nic_frame_the_kernel_cannot_hand_over_is_counted_and_the_frames_behind_it_a
         // reads on until one does.
         let mut got = Vec::new();
         while got.last() != Some(&LanProgress::Drained) && got.len() < 8 {
-            got.push(ioc.drive_lan());
+            got.push(from_lan::drive_lan(&mut ioc));
         }
         assert_eq!(got, want, "the failed frame at {at}");
         assert!(nic.rx.borrow().is_empty());

@@ -8,8 +8,6 @@ mod liveness;
 mod outbox;
 mod session;
 mod target;
-#[cfg(test)]
-mod tests;
 
 pub use error::ProtocolError;
 pub use initiator::{send_data_prefix, Initiator, InitiatorConfig, Posted, Reservation, Route};

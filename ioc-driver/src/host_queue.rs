@@ -1,4 +1,5 @@
-//! One connected host session as the IOC serves it, and what it may use of the IOC.
+//! One queue of a host (a session, [`HostQueue`]) as the IOC serves it, and what it may use
+//! of the IOC.
 //!
 //! Every host gets its own share of the IOC's send buffers (its quota) and its own receive
 //! ring (frames waiting for credit, by flow, bounded in bytes: new flows leave first, so a
@@ -6,7 +7,8 @@
 //! loses its own frames, counted against it; it can never take another host's buffers, and
 //! a full socket of its own is waited on by its own task only.
 
-use crate::placed::{PlaceRetry, Placed};
+use crate::counters::{Drops, RxDrop, TxDrop};
+use crate::own_queue::{OwnQueue, OwnQueueRetry};
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
@@ -27,98 +29,9 @@ pub const RING_BYTES: u64 = 4 << 20;
 /// How often a host's bad frames may be logged (each line counts the ones held back).
 pub const LOG_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Frames dropped for or from one host session, by cause.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Drops {
-    /// To the host: its receive ring is full (in bytes, or its flow's share of them).
-    pub ring_full: u64,
-    /// To the host: its share of the IOC's send buffers is queued (it reads too slowly).
-    pub quota: u64,
-    /// To the host: larger than any of its pools and than a SendData message.
-    pub too_large: u64,
-    /// To the host: the kernel failed to hand the frame over from the host's own queue
-    /// (an offload a virtio-net header cannot describe).
-    pub unreadable: u64,
-    /// From the host: virtio-net metadata the kernel must not see.
-    pub bad_offload: u64,
-    /// From the host: a source MAC that is not the host's.
-    pub spoofed: u64,
-    /// From the host: longer than its MTU allows.
-    pub over_mtu: u64,
-    /// From the host: an offload it did not negotiate.
-    pub not_negotiated: u64,
-    /// From the host: SendData where the protocol calls for an RDMA write.
-    pub oversize_inline: u64,
-    /// From the host: refused by the NIC.
-    pub nic: u64,
-}
-
-impl Drops {
-    /// Every cause with its count, named as operators see them.
-    pub fn named(&self) -> [(&'static str, u64); 10] {
-        [
-            ("rx_ring_full", self.ring_full),
-            ("rx_quota", self.quota),
-            ("rx_too_large", self.too_large),
-            ("rx_unreadable", self.unreadable),
-            ("tx_bad_offload", self.bad_offload),
-            ("tx_spoofed_source", self.spoofed),
-            ("tx_over_mtu", self.over_mtu),
-            ("tx_not_negotiated", self.not_negotiated),
-            ("tx_oversize_inline", self.oversize_inline),
-            ("tx_nic", self.nic),
-        ]
-    }
-}
-
-impl std::ops::AddAssign for Drops {
-    fn add_assign(&mut self, o: Drops) {
-        self.ring_full += o.ring_full;
-        self.quota += o.quota;
-        self.too_large += o.too_large;
-        self.unreadable += o.unreadable;
-        self.bad_offload += o.bad_offload;
-        self.spoofed += o.spoofed;
-        self.over_mtu += o.over_mtu;
-        self.not_negotiated += o.not_negotiated;
-        self.oversize_inline += o.oversize_inline;
-        self.nic += o.nic;
-    }
-}
-
-/// Why a frame from a host is dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TxDrop {
-    /// Invalid virtio-net metadata.
-    BadOffload,
-    /// Source MAC not the host's.
-    Spoofed,
-    /// Longer than the MTU.
-    OverMtu,
-    /// Offload not negotiated.
-    NotNegotiated,
-    /// SendData where an RDMA write was due.
-    OversizeInline,
-    /// The NIC refused it.
-    Nic,
-}
-
-/// Why a frame for a host is dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RxDrop {
-    /// Its receive ring is full (in bytes, or its flow's share of them).
-    RingFull,
-    /// The host's send-buffer quota is in use.
-    Quota,
-    /// Too large for the host.
-    TooLarge,
-    /// The kernel failed to hand it over.
-    Unreadable,
-}
-
 /// One connected host session (one queue of a host).
 #[derive(Debug)]
-pub struct Host {
+pub struct HostQueue {
     /// Session id (also its protection domain); never reused while the IOC runs.
     pub session: u64,
     /// The unguessable token its channels name in their Hellos.
@@ -164,21 +77,21 @@ pub struct Host {
     pub log: LogLimit,
     /// Frames for it waiting for credit, by flow (its receive ring: at most [`RING_BYTES`]
     /// and its quota of frames; beyond, frames are dropped).
-    pub tx: Scheduler<SendBuf>,
-    /// Its own queue of LAN frames, read straight into its pools ([`crate::placed`]).
-    pub placed: Option<Placed>,
+    pub rx_ring: Scheduler<SendBuf>,
+    /// Its own queue of LAN frames, read straight into its pools ([`crate::own_queue`]).
+    pub own_queue: Option<OwnQueue>,
     /// Opening that queue failed: its frames keep the general path until this retry (or
     /// its next MAC).
-    pub place_retry: Option<PlaceRetry>,
-    /// Its last own queue, shut, closed with the session (see [`crate::placed`]).
-    pub shut_queue: Option<Placed>,
+    pub own_queue_retry: Option<OwnQueueRetry>,
+    /// Its last own queue, shut, closed with the session (see [`crate::own_queue`]).
+    pub shut_queue: Option<OwnQueue>,
     /// Its fabric address.
     pub peer: String,
     /// When it connected.
     pub since: Instant,
 }
 
-impl Host {
+impl HostQueue {
     /// A host session just admitted, with nothing queued.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -191,8 +104,8 @@ impl Host {
         quota: usize,
         keepalive: Keepalive,
         peer: String,
-    ) -> Host {
-        Host {
+    ) -> HostQueue {
+        HostQueue {
             session,
             token,
             node_id,
@@ -216,7 +129,7 @@ impl Host {
             stats: Stats::default(),
             drops: Drops::default(),
             log: LogLimit::new(LOG_INTERVAL),
-            tx: Scheduler::new(
+            rx_ring: Scheduler::new(
                 FqConfig {
                     max_frames: quota,
                     max_bytes: RING_BYTES,
@@ -230,8 +143,8 @@ impl Host {
                 None,
                 Instant::now(),
             ),
-            placed: None,
-            place_retry: None,
+            own_queue: None,
+            own_queue_retry: None,
             shut_queue: None,
             peer,
             since: Instant::now(),
@@ -250,7 +163,7 @@ impl Host {
     /// Send buffers it holds: waiting in its receive ring, queued on its link, or written
     /// and not yet taken back.
     pub fn held(&self) -> usize {
-        self.tx.waiting() + self.link.as_ref().map_or(0, |l| l.held_buffers())
+        self.rx_ring.waiting() + self.link.as_ref().map_or(0, |l| l.held_buffers())
     }
 
     /// True when one more frame for it fits its quota.
@@ -343,8 +256,8 @@ impl Host {
         }
         let len = buf.len() as u32;
         let mut dropped = 0;
-        let flow = self.tx.flow(buf.as_slice());
-        self.tx.push(flow, len, buf, &mut |b| {
+        let flow = self.rx_ring.flow(buf.as_slice());
+        self.rx_ring.push(flow, len, buf, &mut |b| {
             cache.put(b);
             dropped += 1;
         });
@@ -366,7 +279,7 @@ impl Host {
         if self.has_room() {
             return true;
         }
-        if let Some(old) = self.tx.evict() {
+        if let Some(old) = self.rx_ring.evict() {
             cache.put(old);
         }
         self.drop_rx(RxDrop::Quota);
@@ -380,7 +293,10 @@ impl Host {
             let Some(link) = self.link.as_mut() else {
                 return;
             };
-            let Some(buf) = self.tx.next(link.session().initiator().inflight_bytes()) else {
+            let Some(buf) = self
+                .rx_ring
+                .next(link.session().initiator().inflight_bytes())
+            else {
                 return;
             };
             let len = buf.len() as u64;
@@ -390,7 +306,7 @@ impl Host {
                     self.stats.rx_bytes += len;
                 }
                 Posted::Backpressure(b) => {
-                    self.tx.hold(b);
+                    self.rx_ring.hold(b);
                     return;
                 }
                 Posted::TooLarge(b) => {
@@ -403,7 +319,7 @@ impl Host {
 
     /// Every buffer waiting in the ring, for teardown: counted as dropped (`rx_ring_full`).
     pub fn take_waiting(&mut self) -> Vec<SendBuf> {
-        let waiting: Vec<SendBuf> = self.tx.drain().collect();
+        let waiting: Vec<SendBuf> = self.rx_ring.drain().collect();
         for _ in &waiting {
             self.drop_rx(RxDrop::RingFull);
         }

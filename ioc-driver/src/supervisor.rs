@@ -3,10 +3,10 @@
 //! and watchdog, the operators' endpoints (answers merged over the workers), and graceful
 //! shutdown.
 
-use crate::ioc::Ioc;
 use crate::nic::Nic;
 use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
+use crate::state::WorkerState;
 use crate::worker::{Cmd, NicFactory, Spec, Worker};
 use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_fabric::{self as fabric, Ready, Stream, StreamConn};
@@ -78,7 +78,7 @@ pub struct Cluster {
     observer: Observer,
     started: Instant,
     mtu: u32,
-    link_up: bool,
+    nic_up: bool,
     stopping: bool,
     /// Connections refused before a worker saw them.
     failures: u64,
@@ -89,9 +89,9 @@ impl Cluster {
     pub fn start(
         cfg: IocConfig,
         mtu: u32,
-        link_up: bool,
+        nic_up: bool,
         mut nic: impl FnMut(usize) -> NicFactory,
-        prepare: fn(&mut Ioc),
+        prepare: fn(&mut WorkerState),
     ) -> io::Result<Cluster> {
         let started = Instant::now();
         let shards = Shard::set(cfg.fabric.worker_count());
@@ -102,7 +102,7 @@ impl Cluster {
             workers.push(Worker::spawn(Spec {
                 cfg: cfg.clone(),
                 mtu,
-                link_up,
+                nic_up,
                 epoch: started,
                 shard,
                 inbox,
@@ -116,7 +116,7 @@ impl Cluster {
             observer,
             started,
             mtu,
-            link_up,
+            nic_up,
             stopping: false,
             failures: 0,
         })
@@ -124,7 +124,7 @@ impl Cluster {
 
     /// Every worker's snapshot, merged (the workers that answer in time).
     pub fn snapshot(&self) -> Snapshot {
-        let mut sum = Snapshot::empty(self.started, self.mtu, self.link_up, offered(&self.cfg));
+        let mut sum = Snapshot::empty(self.started, self.mtu, self.nic_up, offered(&self.cfg));
         sum.stopping = self.stopping;
         sum.stats.handshake_failures = self.failures;
         let asked: Vec<_> = self
@@ -184,7 +184,7 @@ impl Cluster {
 
     /// Tells every worker that the NIC's link changed.
     fn link_change(&mut self, up: bool) {
-        self.link_up = up;
+        self.nic_up = up;
         for w in &self.workers {
             let _ = w.cmds.send(Cmd::Link(up));
         }
@@ -259,7 +259,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
         Some(m) => m,
         None => netdev::mtu(&name).map_err(lan_err)?,
     };
-    let link_up = netdev::is_running(&name).unwrap_or(false);
+    let nic_up = netdev::is_running(&name).unwrap_or(false);
     let listen = cfg.fabric.listen;
     let listener = TcpListener::bind(listen)
         .await
@@ -280,7 +280,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     let cluster = Cluster::start(
         cfg,
         mtu,
-        link_up,
+        nic_up,
         |i| {
             let sock = socks[i].take();
             Box::new(move || {
@@ -291,7 +291,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
         },
         |_| {},
     )?;
-    info!(lan = %name, mac = %fmt_mac(&netdev::mac(&name).unwrap_or_default()), mtu, link_up, %listen, workers = n, "IOC ready");
+    info!(lan = %name, mac = %fmt_mac(&netdev::mac(&name).unwrap_or_default()), mtu, nic_up, %listen, workers = n, "IOC ready");
     let cluster = Rc::new(RefCell::new(cluster));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -450,13 +450,13 @@ async fn link_monitor(cluster: Rc<RefCell<Cluster>>, name: String) {
             notify::status(&format!(
                 "{} host(s), LAN {name} link {}, {} frames from and {} to the LAN",
                 s.hosts.len(),
-                if c.link_up { "up" } else { "down" },
+                if c.nic_up { "up" } else { "down" },
                 s.stats.lan_rx,
                 s.stats.lan_tx
             ));
         }
         let up = netdev::is_running(&name).unwrap_or(false);
-        if up != c.link_up {
+        if up != c.nic_up {
             info!(lan = %name, up, "NIC link change");
             c.link_change(up);
         }

@@ -1,19 +1,23 @@
-//! The IOC's shared state: the adapter's memory, the NIC, and every connected host.
+//! One worker's state ([`WorkerState`]): the adapter's memory, its socket on the NIC, its
+//! send buffers, and every host session it serves; admitting and removing hosts, their own
+//! LAN queues, and the NIC's multicast filter.
 //!
 //! Each worker thread has one (see [`crate::shard`]), served by tasks of its tokio
 //! `LocalSet`; tasks borrow this state only between awaits, so there are no locks, and a
 //! frame moves from one host's pool to the NIC or to another host of the same worker
 //! without crossing threads.
 
-use crate::host::{Drops, Host};
+use crate::counters::{Drops, IocStats, RxDrop};
+use crate::host_queue::HostQueue;
 use crate::lan_tx::LanTx;
 use crate::nic::Nic;
+use crate::own_queue::{OwnQueue, OwnQueueRetry, FRAME_MAX};
 use crate::shard::{self, Shard};
 use splitnet_config::IocConfig;
 use splitnet_fabric::FabricChannel;
-use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, LinkEvent, PoolGetOutcome};
+use splitnet_messaging::endpoint::{Keepalive, Link, LinkError};
 use splitnet_messaging::memory::{Registry, SendBufCache};
-use splitnet_messaging::wire::{self, features, fmt_mac, CfgCode, ErrorCode, Queue, Stats};
+use splitnet_messaging::wire::{self, fmt_mac, CfgCode, ErrorCode, Queue, Stats};
 use splitnet_service::loglimit::LogLimit;
 use splitnet_service::notify;
 use std::collections::hash_map::RandomState;
@@ -48,39 +52,24 @@ fn session_token() -> u64 {
         .unwrap_or_else(|_| std::hash::BuildHasher::hash_one(&RandomState::new(), Instant::now()))
 }
 
-/// Counters of the IOC as a whole.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct IocStats {
-    /// Frames read from the NIC.
-    pub lan_rx: u64,
-    /// Frames written to the NIC.
-    pub lan_tx: u64,
-    /// LAN frames for no host.
-    pub lan_filtered: u64,
-    /// LAN frames the kernel dropped: the IOC's receive ring was full.
-    pub lan_rx_dropped: u64,
-    /// Frames the NIC refused.
-    pub lan_tx_errors: u64,
-    /// NIC frames the kernel could not hand over (an offload a virtio-net header cannot
-    /// describe): read and lost.
-    pub lan_rx_unreadable: u64,
-    /// Hosts disconnected for protocol errors.
-    pub protocol_errors: u64,
-    /// Hosts disconnected for protection errors.
-    pub protection_errors: u64,
-    /// Connections refused during the handshake.
-    pub handshake_failures: u64,
-    /// Frames handed to another worker for its hosts.
-    pub crossed_out: u64,
-    /// Frames another worker handed to this one.
-    pub crossed_in: u64,
-    /// Frames for another worker dropped: its inbox was full.
-    pub cross_dropped: u64,
+/// A control channel waiting for its data channel.
+#[derive(Debug)]
+pub struct Waiting {
+    /// The control channel.
+    pub ch: FabricChannel,
+    /// Its session.
+    pub session: u64,
+    /// The identity its Hello announced.
+    pub node_id: u64,
+    /// Which queue of the host it opens.
+    pub queue: Queue,
+    /// For a further queue, the token of the host's first queue.
+    pub first: u64,
 }
 
-/// The IOC.
+/// One worker's state: its share of the IOC's hosts, their pools, its NIC socket.
 #[derive(Debug)]
-pub struct Ioc {
+pub struct WorkerState {
     /// Configuration.
     pub cfg: IocConfig,
     /// The adapter's registered memory (every host's pools, each in its own domain).
@@ -92,7 +81,7 @@ pub struct Ioc {
     /// The NIC's MTU as offered to hosts.
     pub mtu: u32,
     /// NIC link state.
-    pub link_up: bool,
+    pub nic_up: bool,
     /// Send buffers.
     pub cache: SendBufCache,
     /// Send buffers each session may hold ([`buffer_plan`]).
@@ -104,7 +93,7 @@ pub struct Ioc {
     /// Source MACs any host may use besides its own (`lan.extra_source_macs`).
     pub extra_macs: Vec<[u8; 6]>,
     /// Connected hosts by session id.
-    pub hosts: BTreeMap<u64, Host>,
+    pub hosts: BTreeMap<u64, HostQueue>,
     /// Each host's MAC, to the session of its first queue: the destination lookup of every
     /// frame, in constant time whatever the number of hosts.
     pub by_mac: HashMap<[u8; 6], u64>,
@@ -129,20 +118,26 @@ pub struct Ioc {
     pub shard: Shard,
     /// Control channels waiting for their data channel, by the token the data channel
     /// must name.
-    pub pending: HashMap<u64, crate::worker::Waiting>,
+    pub pending: HashMap<u64, Waiting>,
     /// Control channels admitted whose HelloReply is on its way.
     pub admitting: usize,
 }
 
-impl Ioc {
+impl WorkerState {
     /// The IOC over an opened NIC, with one worker.
     #[cfg(test)]
-    pub fn new(cfg: IocConfig, nic: Box<dyn Nic>, mtu: u32, link_up: bool) -> Ioc {
-        Ioc::worker(cfg, nic, mtu, link_up, Shard::alone())
+    pub fn new(cfg: IocConfig, nic: Box<dyn Nic>, mtu: u32, nic_up: bool) -> WorkerState {
+        WorkerState::worker(cfg, nic, mtu, nic_up, Shard::alone())
     }
 
     /// One worker of the IOC, with its own socket on the NIC.
-    pub fn worker(cfg: IocConfig, nic: Box<dyn Nic>, mtu: u32, link_up: bool, shard: Shard) -> Ioc {
+    pub fn worker(
+        cfg: IocConfig,
+        nic: Box<dyn Nic>,
+        mtu: u32,
+        nic_up: bool,
+        shard: Shard,
+    ) -> WorkerState {
         let limit = cfg
             .pools
             .max_granted_bytes
@@ -158,16 +153,16 @@ impl Ioc {
             Ok(None) => {}
             Err(e) => warn!("LAN frames for hosts take the general path: {e}"),
         }
-        Ioc {
+        WorkerState {
             reg: Registry::new(limit),
             nic,
             lan_tx: LanTx::default(),
             mtu,
-            link_up,
+            nic_up,
             cache: SendBufCache::new(wire::MAX_SEND_DATA, buffers),
             quota,
             past_drops: Drops::default(),
-            log: LogLimit::new(crate::host::LOG_INTERVAL),
+            log: LogLimit::new(crate::host_queue::LOG_INTERVAL),
             extra_macs: cfg.lan.extra_source_macs.iter().map(|m| m.0).collect(),
             hosts: BTreeMap::new(),
             by_mac: HashMap::new(),
@@ -219,7 +214,7 @@ impl Ioc {
     }
 
     /// Tells the other workers whether a host of this one is promiscuous.
-    fn publish_promisc(&self) {
+    pub fn publish_promisc(&self) {
         self.shard
             .set_promisc(self.hosts.values().any(|h| h.promisc));
     }
@@ -239,7 +234,7 @@ impl Ioc {
     /// The connected first queue of host `node_id`, named by its token `first`, that a
     /// session for `queue` joins: same node, same number of queues, and that queue not
     /// taken yet.
-    pub fn first_queue(&self, first: u64, node_id: u64, queue: Queue) -> Option<&Host> {
+    pub fn first_queue(&self, first: u64, node_id: u64, queue: Queue) -> Option<&HostQueue> {
         self.hosts.values().find(|h| h.token == first).filter(|h| {
             h.node_id == node_id
                 && h.queue.is_first()
@@ -287,7 +282,7 @@ impl Ioc {
             link.session_mut().cfg_request(
                 CfgCode::LinkChange,
                 &wire::LinkChange {
-                    up: self.link_up,
+                    up: self.nic_up,
                     mtu: self.mtu,
                 }
                 .emit(),
@@ -298,7 +293,7 @@ impl Ioc {
             f.keepalive_timeout(),
             Instant::now(),
         );
-        let mut host = Host::new(
+        let mut host = HostQueue::new(
             session,
             token,
             node_id,
@@ -317,7 +312,7 @@ impl Ioc {
         }
         let wake = host.wake.clone();
         self.hosts.insert(session, host);
-        self.place_rx(session);
+        self.open_own_queue(session);
         self.publish_load();
         self.connects += 1;
         info!(
@@ -340,161 +335,92 @@ impl Ioc {
         Some(wake)
     }
 
+    /// Gives host `session` a queue of its own on the NIC once it can take LAN frames read
+    /// straight into its pools ([`crate::own_queue`]): its only queue, over shared memory,
+    /// with a pool that can always lend an element for any frame of the NIC's. Called
+    /// whenever that may have become true (the host connected, changed its MAC, advertised
+    /// pools or credits); until then, or when the NIC cannot, its frames keep the general
+    /// path. A failed try is made again, when one of those happens,
+    /// [`crate::own_queue::OWN_QUEUE_RETRY`] later, then less often.
+    pub fn open_own_queue(&mut self, session: u64) {
+        let Some(h) = self.hosts.get_mut(&session) else {
+            return;
+        };
+        let Some(link) = h.link.as_ref() else {
+            return;
+        };
+        if h.queue != Queue::SINGLE
+            || h.own_queue.is_some()
+            || h.own_queue_retry.is_some_and(|r| Instant::now() < r.at)
+            || !link.places_writes()
+            || !link.session().initiator().may_take(FRAME_MAX)
+        {
+            return;
+        }
+        let mac = h.mac;
+        if self.by_mac.get(&mac) != Some(&session) || !self.shard.place(mac) {
+            h.own_queue_retry = Some(OwnQueueRetry::after(h.own_queue_retry, Instant::now()));
+            return;
+        }
+        match OwnQueue::open(&*self.nic, mac) {
+            Ok(q) => {
+                debug!(session, "LAN frames for the host are read into its pools");
+                h.own_queue = Some(q);
+                h.own_queue_retry = None;
+            }
+            Err(e) => {
+                let retry = OwnQueueRetry::after(h.own_queue_retry, Instant::now());
+                h.own_queue_retry = Some(retry);
+                self.shard.unplace(mac);
+                warn!(
+                    session,
+                    "LAN frames for the host take the general path for {:?}: {e}", retry.wait
+                );
+            }
+        }
+    }
+
+    /// Shuts host `session`'s own queue, if it has one, and gives its frames back to the
+    /// general path. The queue takes nothing from then on; the frames still in it are
+    /// dropped and counted (`rx_ring_full`); those that arrive until the general sockets
+    /// take the MAC's frames again (a few microseconds) are lost. The shut queue is closed
+    /// with the session ([`HostQueue::shut_queue`]).
+    pub fn close_own_queue(&mut self, session: u64) {
+        let Some(h) = self.hosts.get_mut(&session) else {
+            return;
+        };
+        let Some(q) = h.own_queue.take() else {
+            return;
+        };
+        let shut = q.shut();
+        if let Some(e) = shut.error {
+            warn!(session, "cannot stop the host's own LAN queue: {e}");
+        }
+        self.stats.lan_rx += shut.discarded;
+        self.stats.lan_rx_dropped += shut.overflowed;
+        h.drop_rx_n(RxDrop::RingFull, shut.discarded + shut.overflowed);
+        // Shut above, so it takes nothing more while it stays open.
+        self.shard.unplace(q.mac);
+        h.shut_queue = Some(q);
+    }
+
+    /// Adds the frames the hosts' own queues dropped since the last call to their counters
+    /// (and to the LAN frames the kernel dropped).
+    pub fn count_own_queue_drops(&mut self) {
+        for h in self.hosts.values_mut() {
+            if let Some(n) = h.own_queue.as_ref().map(OwnQueue::take_drops) {
+                self.stats.lan_rx_dropped += n;
+                h.drop_rx_n(RxDrop::RingFull, n);
+            }
+        }
+    }
+
     /// Frees every region of `domain` (a host that could not be admitted).
     pub fn free_domain(&mut self, domain: splitnet_messaging::memory::DomainId) {
         for h in self.reg.regions_of(domain) {
             let _ = self.reg.deregister(h);
         }
         self.reg.detach_arena(domain);
-    }
-
-    /// Answers a host's CfgUtilRequest. The host's first queue carries its configuration;
-    /// its other queues may only ask for their own counters.
-    pub fn cfg_request(&mut self, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
-        let (mtu_max, link_up, offered) = (self.mtu, self.link_up, self.offered());
-        let (set_mac, mac_base) = (self.cfg.lan.set_mac, self.cfg.lan.mac_base.0);
-        if code == CfgCode::GetStats {
-            self.count_placed_drops();
-        }
-        // A host's own LAN queue closes before its MAC may change (and reopens after):
-        // a MAC it gives up is never excluded from the general sockets once another host
-        // may take it. A request for the MAC it has changes nothing.
-        let current = self.hosts.get(&session).map(|h| h.mac);
-        if code == CfgCode::SetMac && wire::parse_mac(data).is_ok_and(|m| Some(m) != current) {
-            self.unplace_rx(session);
-            if let Some(h) = self.hosts.get_mut(&session) {
-                h.place_retry = None;
-            }
-        }
-        // The first queue reports the counters of all the host's queues together.
-        let node_stats = (code == CfgCode::GetStats).then(|| self.host_stats(session));
-        let (by_mac, shard, nic) = (&mut self.by_mac, &self.shard, &self.nic);
-        let Some(host) = self.hosts.get_mut(&session) else {
-            return;
-        };
-        if !host.queue.is_first() && code != CfgCode::GetStats {
-            if let Some(link) = host.link.as_mut() {
-                link.session_mut()
-                    .cfg_reply(txn, code, ErrorCode::Refused, &[]);
-            }
-            return;
-        }
-        let mut reply: Vec<u8> = Vec::new();
-        let status = match code {
-            CfgCode::GetMac => {
-                reply.extend_from_slice(&host.mac);
-                ErrorCode::Ok
-            }
-            CfgCode::SetMac => match wire::parse_mac(data) {
-                Ok(mac)
-                    if set_mac.allows(mac, mac_base)
-                        && by_mac.get(&mac).is_none_or(|&s| s == session)
-                        && shard.move_mac(&**nic, host.mac, mac) =>
-                {
-                    by_mac.remove(&host.mac);
-                    by_mac.insert(mac, session);
-                    host.mac = mac;
-                    ErrorCode::Ok
-                }
-                Ok(_) => ErrorCode::Refused,
-                Err(_) => ErrorCode::Malformed,
-            },
-            CfgCode::GetMtu => {
-                reply.extend_from_slice(
-                    &wire::Mtu {
-                        current: host.mtu,
-                        max: mtu_max,
-                    }
-                    .emit(),
-                );
-                ErrorCode::Ok
-            }
-            CfgCode::SetMtu => match wire::parse_u32(data) {
-                Ok(m) if (68..=mtu_max).contains(&m) => {
-                    host.mtu = m;
-                    ErrorCode::Ok
-                }
-                Ok(_) => ErrorCode::Refused,
-                Err(_) => ErrorCode::Malformed,
-            },
-            CfgCode::GetLink => {
-                reply.push(u8::from(link_up));
-                ErrorCode::Ok
-            }
-            CfgCode::GetStats => {
-                reply.extend_from_slice(&node_stats.unwrap_or(host.stats).emit());
-                ErrorCode::Ok
-            }
-            CfgCode::SetPromisc => match wire::parse_u8(data) {
-                Ok(v @ (0 | 1)) => {
-                    host.promisc = v == 1;
-                    ErrorCode::Ok
-                }
-                _ => ErrorCode::Malformed,
-            },
-            CfgCode::SetMulticast => match wire::parse_multicast(data) {
-                Ok(list) if list.iter().all(|m| m[0] & 1 == 1) => {
-                    host.multicast = list;
-                    ErrorCode::Ok
-                }
-                Ok(_) => ErrorCode::Refused,
-                Err(_) => ErrorCode::Malformed,
-            },
-            CfgCode::GetFeatures => {
-                reply.extend_from_slice(&offered.to_be_bytes());
-                ErrorCode::Ok
-            }
-            CfgCode::SetFeatures => match wire::parse_u64(data) {
-                // Every frame carries a virtio-net header; offloads only as offered.
-                Ok(f) if f & features::VNET_HDR != 0 && f & !offered == 0 => {
-                    host.features = f;
-                    ErrorCode::Ok
-                }
-                Ok(_) => ErrorCode::Unsupported,
-                Err(_) => ErrorCode::Malformed,
-            },
-            CfgCode::LinkChange | CfgCode::Other(_) => ErrorCode::Unsupported,
-        };
-        let (mac, mtu, features) = (host.mac, host.mtu, host.features);
-        if let Some(link) = host.link.as_mut() {
-            link.session_mut().cfg_reply(txn, code, status, &reply);
-        }
-        if code == CfgCode::SetMac {
-            self.place_rx(session);
-        }
-        if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
-            self.sync_multicast();
-        }
-        if code == CfgCode::SetPromisc && status == ErrorCode::Ok {
-            self.publish_promisc();
-        }
-        // The other queues show the first queue's address, MTU and features.
-        if matches!(
-            code,
-            CfgCode::SetMac | CfgCode::SetMtu | CfgCode::SetFeatures
-        ) && status == ErrorCode::Ok
-        {
-            for h in self.hosts.values_mut().filter(|h| h.first == session) {
-                h.mac = mac;
-                h.mtu = mtu;
-                h.features = features;
-            }
-        }
-    }
-
-    /// Counters of `session`; on a host's first queue, of all its queues together.
-    fn host_stats(&self, session: u64) -> Stats {
-        let mut sum = Stats::default();
-        match self.hosts.get(&session) {
-            Some(h) if h.queue.is_first() => {
-                for q in h.queues.iter().filter_map(|s| self.hosts.get(s)) {
-                    sum += q.stats;
-                }
-            }
-            Some(h) => sum = h.stats,
-            None => {}
-        }
-        sum
     }
 
     /// Makes the NIC's multicast filter the union of every host's groups: joins the new
@@ -524,41 +450,6 @@ impl Ioc {
                 }
             }
         }
-    }
-
-    /// Handles what a host's link reported. `Err` ends the host's session.
-    pub fn on_events(&mut self, session: u64, events: Vec<LinkEvent>) -> Result<(), String> {
-        for ev in events {
-            match ev {
-                LinkEvent::CfgRequest { txn, code, data } => {
-                    self.cfg_request(session, txn, code, &data)
-                }
-                LinkEvent::Goodbye(code) => {
-                    return Err(format!("host disconnected ({code:?})"));
-                }
-                LinkEvent::PoolGet(o) => match o {
-                    PoolGetOutcome::Granted(_) => info!(session, ?o, "BufferRecvPoolGet"),
-                    PoolGetOutcome::Declined(_) => debug!(session, ?o, "BufferRecvPoolGet"),
-                },
-                LinkEvent::Credits => {
-                    if let Some(h) = self.hosts.get_mut(&session) {
-                        h.send_queued(&mut self.cache);
-                    }
-                    // Pools advertised: its own LAN queue, if they allow.
-                    self.place_rx(session);
-                }
-                LinkEvent::RefusedInline { len } => {
-                    if let Some(h) = self.hosts.get_mut(&session) {
-                        h.drop_tx(crate::host::TxDrop::OversizeInline);
-                        if let Some(held) = h.log.allow(Instant::now()) {
-                            warn!(session, len, "dropping a SendData frame that belongs in a pool ({held} more dropped since the last report)");
-                        }
-                    }
-                }
-                LinkEvent::CfgReply { .. } | LinkEvent::Flushed { .. } => {}
-            }
-        }
-        Ok(())
     }
 
     /// Removes a host's session: its channels are closed and every pool of its domain is
@@ -594,7 +485,7 @@ impl Ioc {
     fn remove_session(&mut self, session: u64, why: &str, err: Option<&LinkError>) {
         // Its own LAN queue is closed with `host` at the end, once its MAC is free for a
         // host that reconnects meanwhile.
-        self.unplace_rx(session);
+        self.close_own_queue(session);
         let Some(mut host) = self.hosts.remove(&session) else {
             return;
         };

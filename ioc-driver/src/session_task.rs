@@ -1,8 +1,11 @@
-//! One task per connected host: wait for its sockets or timers, then drive its link.
+//! One task per connected host session (queue): wait for its channels, its own LAN queue
+//! or its timers, then drive what woke it (from the host, from its own queue), flush what
+//! waits for it, and end the session when its link fails or goes silent.
 
-use crate::forward::HostEnd;
-use crate::ioc::{Ioc, MAX_CONTROL_BACKLOG};
-use crate::placed::PlacedProgress;
+use crate::from_host::{self, HostEnd};
+use crate::from_lan;
+use crate::own_queue::OwnQueueProgress;
+use crate::state::{WorkerState, MAX_CONTROL_BACKLOG};
 use splitnet_fabric::{Guard, LinkReady, Ready};
 use splitnet_messaging::endpoint::{Lane, Liveness};
 use splitnet_messaging::wire::Message;
@@ -16,7 +19,12 @@ use tokio::sync::Notify;
 /// The task waits for its sockets, its keepalive timer, or a wake-up from another path that
 /// found its socket full. While its socket is full it waits for writability and nothing
 /// else writes to it, so a host that stops reading costs the IOC no work at all.
-pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: Rc<Notify>) {
+pub async fn serve(
+    ioc: Rc<RefCell<WorkerState>>,
+    session: u64,
+    ready: LinkReady,
+    wake: Rc<Notify>,
+) {
     let end = loop {
         let (pending, deadline, sleep_ctrl, sleep, placed) = {
             let mut ioc = ioc.borrow_mut();
@@ -26,7 +34,7 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
                     let mut sleep = |lane| h.link.as_mut().is_none_or(|l| l.prepare_sleep(lane));
                     let (c, d) = (sleep(Lane::Control), sleep(Lane::Data));
                     // The host's own LAN queue, waited on while its pools have room.
-                    let placed = h.placed.as_ref().filter(|p| !p.starved);
+                    let placed = h.own_queue.as_ref().filter(|p| !p.starved);
                     let placed = placed.and_then(|p| p.ready.clone());
                     (h.pending() > 0, h.keepalive.deadline(), c, d, placed)
                 }
@@ -81,22 +89,22 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
                     if let Some(h) = st.hosts.get_mut(&session) {
                         h.keepalive.on_rx(now);
                     }
-                    st.drive_host(session, lane)
+                    from_host::drive_host(&mut st, session, lane)
                 }
                 None => Ok(false),
             };
             let starved = st
                 .hosts
                 .get(&session)
-                .and_then(|h| h.placed.as_ref())
+                .and_then(|h| h.own_queue.as_ref())
                 .is_some_and(|p| p.starved);
             // Its own LAN queue, when it woke this task or waits for credit (which came back
             // if this wake-up was the host's).
-            let placed_progress =
-                (result.is_ok() && (placed_woke || starved)).then(|| st.drive_placed(session));
+            let placed_progress = (result.is_ok() && (placed_woke || starved))
+                .then(|| from_lan::read_own_queue(&mut st, session));
             match result {
                 Ok(drained) => {
-                    let Ioc { hosts, cache, .. } = &mut *st;
+                    let WorkerState { hosts, cache, .. } = &mut *st;
                     let Some(h) = hosts.get_mut(&session) else {
                         return;
                     };
@@ -127,7 +135,7 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
                     if let Some(mut g) = guard {
                         // Readable and drained, or writable and still full: wait for the next edge.
                         let clear = if placed_woke {
-                            placed_progress == Some(PlacedProgress::Drained)
+                            placed_progress == Some(OwnQueueProgress::Drained)
                         } else {
                             (lane.is_some() && drained) || (lane.is_none() && !flushed)
                         };
@@ -139,14 +147,14 @@ pub async fn serve(ioc: Rc<RefCell<Ioc>>, session: u64, ready: LinkReady, wake: 
                 // A peer that leaves sends Goodbye on the control channel and closes both;
                 // the other channel's end of stream may be seen first.
                 Err(HostEnd::Failed(e)) if lane == Some(Lane::Data) => {
-                    match st.drive_host(session, Lane::Control) {
+                    match from_host::drive_host(&mut st, session, Lane::Control) {
                         Err(HostEnd::Closed(why)) => break Err(HostEnd::Closed(why)),
                         _ => break Err(HostEnd::Failed(e)),
                     }
                 }
                 Err(e) => break Err(e),
             }
-            placed_progress == Some(PlacedProgress::Budget)
+            placed_progress == Some(OwnQueueProgress::Budget)
         };
         if more_placed {
             tokio::task::yield_now().await;

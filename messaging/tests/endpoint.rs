@@ -1,11 +1,11 @@
 //! State-machine tests of the push-push endpoint, grouped by what they exercise, driven by
 //! the in-process two-peer harness.
 
-use crate::adapter::{Channel, Op, Payload};
-use crate::endpoint::{LinkError, LinkEvent, PoolGetOutcome, PoolSpec, ProtocolError};
-use crate::memory::{Handle, Registry};
-use crate::testing::{config, Outcome, Pair, Side};
-use crate::wire::{Idata, Message, PoolRun};
+use splitnet_messaging::adapter::{Channel, Op, Payload};
+use splitnet_messaging::endpoint::{LinkError, LinkEvent, PoolGetOutcome, PoolSpec, ProtocolError};
+use splitnet_messaging::memory::{Handle, Registry};
+use splitnet_messaging::testing::{config, Outcome, Pair, Side};
+use splitnet_messaging::wire::{Idata, Message, PoolRun};
 
 fn pair() -> Pair {
     let mut p = Pair::new(config(64), config(64), 1 << 20);
@@ -14,14 +14,14 @@ fn pair() -> Pair {
 }
 
 /// The same peers over shared-memory rings.
-fn pair_shm() -> Pair<crate::testing::ShmPipe> {
+fn pair_shm() -> Pair<splitnet_messaging::testing::ShmPipe> {
     let mut p = Pair::shm(config(64), config(64));
     p.drive().unwrap();
     p
 }
 
 /// The same peers over shared-memory rings, each placing its writes in the other's pools.
-fn pair_shm_pools() -> Pair<crate::testing::ShmPipe> {
+fn pair_shm_pools() -> Pair<splitnet_messaging::testing::ShmPipe> {
     let mut p = Pair::shm_pools(config(64), config(64));
     p.drive().unwrap();
     p
@@ -179,11 +179,11 @@ mod credits {
     });
 
     over_both!(pool_get_beyond_bounds_is_declined, |p| {
-        let mut out = crate::endpoint::Outbox::new();
+        let mut out = splitnet_messaging::endpoint::Outbox::new();
         let b = &mut p.b;
         let target = &mut b.link.session_mut();
         // 8 MiB limit; 2 pools (~557 KiB) granted already.
-        let get = crate::wire::PoolGet {
+        let get = splitnet_messaging::wire::PoolGet {
             element_size: 1 << 20,
             element_count: 16,
         };
@@ -194,15 +194,19 @@ mod credits {
         let r = b
             .link
             .session_mut()
-            .on_message(&mut b.reg, crate::endpoint::Lane::Control, &bytes)
+            .on_message(
+                &mut b.reg,
+                splitnet_messaging::endpoint::Lane::Control,
+                &bytes,
+            )
             .unwrap();
         assert_eq!(
             r,
-            crate::endpoint::Incoming::PoolGet(PoolGetOutcome::Declined(
+            splitnet_messaging::endpoint::Incoming::PoolGet(PoolGetOutcome::Declined(
                 "granted memory limit reached"
             ))
         );
-        let get = crate::wire::PoolGet {
+        let get = splitnet_messaging::wire::PoolGet {
             element_size: 2 << 20,
             element_count: 1,
         };
@@ -211,23 +215,27 @@ mod credits {
         let r = b
             .link
             .session_mut()
-            .on_message(&mut b.reg, crate::endpoint::Lane::Control, &bytes)
+            .on_message(
+                &mut b.reg,
+                splitnet_messaging::endpoint::Lane::Control,
+                &bytes,
+            )
             .unwrap();
         assert!(matches!(
             r,
-            crate::endpoint::Incoming::PoolGet(PoolGetOutcome::Declined(_))
+            splitnet_messaging::endpoint::Incoming::PoolGet(PoolGetOutcome::Declined(_))
         ));
         assert_eq!(b.link.session().target().live_pools(), 2);
     });
 
     /// Asks `b` for a pool of `element_size` x `element_count`.
     fn pool_get<C: Channel>(
-        b: &mut crate::testing::Peer<C>,
+        b: &mut splitnet_messaging::testing::Peer<C>,
         element_size: u32,
         element_count: u32,
     ) -> PoolGetOutcome {
         let mut bytes = Vec::new();
-        Message::BufferRecvPoolGet(crate::wire::PoolGet {
+        Message::BufferRecvPoolGet(splitnet_messaging::wire::PoolGet {
             element_size,
             element_count,
         })
@@ -235,10 +243,14 @@ mod credits {
         match b
             .link
             .session_mut()
-            .on_message(&mut b.reg, crate::endpoint::Lane::Control, &bytes)
+            .on_message(
+                &mut b.reg,
+                splitnet_messaging::endpoint::Lane::Control,
+                &bytes,
+            )
             .unwrap()
         {
-            crate::endpoint::Incoming::PoolGet(o) => o,
+            splitnet_messaging::endpoint::Incoming::PoolGet(o) => o,
             other => panic!("{other:?}"),
         }
     }
@@ -262,7 +274,7 @@ mod credits {
         }
         assert!(granted > 0 && granted < 8, "{granted}");
         let t = b.link.session().target();
-        let meta = t.live_pools() as u64 * 4096 * crate::endpoint::ELEMENT_OVERHEAD;
+        let meta = t.live_pools() as u64 * 4096 * splitnet_messaging::endpoint::ELEMENT_OVERHEAD;
         assert!(t.granted_bytes() + meta <= 8 << 20);
     });
 }
@@ -273,7 +285,7 @@ mod retired {
     over_both!(
         flush_requests_for_pools_never_held_are_not_remembered,
         |p| {
-            let mut out = crate::endpoint::Outbox::new();
+            let mut out = splitnet_messaging::endpoint::Outbox::new();
             let a = &mut p.a;
             let before = a.link.session().initiator().retired();
             let mut bytes = Vec::new();
@@ -283,7 +295,11 @@ mod retired {
                     .emit(u64::from(r), &mut bytes);
                 a.link
                     .session_mut()
-                    .on_message(&mut a.reg, crate::endpoint::Lane::Control, &bytes)
+                    .on_message(
+                        &mut a.reg,
+                        splitnet_messaging::endpoint::Lane::Control,
+                        &bytes,
+                    )
                     .unwrap();
             }
             let _ = &mut out;
@@ -301,7 +317,11 @@ mod retired {
             Message::BufferPoolFlushRequest(refs.clone()).emit(5000, &mut bytes);
             a.link
                 .session_mut()
-                .on_message(&mut a.reg, crate::endpoint::Lane::Control, &bytes)
+                .on_message(
+                    &mut a.reg,
+                    splitnet_messaging::endpoint::Lane::Control,
+                    &bytes,
+                )
                 .unwrap();
             assert_eq!(a.link.session().initiator().retired(), before + refs.len());
             assert!(a.link.session().initiator().retired() <= 16);
@@ -325,7 +345,10 @@ mod indication {
         frames_larger_than_every_pool_and_senddata_are_refused,
         |p| {
             assert_eq!(
-                p.send(Side::A, &frame(crate::wire::MAX_SEND_DATA + 1, 1)),
+                p.send(
+                    Side::A,
+                    &frame(splitnet_messaging::wire::MAX_SEND_DATA + 1, 1)
+                ),
                 Outcome::TooLarge
             );
             assert_eq!(p.a.link.stats().tx_too_large, 1);
@@ -356,7 +379,7 @@ mod indication {
 
     over_both!(indication_without_write_is_a_protocol_error, |p| {
         let mut msg = Vec::new();
-        Message::BufferRdmaIndicate(crate::wire::Indicate {
+        Message::BufferRdmaIndicate(splitnet_messaging::wire::Indicate {
             pool_ref: 0,
             element: 0,
             length: 10,
@@ -470,11 +493,16 @@ mod flush {
             assert_eq!(p.b.reg.stats().regions, 0);
             let err =
                 p.b.reg
-                    .begin_write(crate::memory::DomainId(2), entry.handle, entry.address, 1)
+                    .begin_write(
+                        splitnet_messaging::memory::DomainId(2),
+                        entry.handle,
+                        entry.address,
+                        1,
+                    )
                     .unwrap_err();
             assert!(matches!(
                 err,
-                crate::memory::ProtectionError::StaleGeneration { .. }
+                splitnet_messaging::memory::ProtectionError::StaleGeneration { .. }
             ));
             // A write through the stale handle from a rogue A is a protection error at B.
             raw_data(&mut p).post(
@@ -527,7 +555,7 @@ mod pools {
 
     over_both!(unbounded_advertisement_is_refused, |p| {
         let mut msg = Vec::new();
-        Message::BufferRecvPool(vec![crate::wire::PoolEntry {
+        Message::BufferRecvPool(vec![splitnet_messaging::wire::PoolEntry {
             pool_ref: 9,
             element_count: u32::MAX,
             element_size: 2048,
@@ -545,7 +573,10 @@ mod pools {
             LinkError::Protocol(ProtocolError::PoolLimit { .. })
         ));
         assert_eq!(err.1.row(), Some("E13"));
-        assert_eq!(err.1.code(), Some(crate::wire::ErrorCode::ResourceLimit));
+        assert_eq!(
+            err.1.code(),
+            Some(splitnet_messaging::wire::ErrorCode::ResourceLimit)
+        );
     });
 
     #[test]
@@ -562,10 +593,10 @@ mod pools {
 /// is read at test time: the two cannot drift apart).
 #[test]
 fn error_codes_follow_the_document() {
-    use crate::adapter::{ChannelError, OpError, RxError};
-    use crate::memory::ProtectionError;
-    use crate::wire::{Function, WireError};
-    let doc = crate::testing::doc_error_codes(include_str!("../../../docs/protocol.md"));
+    use splitnet_messaging::adapter::{ChannelError, OpError, RxError};
+    use splitnet_messaging::memory::ProtectionError;
+    use splitnet_messaging::wire::{Function, WireError};
+    let doc = splitnet_messaging::testing::doc_error_codes(include_str!("../../docs/protocol.md"));
     let code_of = |row: &str| {
         doc.iter()
             .find(|(id, _)| id == row)
@@ -640,8 +671,8 @@ fn error_codes_follow_the_document() {
 
 mod in_place {
     use super::*;
-    use crate::endpoint::InPlace;
-    use crate::memory::SharedBytes;
+    use splitnet_messaging::endpoint::InPlace;
+    use splitnet_messaging::memory::SharedBytes;
 
     /// A read that fills the window with `f`.
     fn reads(f: &[u8]) -> impl FnOnce(&SharedBytes<'_>) -> Result<usize, ()> + '_ {

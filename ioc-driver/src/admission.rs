@@ -1,0 +1,219 @@
+//! A worker's side of admission: the handshake of a connection whose Hello the main thread
+//! read and handed to this worker. A control channel takes a session's place (within
+//! `fabric.max_hosts`) and waits, within the handshake timeout, for its data channel,
+//! which must name its token; the session's pools are registered, shared memory set up
+//! where asked, and the host admitted to the worker's state, whose task then serves it.
+
+use crate::session_task;
+use crate::state::{Waiting, WorkerState};
+use splitnet_fabric::{self as fabric, FabricChannel, FabricLink, StreamConn};
+use splitnet_messaging::adapter::shm::setup::Setup;
+use splitnet_messaging::endpoint::Session;
+use splitnet_messaging::memory::DomainId;
+use splitnet_messaging::wire::{self, ErrorCode, Hello};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// Completes the handshake of a connection the main thread read the Hello of, and serves
+/// the session it completes until it ends.
+pub async fn admit(
+    ioc: Rc<RefCell<WorkerState>>,
+    mut ch: StreamConn,
+    hello: Hello,
+    version: u16,
+    peer: String,
+) {
+    let timeout = ioc.borrow().cfg.fabric.handshake_timeout();
+    let refuse = |ch, status: ErrorCode, why: &str| {
+        ioc.borrow_mut().stats.handshake_failures += 1;
+        warn!(%peer, ?status, "connection refused: {why}");
+        fabric::refuse(ch, version, status, timeout)
+    };
+    if fabric::is_control(hello.channel) {
+        // A control channel in shared memory needs the local socket.
+        let shm = hello.channel == fabric::shm::SHM_CONTROL_CHANNEL;
+        if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
+            return refuse(ch, ErrorCode::Refused, "shared memory asked for over TCP").await;
+        }
+        let admitted = {
+            let mut st = ioc.borrow_mut();
+            if st.stopping {
+                Err((ErrorCode::ShuttingDown, "shutting down"))
+            } else if !hello.queue.is_first()
+                && st
+                    .first_queue(hello.session, hello.node_id, hello.queue)
+                    .is_none()
+            {
+                // A further queue joins the session of the host's first queue.
+                Err((
+                    ErrorCode::UnknownSession,
+                    "queue of a host whose first queue is not connected",
+                ))
+            } else if !st.shard.admit(st.cfg.fabric.max_hosts as usize) {
+                Err((ErrorCode::Busy, "max_hosts reached"))
+            } else {
+                // Counted from here: the session's place is taken while its reply is sent.
+                st.admitting += 1;
+                Ok(st.new_session())
+            }
+        };
+        let (session, token) = match admitted {
+            Ok(s) => s,
+            Err((status, why)) => return refuse(ch, status, why).await,
+        };
+        fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
+        let opened = match shm {
+            true => shm_channel(ch, DomainId(session as u32), None, timeout)
+                .await
+                .map(|t| FabricChannel::Shm(Box::new(t))),
+            false => fabric::flush(&mut ch, timeout)
+                .await
+                .map(|()| FabricChannel::Stream(ch)),
+        };
+        {
+            let mut st = ioc.borrow_mut();
+            st.admitting -= 1;
+            let ch = match opened {
+                Ok(ch) => ch,
+                Err(e) => {
+                    st.stats.handshake_failures += 1;
+                    st.publish_load();
+                    warn!(%peer, "cannot open the control channel: {e}");
+                    return;
+                }
+            };
+            let waiting = Waiting {
+                ch,
+                session,
+                node_id: hello.node_id,
+                queue: hello.queue,
+                first: hello.session,
+            };
+            st.pending.insert(token, waiting);
+            st.publish_load();
+        }
+        debug!(%peer, session, "control channel open, waiting for the data channel");
+        // A host that never opens its data channel is dropped after the handshake timeout;
+        // the token names this control channel alone, never a later one.
+        tokio::time::sleep(timeout).await;
+        let mut st = ioc.borrow_mut();
+        if st.pending.remove(&token).is_some() {
+            st.stats.handshake_failures += 1;
+            st.publish_load();
+            warn!(%peer, session, "no data channel within {timeout:?}; dropped");
+        }
+        return;
+    }
+    // A data channel over shared memory needs the local socket.
+    let shm = hello.channel == fabric::shm::SHM_CHANNEL;
+    if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
+        return refuse(ch, ErrorCode::Refused, "shared memory asked for over TCP").await;
+    }
+    // A data channel joins the control channel whose token it names, from the same node.
+    let joined = {
+        let mut st = ioc.borrow_mut();
+        let w = match st.pending.get(&hello.session) {
+            Some(w) if w.node_id == hello.node_id => st.pending.remove(&hello.session),
+            _ => None,
+        };
+        st.publish_load();
+        w
+    };
+    let Some(w) = joined else {
+        return refuse(ch, ErrorCode::UnknownSession, "unknown session").await;
+    };
+    let (session, token) = (w.session, hello.session);
+    let domain = DomainId(session as u32);
+    // Over shared memory the pools for this host lie in an arena the host maps and places
+    // its frames in.
+    let arena = match shm {
+        true => {
+            let size = Setup::pool_size_for(ioc.borrow().cfg.pools.max_granted_bytes);
+            match fabric::shm::PoolArena::new(c"splitnet-ioc-pools", size) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    warn!(%peer, "cannot make a pool arena for a new host: {e}");
+                    return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+                }
+            }
+        }
+        false => None,
+    };
+    if let Some(a) = &arena {
+        // A new session's domain has no regions yet, so this cannot be refused.
+        let attached = ioc.borrow_mut().reg.attach_arena(domain, a.region());
+        if let Err(e) = attached {
+            warn!(%peer, "cannot lay out pools for a new host: {e}");
+            return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+        }
+    }
+    let mut s = Session::new(domain, ioc.borrow().cfg.pools.session_config());
+    let started = s.start(&mut ioc.borrow_mut().reg);
+    if let Err(e) = started {
+        warn!(%peer, "cannot register pools for a new host: {e}");
+        ioc.borrow_mut().free_domain(domain);
+        return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+    }
+    // The reply goes first on the data channel, ahead of anything posted to the host later.
+    fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
+    let data = if let Some(arena) = arena {
+        match shm_channel(ch, domain, Some(arena), timeout).await {
+            Ok(t) => FabricChannel::Shm(Box::new(t)),
+            Err(e) => {
+                ioc.borrow_mut().stats.handshake_failures += 1;
+                warn!(%peer, session, "shared memory refused: {e}");
+                ioc.borrow_mut().free_domain(domain);
+                return;
+            }
+        }
+    } else {
+        FabricChannel::Stream(ch)
+    };
+    let tl = match FabricLink::new(s, w.ch, data) {
+        Ok(tl) => tl,
+        Err(e) => {
+            warn!(%peer, "cannot register the host's sockets: {e}");
+            ioc.borrow_mut().free_domain(domain);
+            return;
+        }
+    };
+    let FabricLink { ready, link } = tl;
+    let peer = if shm {
+        format!("{peer}, shared memory")
+    } else {
+        peer
+    };
+    let added = ioc.borrow_mut().add_host(
+        session,
+        token,
+        w.node_id,
+        w.queue,
+        w.first,
+        link,
+        peer.clone(),
+    );
+    match added {
+        Some(wake) => session_task::serve(ioc, session, ready, wake).await,
+        None => {
+            warn!(%peer, session, "the host's first queue left while this queue connected; closed")
+        }
+    }
+}
+
+/// Sends the HelloReply of a shared-memory channel, then takes the host's rings, doorbell
+/// and (a data channel's) pool arena over the socket and answers, with `arena` for a data
+/// channel ([`fabric::shm::accept`]).
+async fn shm_channel(
+    mut ch: StreamConn,
+    domain: DomainId,
+    arena: Option<fabric::shm::PoolArena>,
+    timeout: Duration,
+) -> Result<fabric::shm::ShmTransport, fabric::FabricError> {
+    fabric::flush(&mut ch, timeout).await?;
+    let fabric::Stream::Unix(sock) = ch.into_stream() else {
+        return Err(fabric::FabricError::Shm("not a Unix socket".into()));
+    };
+    fabric::shm::accept(sock, domain, wire::MAX_MESSAGE_LEN, arena, timeout).await
+}

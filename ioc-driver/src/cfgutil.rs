@@ -1,0 +1,156 @@
+//! The IOC's side of CfgUtil: a host's requests for its MAC, MTU, link state, counters,
+//! promiscuity, multicast groups and offloads, each answered with a status and checked
+//! against the IOC's configuration (`lan.set_mac`, the NIC's MTU, the offloads offered).
+
+use crate::report;
+use crate::state::WorkerState;
+use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Stats};
+
+/// Answers a host's CfgUtilRequest. The host's first queue carries its configuration;
+/// its other queues may only ask for their own counters.
+pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
+    let (mtu_max, nic_up, offered) = (st.mtu, st.nic_up, report::offered(&st.cfg));
+    let (set_mac, mac_base) = (st.cfg.lan.set_mac, st.cfg.lan.mac_base.0);
+    if code == CfgCode::GetStats {
+        st.count_own_queue_drops();
+    }
+    // A host's own LAN queue closes before its MAC may change (and reopens after):
+    // a MAC it gives up is never excluded from the general sockets once another host
+    // may take it. A request for the MAC it has changes nothing.
+    let current = st.hosts.get(&session).map(|h| h.mac);
+    if code == CfgCode::SetMac && wire::parse_mac(data).is_ok_and(|m| Some(m) != current) {
+        st.close_own_queue(session);
+        if let Some(h) = st.hosts.get_mut(&session) {
+            h.own_queue_retry = None;
+        }
+    }
+    // The first queue reports the counters of all the host's queues together.
+    let node_stats = (code == CfgCode::GetStats).then(|| host_stats(st, session));
+    let (by_mac, shard, nic) = (&mut st.by_mac, &st.shard, &st.nic);
+    let Some(host) = st.hosts.get_mut(&session) else {
+        return;
+    };
+    if !host.queue.is_first() && code != CfgCode::GetStats {
+        if let Some(link) = host.link.as_mut() {
+            link.session_mut()
+                .cfg_reply(txn, code, ErrorCode::Refused, &[]);
+        }
+        return;
+    }
+    let mut reply: Vec<u8> = Vec::new();
+    let status = match code {
+        CfgCode::GetMac => {
+            reply.extend_from_slice(&host.mac);
+            ErrorCode::Ok
+        }
+        CfgCode::SetMac => match wire::parse_mac(data) {
+            Ok(mac)
+                if set_mac.allows(mac, mac_base)
+                    && by_mac.get(&mac).is_none_or(|&s| s == session)
+                    && shard.move_mac(&**nic, host.mac, mac) =>
+            {
+                by_mac.remove(&host.mac);
+                by_mac.insert(mac, session);
+                host.mac = mac;
+                ErrorCode::Ok
+            }
+            Ok(_) => ErrorCode::Refused,
+            Err(_) => ErrorCode::Malformed,
+        },
+        CfgCode::GetMtu => {
+            reply.extend_from_slice(
+                &wire::Mtu {
+                    current: host.mtu,
+                    max: mtu_max,
+                }
+                .emit(),
+            );
+            ErrorCode::Ok
+        }
+        CfgCode::SetMtu => match wire::parse_u32(data) {
+            Ok(m) if (68..=mtu_max).contains(&m) => {
+                host.mtu = m;
+                ErrorCode::Ok
+            }
+            Ok(_) => ErrorCode::Refused,
+            Err(_) => ErrorCode::Malformed,
+        },
+        CfgCode::GetLink => {
+            reply.push(u8::from(nic_up));
+            ErrorCode::Ok
+        }
+        CfgCode::GetStats => {
+            reply.extend_from_slice(&node_stats.unwrap_or(host.stats).emit());
+            ErrorCode::Ok
+        }
+        CfgCode::SetPromisc => match wire::parse_u8(data) {
+            Ok(v @ (0 | 1)) => {
+                host.promisc = v == 1;
+                ErrorCode::Ok
+            }
+            _ => ErrorCode::Malformed,
+        },
+        CfgCode::SetMulticast => match wire::parse_multicast(data) {
+            Ok(list) if list.iter().all(|m| m[0] & 1 == 1) => {
+                host.multicast = list;
+                ErrorCode::Ok
+            }
+            Ok(_) => ErrorCode::Refused,
+            Err(_) => ErrorCode::Malformed,
+        },
+        CfgCode::GetFeatures => {
+            reply.extend_from_slice(&offered.to_be_bytes());
+            ErrorCode::Ok
+        }
+        CfgCode::SetFeatures => match wire::parse_u64(data) {
+            // Every frame carries a virtio-net header; offloads only as offered.
+            Ok(f) if f & features::VNET_HDR != 0 && f & !offered == 0 => {
+                host.features = f;
+                ErrorCode::Ok
+            }
+            Ok(_) => ErrorCode::Unsupported,
+            Err(_) => ErrorCode::Malformed,
+        },
+        CfgCode::LinkChange | CfgCode::Other(_) => ErrorCode::Unsupported,
+    };
+    let (mac, mtu, features) = (host.mac, host.mtu, host.features);
+    if let Some(link) = host.link.as_mut() {
+        link.session_mut().cfg_reply(txn, code, status, &reply);
+    }
+    if code == CfgCode::SetMac {
+        st.open_own_queue(session);
+    }
+    if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
+        st.sync_multicast();
+    }
+    if code == CfgCode::SetPromisc && status == ErrorCode::Ok {
+        st.publish_promisc();
+    }
+    // The other queues show the first queue's address, MTU and features.
+    if matches!(
+        code,
+        CfgCode::SetMac | CfgCode::SetMtu | CfgCode::SetFeatures
+    ) && status == ErrorCode::Ok
+    {
+        for h in st.hosts.values_mut().filter(|h| h.first == session) {
+            h.mac = mac;
+            h.mtu = mtu;
+            h.features = features;
+        }
+    }
+}
+
+/// Counters of `session`; on a host's first queue, of all its queues together.
+fn host_stats(st: &WorkerState, session: u64) -> Stats {
+    let mut sum = Stats::default();
+    match st.hosts.get(&session) {
+        Some(h) if h.queue.is_first() => {
+            for q in h.queues.iter().filter_map(|s| st.hosts.get(s)) {
+                sum += q.stats;
+            }
+        }
+        Some(h) => sum = h.stats,
+        None => {}
+    }
+    sum
+}

@@ -1,0 +1,121 @@
+//! What the IOC counts: its own counters, summed over the workers, and every drop of a host's
+//! frames by cause, each shown to operators (`splitnetctl stats`, the metrics).
+
+/// Counters of the IOC as a whole.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IocStats {
+    /// Frames read from the NIC.
+    pub lan_rx: u64,
+    /// Frames written to the NIC.
+    pub lan_tx: u64,
+    /// LAN frames for no host.
+    pub lan_filtered: u64,
+    /// LAN frames the kernel dropped: the IOC's receive ring was full.
+    pub lan_rx_dropped: u64,
+    /// Frames the NIC refused.
+    pub lan_tx_errors: u64,
+    /// NIC frames the kernel could not hand over (an offload a virtio-net header cannot
+    /// describe): read and lost.
+    pub lan_rx_unreadable: u64,
+    /// Hosts disconnected for protocol errors.
+    pub protocol_errors: u64,
+    /// Hosts disconnected for protection errors.
+    pub protection_errors: u64,
+    /// Connections refused during the handshake.
+    pub handshake_failures: u64,
+    /// Frames handed to another worker for its hosts.
+    pub crossed_out: u64,
+    /// Frames another worker handed to this one.
+    pub crossed_in: u64,
+    /// Frames for another worker dropped: its inbox was full.
+    pub cross_dropped: u64,
+}
+
+/// Frames dropped for or from one host session, by cause.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// To the host: its receive ring is full (in bytes, or its flow's share of them).
+    pub ring_full: u64,
+    /// To the host: its share of the IOC's send buffers is queued (it reads too slowly).
+    pub quota: u64,
+    /// To the host: larger than any of its pools and than a SendData message.
+    pub too_large: u64,
+    /// To the host: the kernel failed to hand the frame over from the host's own queue
+    /// (an offload a virtio-net header cannot describe).
+    pub unreadable: u64,
+    /// From the host: virtio-net metadata the kernel must not see.
+    pub bad_offload: u64,
+    /// From the host: a source MAC that is not the host's.
+    pub spoofed: u64,
+    /// From the host: longer than its MTU allows.
+    pub over_mtu: u64,
+    /// From the host: an offload it did not negotiate.
+    pub not_negotiated: u64,
+    /// From the host: SendData where the protocol calls for an RDMA write.
+    pub oversize_inline: u64,
+    /// From the host: refused by the NIC.
+    pub nic: u64,
+}
+
+impl Drops {
+    /// Every cause with its count, named as operators see them.
+    pub fn named(&self) -> [(&'static str, u64); 10] {
+        [
+            ("rx_ring_full", self.ring_full),
+            ("rx_quota", self.quota),
+            ("rx_too_large", self.too_large),
+            ("rx_unreadable", self.unreadable),
+            ("tx_bad_offload", self.bad_offload),
+            ("tx_spoofed_source", self.spoofed),
+            ("tx_over_mtu", self.over_mtu),
+            ("tx_not_negotiated", self.not_negotiated),
+            ("tx_oversize_inline", self.oversize_inline),
+            ("tx_nic", self.nic),
+        ]
+    }
+}
+
+impl std::ops::AddAssign for Drops {
+    fn add_assign(&mut self, o: Drops) {
+        self.ring_full += o.ring_full;
+        self.quota += o.quota;
+        self.too_large += o.too_large;
+        self.unreadable += o.unreadable;
+        self.bad_offload += o.bad_offload;
+        self.spoofed += o.spoofed;
+        self.over_mtu += o.over_mtu;
+        self.not_negotiated += o.not_negotiated;
+        self.oversize_inline += o.oversize_inline;
+        self.nic += o.nic;
+    }
+}
+
+/// Why a frame from a host is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxDrop {
+    /// Invalid virtio-net metadata.
+    BadOffload,
+    /// Source MAC not the host's.
+    Spoofed,
+    /// Longer than the MTU.
+    OverMtu,
+    /// Offload not negotiated.
+    NotNegotiated,
+    /// SendData where an RDMA write was due.
+    OversizeInline,
+    /// The NIC refused it.
+    Nic,
+}
+
+/// Why a frame for a host is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxDrop {
+    /// Its receive ring is full (in bytes, or its flow's share of them).
+    RingFull,
+    /// The host's send-buffer quota is in use.
+    Quota,
+    /// Too large for the host.
+    TooLarge,
+    /// The kernel failed to hand it over.
+    Unreadable,
+}

@@ -1,0 +1,207 @@
+//! Frames and messages from a host: each frame it wrote is checked against what it
+//! negotiated and forwarded (to the LAN, to another host here, or through another worker's
+//! inbox), and each event of its link handled.
+//!
+//! Group frames (broadcast, multicast) go to every other host and to the LAN. A unicast
+//! frame goes to the host owning its destination MAC, else to the LAN.
+
+use crate::cfgutil;
+use crate::counters::{IocStats, TxDrop};
+use crate::deliver::{cross, deliver_all, deliver_copy, targets};
+use crate::host_frame::{HostFrame, HEAD};
+use crate::host_queue::HostQueue;
+use crate::lan_tx::LanTx;
+use crate::nic::Nic;
+use crate::report;
+use crate::shard::Shard;
+use crate::state::WorkerState;
+use splitnet_messaging::endpoint::{Lane, LinkEvent, PoolGetOutcome};
+use splitnet_messaging::memory::SendBufCache;
+use splitnet_messaging::vnet;
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+use tracing::{debug, info, warn};
+
+/// Completions handled per channel per wake-up.
+pub const RX_BUDGET: usize = 256;
+
+/// What the IOC holds every host's frames to (see [`HostQueue::check_tx`]), and where it sends
+/// them.
+#[derive(Debug, Clone, Copy)]
+pub struct TxPolicy<'a> {
+    /// Offloads offered to hosts.
+    pub offered: u64,
+    /// Source MACs any host may use besides its own.
+    pub extra_macs: &'a [[u8; 6]],
+    /// Each host's MAC, to its first queue's session ([`WorkerState::by_mac`]).
+    pub by_mac: &'a HashMap<[u8; 6], u64>,
+    /// The other workers and their hosts.
+    pub shard: &'a Shard,
+}
+
+/// Forwards one frame a host's session (`from`) wrote into the IOC's pool, if it passes
+/// [`HostQueue::check_tx`]; a frame that does not is dropped and counted against the host.
+/// Frames for the LAN go through `lan` (sent in batches: see [`LanTx`]), which counts them
+/// for the host when the NIC has taken them.
+#[allow(clippy::too_many_arguments)]
+pub fn from_host(
+    from: u64,
+    frame: HostFrame<'_>,
+    hosts: &mut BTreeMap<u64, HostQueue>,
+    nic: &dyn Nic,
+    lan: &mut LanTx,
+    cache: &mut SendBufCache,
+    stats: &mut IocStats,
+    keys: &RandomState,
+    policy: &TxPolicy<'_>,
+) {
+    let Some(h) = hosts.get_mut(&from) else {
+        return;
+    };
+    let head = frame.head();
+    if let Err((why, text)) = h.check_tx(head, frame.len(), policy.offered, policy.extra_macs) {
+        h.drop_tx(why);
+        if let Some(held) = h.log.allow(std::time::Instant::now()) {
+            warn!(
+                session = from,
+                "dropping a frame from the host: {text} ({held} more dropped since the last report)"
+            );
+        }
+        return;
+    }
+    let dst = vnet::dst_mac(head);
+    let sender = hosts.get(&from).map_or(from, |h| h.first);
+    if vnet::is_group(&dst) {
+        let to = targets(hosts, head, keys, |h| h.session != sender);
+        deliver_all(&to, hosts, frame, cache);
+        cross(policy.shard, policy.shard.others(), frame, stats);
+        lan.send(from, frame, nic, hosts, stats);
+        return;
+    }
+    let owner = policy
+        .by_mac
+        .get(&dst)
+        .filter(|&&s| s != sender)
+        .and_then(|s| hosts.get(s))
+        .map(|h| h.steer(head, keys));
+    let elsewhere = policy.shard.owner(&dst);
+    match owner.and_then(|s| hosts.get_mut(&s)) {
+        Some(to) => deliver_copy(to, frame, cache),
+        None => match elsewhere {
+            Some(w) => {
+                cross(policy.shard, [w], frame, stats);
+            }
+            None => return lan.send(from, frame, nic, hosts, stats),
+        },
+    }
+    if let Some(h) = hosts.get_mut(&from) {
+        h.stats.tx_frames += 1;
+        h.stats.tx_bytes += frame.len() as u64;
+    }
+}
+
+/// Drives one lane of a host's link: its frames are forwarded, its messages handled.
+/// Returns whether the lane is drained, or the error that ends the host's session.
+pub fn drive_host(st: &mut WorkerState, session: u64, lane: Lane) -> Result<bool, HostEnd> {
+    let offered = report::offered(&st.cfg);
+    let WorkerState {
+        reg,
+        nic,
+        lan_tx,
+        cache,
+        hosts,
+        by_mac,
+        stats,
+        flow_keys,
+        extra_macs,
+        shard,
+        ..
+    } = &mut *st;
+    let policy = TxPolicy {
+        offered,
+        extra_macs,
+        by_mac,
+        shard,
+    };
+    let Some(mut link) = hosts.get_mut(&session).and_then(|h| h.link.take()) else {
+        return Err(HostEnd::Gone);
+    };
+    let mut events = Vec::new();
+    let mut head = [0u8; HEAD];
+    let r = link.poll(
+        reg,
+        lane,
+        RX_BUDGET,
+        &mut |frame| {
+            // A frame in a shared pool is checked from a private copy of its head
+            // (see [`HostFrame`]).
+            let frame = HostFrame::new(frame, &mut head);
+            from_host(
+                session, frame, hosts, &**nic, lan_tx, cache, stats, flow_keys, &policy,
+            )
+        },
+        &mut events,
+    );
+    lan_tx.flush(&**nic, hosts, stats);
+    link.session_mut().flush_credits(reg);
+    if let Some(h) = hosts.get_mut(&session) {
+        h.link = Some(link);
+    }
+    st.kick_hosts();
+    // Events first: a Goodbye read just before the end of stream explains it.
+    let ev = on_events(st, session, events);
+    match (r, ev) {
+        (_, Err(why)) => Err(HostEnd::Closed(why)),
+        (Err(e), Ok(())) => Err(HostEnd::Failed(e)),
+        (Ok(more), Ok(())) => Ok(!more),
+    }
+}
+
+/// Handles what a host's link reported. `Err` ends the host's session.
+pub fn on_events(st: &mut WorkerState, session: u64, events: Vec<LinkEvent>) -> Result<(), String> {
+    for ev in events {
+        match ev {
+            LinkEvent::CfgRequest { txn, code, data } => {
+                cfgutil::cfg_request(st, session, txn, code, &data)
+            }
+            LinkEvent::Goodbye(code) => {
+                return Err(format!("host disconnected ({code:?})"));
+            }
+            LinkEvent::PoolGet(o) => match o {
+                PoolGetOutcome::Granted(_) => info!(session, ?o, "BufferRecvPoolGet"),
+                PoolGetOutcome::Declined(_) => debug!(session, ?o, "BufferRecvPoolGet"),
+            },
+            LinkEvent::Credits => {
+                if let Some(h) = st.hosts.get_mut(&session) {
+                    h.send_queued(&mut st.cache);
+                }
+                // Pools advertised: its own LAN queue, if they allow.
+                st.open_own_queue(session);
+            }
+            LinkEvent::RefusedInline { len } => {
+                if let Some(h) = st.hosts.get_mut(&session) {
+                    h.drop_tx(TxDrop::OversizeInline);
+                    if let Some(held) = h.log.allow(Instant::now()) {
+                        warn!(session, len, "dropping a SendData frame that belongs in a pool ({held} more dropped since the last report)");
+                    }
+                }
+            }
+            LinkEvent::CfgReply { .. } | LinkEvent::Flushed { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+/// Why a host's session ends.
+#[derive(Debug)]
+pub enum HostEnd {
+    /// Already removed.
+    Gone,
+    /// It said goodbye or was refused at the session level.
+    Closed(String),
+    /// Its link failed (transport, protocol or protection error).
+    Failed(splitnet_messaging::endpoint::LinkError),
+    /// It exceeded what the IOC lets one host hold (it does not read its channels).
+    Limit(String),
+}
