@@ -6,8 +6,16 @@
 //! is up, and the driver reconnects by itself, forever, when the IOC goes away.
 #![deny(unsafe_code)]
 
-mod driver;
+mod cfgutil;
+mod connect;
+mod connection;
+mod datapath;
+mod interface;
+mod queues;
+mod report;
 mod snapshot;
+mod spin;
+mod supervisor;
 
 use clap::Parser;
 use splitnet_service as service;
@@ -72,7 +80,7 @@ fn main() -> ExitCode {
         splitnet_control::host_socket(&cfg.interface.name),
     );
     let local = tokio::task::LocalSet::new();
-    match local.block_on(&rt, driver::run(cfg, control)) {
+    match local.block_on(&rt, supervisor::run(cfg, control)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -1,0 +1,281 @@
+//! The CfgUtil client: what the host asks of the IOC about sd0 (MAC, MTU, link state,
+//! offload features, its counters), how it takes the answers and the IOC's own requests
+//! (LinkChange), and the settings the two have agreed on.
+
+use splitnet_config::HostConfig;
+use splitnet_control::report::Counters;
+use splitnet_messaging::endpoint::Session;
+use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode};
+use splitnet_netif::netdev;
+use splitnet_netif::tap::{Offloads, Tap};
+use tracing::{debug, info, warn};
+
+/// The features a TAP with `o` makes the kernel use, as told to the IOC.
+pub fn feature_bits(o: &Offloads) -> u64 {
+    let mut f = features::VNET_HDR;
+    if o.csum {
+        f |= features::CSUM;
+    }
+    if o.tso {
+        f |= features::TSO4 | features::TSO6 | features::ECN;
+    }
+    if o.uso {
+        f |= features::USO;
+    }
+    f
+}
+
+/// sd0's settings as told to, asked of and agreed with the IOC over CfgUtil.
+pub struct Settings {
+    /// The interface (sd0).
+    pub name: String,
+    /// The MAC configured for sd0 (SetMac) instead of the one the IOC assigns.
+    mac_override: Option<[u8; 6]>,
+    /// sd0 has the MAC agreed with the IOC.
+    pub mac_known: bool,
+    /// sd0 has the MTU agreed with the IOC.
+    pub mtu_known: bool,
+    /// MTU agreed with the IOC and set on the TAP.
+    pub mtu: u32,
+    /// Largest MTU the IOC accepts.
+    pub mtu_max: u32,
+    /// An MTU set on the TAP by an administrator, asked of the IOC, not yet answered.
+    pub mtu_pending: Option<u32>,
+    /// Promiscuous mode last reported to the IOC.
+    pub promisc: bool,
+    /// Multicast groups of the TAP last reported to the IOC.
+    pub multicast: Vec<[u8; 6]>,
+    /// The link of the IOC's NIC is up.
+    pub link_up: bool,
+    /// Features told to the IOC (SetFeatures): what sd0's offloads let the kernel send.
+    pub features: u64,
+    /// The TAP was re-attached and this is its first connection: its MTU is kept (asked
+    /// of the IOC) rather than replaced by the IOC's.
+    pub keep_mtu: bool,
+}
+
+impl Settings {
+    /// Nothing agreed yet with a new connection's IOC; `features` are sd0's.
+    pub fn new(cfg: &HostConfig, features: u64) -> Settings {
+        Settings {
+            name: cfg.interface.name.clone(),
+            mac_override: cfg.interface.mac.map(|m| m.0),
+            mac_known: false,
+            mtu_known: false,
+            mtu: 0,
+            mtu_max: 0,
+            mtu_pending: None,
+            promisc: false,
+            multicast: Vec::new(),
+            link_up: false,
+            features,
+            keep_mtu: false,
+        }
+    }
+
+    /// The first queue's requests on a new session: the MAC (set or asked for), the MTU,
+    /// the link state and the features.
+    pub fn request_initial(&self, s: &mut Session) {
+        match self.mac_override {
+            Some(mac) => {
+                s.cfg_request(CfgCode::SetMac, &mac);
+            }
+            None => {
+                s.cfg_request(CfgCode::GetMac, &[]);
+            }
+        }
+        s.cfg_request(CfgCode::GetMtu, &[]);
+        s.cfg_request(CfgCode::GetLink, &[]);
+        s.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
+    }
+
+    /// Takes the IOC's answer to a request (further requests, if any, go on `session`).
+    /// Returns the IOC's counters for this host when the answer is GetStats's.
+    pub fn on_reply(
+        &mut self,
+        session: &mut Session,
+        tap: &Tap,
+        code: CfgCode,
+        status: ErrorCode,
+        data: &[u8],
+    ) -> Option<Counters> {
+        if status != ErrorCode::Ok {
+            warn!(?code, ?status, "IOC refused a configuration request");
+            if code == CfgCode::SetMtu {
+                if let Some(asked) = self.mtu_pending.take() {
+                    warn!(
+                        "MTU {asked} on {} refused by the IOC ({status:?}); back to {}",
+                        self.name, self.mtu
+                    );
+                    let _ = netdev::set_mtu(&self.name, self.mtu);
+                }
+            }
+            if code == CfgCode::SetFeatures && self.features != features::VNET_HDR {
+                // The IOC's NIC side takes no offloads: the kernel must hand sd0 plain,
+                // fully checksummed frames.
+                match tap.enable_offloads(false) {
+                    Ok(_) => {
+                        warn!(
+                            "IOC does not take checksum/segmentation offloads; turned them off on {}",
+                            self.name
+                        );
+                        self.features = features::VNET_HDR;
+                        session.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
+                    }
+                    Err(e) => warn!("cannot turn the offloads of {} off: {e}", self.name),
+                }
+            }
+            if code == CfgCode::SetMac {
+                // Fall back to the MAC the IOC assigns.
+                session.cfg_request(CfgCode::GetMac, &[]);
+            }
+            return None;
+        }
+        match code {
+            CfgCode::GetMac | CfgCode::SetMac => {
+                let mac = if code == CfgCode::SetMac {
+                    self.mac_override
+                } else {
+                    wire::parse_mac(data).ok()
+                };
+                // The MAC a re-attached interface already has is left alone on its first
+                // connection: setting it anew would make the kernel flush the neighbour
+                // entries that outlived the daemon. On a reconnect it is set again: the
+                // carrier going down already flushed the entries that were good, and the
+                // flush clears those that failed while the IOC was away, which the kernel
+                // would otherwise keep answering with errors for a second or more.
+                let keep = self.keep_mtu;
+                if let Some(mac) = mac.filter(|m| keep && netdev::mac(&self.name).ok() == Some(*m))
+                {
+                    debug!(mac = %wire::fmt_mac(&mac), "MAC address already set");
+                    self.mac_known = true;
+                } else if let Some(mac) = mac {
+                    match netdev::set_mac(&self.name, mac) {
+                        Ok(()) => {
+                            info!(mac = %wire::fmt_mac(&mac), "MAC address set");
+                            self.mac_known = true;
+                        }
+                        Err(e) => warn!("cannot set the MAC of {}: {e}", self.name),
+                    }
+                }
+            }
+            CfgCode::GetMtu => {
+                if let Ok(m) = wire::Mtu::parse(data) {
+                    self.mtu_max = m.max;
+                    // An MTU being asked of the IOC (a kept one) is not overridden.
+                    if self.mtu_pending.is_none() {
+                        self.take_ioc_mtu(m.current);
+                    }
+                }
+            }
+            CfgCode::SetMtu => {
+                if let Some(n) = self.mtu_pending.take() {
+                    info!(mtu = n, "MTU accepted by the IOC");
+                    self.mtu = n;
+                }
+            }
+            CfgCode::SetPromisc => {
+                debug!(promisc = self.promisc, "promiscuous mode set on the IOC")
+            }
+            CfgCode::GetLink => {
+                if let Ok(v) = wire::parse_u8(data) {
+                    self.link_up = v == 1;
+                }
+            }
+            CfgCode::SetFeatures => debug!(
+                features = ?features::names(self.features),
+                "offload features agreed"
+            ),
+            CfgCode::SetMulticast => debug!(
+                groups = self.multicast.len(),
+                "multicast groups set on the IOC"
+            ),
+            CfgCode::GetStats => {
+                return wire::Stats::parse(data).ok().map(|st| Counters::from(&st))
+            }
+            other => debug!(?other, "CfgUtil reply"),
+        }
+        None
+    }
+
+    /// Answers a request of the IOC's (on `session`): a LinkChange of its NIC, taken only
+    /// on the `first` queue's session.
+    pub fn on_request(
+        &mut self,
+        session: &mut Session,
+        first: bool,
+        txn: u64,
+        code: CfgCode,
+        data: &[u8],
+    ) {
+        let status = match code {
+            // The interface follows the first queue's session.
+            CfgCode::LinkChange if !first => ErrorCode::Refused,
+            CfgCode::LinkChange => match wire::LinkChange::parse(data) {
+                Ok(c) => {
+                    info!(up = c.up, mtu = c.mtu, "NIC link change");
+                    self.link_up = c.up;
+                    self.mtu_max = c.mtu;
+                    if !self.mtu_known || self.mtu > c.mtu {
+                        self.take_ioc_mtu(c.mtu);
+                    }
+                    ErrorCode::Ok
+                }
+                Err(_) => ErrorCode::Malformed,
+            },
+            _ => ErrorCode::Unsupported,
+        };
+        session.cfg_reply(txn, code, status, &[]);
+    }
+
+    /// Takes the IOC's current MTU onto sd0, unless sd0 was re-attached with an MTU of its
+    /// own that the IOC allows: that one is kept, and the watch of sd0 (`interface::Watch`)
+    /// asks the IOC for it (SetMtu) as for an `ip link set sd0 mtu` change.
+    fn take_ioc_mtu(&mut self, current: u32) {
+        if self.keep_mtu {
+            match netdev::mtu(&self.name) {
+                Ok(cur) if cur != current && (68..=self.mtu_max).contains(&cur) => {
+                    info!(mtu = cur, "keeping the MTU of {}", self.name);
+                    self.mtu = current;
+                    self.mtu_known = true;
+                    return;
+                }
+                _ => self.keep_mtu = false,
+            }
+        }
+        self.apply_mtu(current);
+    }
+
+    fn apply_mtu(&mut self, mtu: u32) {
+        match netdev::set_mtu(&self.name, mtu) {
+            Ok(()) => {
+                info!(mtu, "MTU set from the IOC");
+                self.mtu = mtu;
+                self.mtu_known = true;
+            }
+            Err(e) => warn!("cannot set MTU {mtu} on {}: {e}", self.name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_follow_the_tap_offloads() {
+        let none = Offloads::default();
+        assert_eq!(feature_bits(&none), features::VNET_HDR);
+        let tso = Offloads {
+            csum: true,
+            tso: true,
+            uso: false,
+        };
+        assert_eq!(
+            features::names(feature_bits(&tso)),
+            ["vnet_hdr", "csum", "tso4", "tso6", "ecn"]
+        );
+        let all = Offloads { uso: true, ..tso };
+        assert!(features::names(feature_bits(&all)).contains(&"uso"));
+    }
+}

@@ -1,0 +1,271 @@
+//! The data path between the TAP and the IOC: frames read from the TAP into send buffers
+//! (or straight into the IOC's pools over shared memory), through the flow queue and its
+//! byte limit onto the fabric; frames from the IOC checked and written to the TAP.
+
+use splitnet_control::report::TxLimit;
+use splitnet_fabric::{FabricChannel, Guard};
+use splitnet_messaging::endpoint::{InPlace, Lane, Link, LinkEvent, Posted};
+use splitnet_messaging::memory::{Frame, Registry, SendBuf, SendBufCache, SharedBytes};
+use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
+use splitnet_messaging::vnet;
+use splitnet_messaging::wire;
+use splitnet_netif::tap::Tap;
+use std::io;
+use std::time::Instant;
+use tracing::{debug, info, warn};
+
+/// Frames read from the TAP per wake-up before the fabric is flushed.
+const TAP_BATCH: usize = 64;
+/// The largest frame the TAP gives: its virtio-net header, Ethernet with a VLAN tag, and an
+/// IP packet of 64 KiB (a TSO super-frame). A frame is read straight into an IOC element only
+/// if the element holds this much, since the read cannot know the frame's size first.
+const TAP_FRAME_MAX: u32 = (vnet::VNET_HDR_LEN + 18 + 65_535) as u32;
+/// Completions handled per channel per wake-up; credits go back after each batch, so a
+/// small batch returns them sooner to the IOC, whose frames for this host wait for them.
+const RX_BUDGET: usize = 32;
+/// Send buffers: bounds the frames in flight to the IOC.
+const SEND_BUFFERS: usize = 256;
+
+/// Whether the TAP is worth waiting for: the kernel sends on a queue only while the first
+/// queue has the carrier on; and with every send buffer queued (in the flow queue or on the
+/// fabric socket) there is nothing to read into: returned credits or the socket's
+/// writability wake the loop instead, so a full socket never makes it spin.
+pub fn tap_wanted(sending: bool, buffers: bool) -> bool {
+    sending && buffers
+}
+
+/// Frames from the TAP on their way to the IOC: the send buffers and the flow queue.
+pub struct Outbound {
+    cache: SendBufCache,
+    /// Frames read from the TAP waiting for credit or the byte limit, by flow.
+    tx: Scheduler<SendBuf>,
+    /// Frames the flow queue dropped (a flow over its share: its newest; the queue full:
+    /// the longest flow's oldest).
+    queue_drops: u64,
+}
+
+impl Outbound {
+    /// Every send buffer free, the flow queue empty.
+    pub fn new() -> Outbound {
+        Outbound {
+            cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
+            tx: Scheduler::new(
+                FqConfig::default(),
+                Some(LimitConfig::default()),
+                Instant::now(),
+            ),
+            queue_drops: 0,
+        }
+    }
+
+    /// Whether a send buffer is free to read a frame into.
+    pub fn has_free(&self) -> bool {
+        self.cache.has_free()
+    }
+
+    /// The send buffers, for the link to give back the ones it is done with.
+    pub fn buffers(&mut self) -> &mut SendBufCache {
+        &mut self.cache
+    }
+
+    /// Reads frames from `tap` into the flow queue and sends what the byte limit lets
+    /// through on `link`. Returns true when the TAP is drained.
+    pub fn read_tap(&mut self, tap: &Tap, link: &mut Link<FabricChannel>) -> bool {
+        let mut drained = false;
+        // Read even when the flow queue is full: it then drops from its longest flow, so a
+        // new sparse flow still gets in instead of waiting in the TAP's ring.
+        for _ in 0..TAP_BATCH {
+            // Nothing waits and the limit lets one more go: over shared memory the frame is
+            // read straight into an element of the IOC's, and no copy of it is made here.
+            let inflight = link.session().initiator().inflight_bytes();
+            if link.places_writes() && self.tx.may_bypass(inflight) {
+                let read = |dst: &SharedBytes<'_>| tap.recv_into(dst);
+                match link.read_in_place(TAP_FRAME_MAX, read) {
+                    Some(InPlace::Posted(_) | InPlace::Inline(_)) => continue,
+                    Some(InPlace::Dropped(n)) => {
+                        warn!(len = n, "frame larger than an IOC element; dropped");
+                        continue;
+                    }
+                    Some(InPlace::Empty) => {
+                        drained = true;
+                        break;
+                    }
+                    Some(InPlace::Failed(e)) => {
+                        if e.kind() != io::ErrorKind::WouldBlock {
+                            warn!("TAP read failed: {e}");
+                        }
+                        drained = true;
+                        break;
+                    }
+                    // No element that large is free: a send buffer.
+                    None => {}
+                }
+            }
+            let Some(mut buf) = self.cache.get() else {
+                break;
+            };
+            match tap.recv(buf.space()) {
+                Ok(n) => buf.set_len(n),
+                Err(e) => {
+                    self.cache.put(buf);
+                    if e.kind() != io::ErrorKind::WouldBlock {
+                        warn!("TAP read failed: {e}");
+                    }
+                    drained = true;
+                    break;
+                }
+            }
+            let Outbound {
+                tx,
+                cache,
+                queue_drops,
+            } = self;
+            let (flow, len) = (tx.flow(buf.as_slice()), buf.len() as u32);
+            tx.push(flow, len, buf, &mut |b| {
+                cache.put(b);
+                *queue_drops += 1;
+            });
+        }
+        self.send_queued(link);
+        drained
+    }
+
+    /// Posts queued frames on `link`, the one held back for credit first, then the flow
+    /// queue's choice, while the byte limit lets more go in flight.
+    fn send_queued(&mut self, link: &mut Link<FabricChannel>) {
+        loop {
+            let inflight = link.session().initiator().inflight_bytes();
+            let Some(buf) = self.tx.next(inflight) else {
+                return;
+            };
+            if !self.post(link, buf) {
+                return;
+            }
+        }
+    }
+
+    /// Posts a frame; false when it is held back for lack of credit.
+    fn post(&mut self, link: &mut Link<FabricChannel>, buf: SendBuf) -> bool {
+        match link.post_frame(buf) {
+            Posted::SendData | Posted::Rdma => true,
+            Posted::Backpressure(b) => {
+                self.tx.hold(b);
+                false
+            }
+            Posted::TooLarge(b) => {
+                warn!(len = b.len(), "frame larger than any IOC pool; dropped");
+                self.cache.put(b);
+                true
+            }
+        }
+    }
+
+    /// Credits came back on `link`: the byte limit learns what completed, and the queued
+    /// frames it now lets through are sent.
+    pub fn on_credits(&mut self, link: &mut Link<FabricChannel>) {
+        let ini = link.session_mut().initiator_mut();
+        let done = ini.take_completed();
+        let inflight = ini.inflight_bytes();
+        self.tx.completed(done, inflight, Instant::now());
+        self.send_queued(link);
+    }
+
+    /// The byte limit and the flow queue, as operators see them.
+    pub fn limit(&self) -> TxLimit {
+        let l = self.tx.stats().unwrap_or_default();
+        TxLimit {
+            limit_bytes: l.limit,
+            grown: l.grown,
+            shrunk: l.shrunk,
+            held_back: l.held_back,
+            queued: self.tx.waiting() as u64,
+            queue_drops: self.queue_drops,
+        }
+    }
+
+    /// The connection is over: logs the frames it lost or the flow queue dropped.
+    pub fn log_lost(&self) {
+        let waiting = self.tx.waiting();
+        if waiting > 0 || self.queue_drops > 0 {
+            info!(
+                waiting,
+                dropped = self.queue_drops,
+                "frames to the IOC lost with the connection (waiting) or dropped by the flow queue"
+            );
+        }
+    }
+}
+
+/// Polls `lane` of `link` (up to [`RX_BUDGET`] completions): frames from the IOC go to
+/// `tap` (those it refuses, or whose header is bad, count in `rx_dropped`), everything else
+/// into `events`. Clears `guard`'s readiness once the lane is drained; an error is the end
+/// of the connection.
+pub fn poll_lane(
+    link: &mut Link<FabricChannel>,
+    reg: &mut Registry,
+    tap: &Tap,
+    rx_dropped: &mut u64,
+    lane: Lane,
+    guard: Option<Guard<'_>>,
+    events: &mut Vec<LinkEvent>,
+) -> Result<(), String> {
+    let mut sink = |frame: Frame<'_>| {
+        // A frame in a shared pool: its header is checked from a private copy, and that
+        // copy is what the TAP gets, followed by the rest straight from the pool.
+        let mut head = [0u8; vnet::VNET_HDR_LEN];
+        let checked = match frame {
+            Frame::Private(b) => vnet::check_frame(b),
+            Frame::Shared(_) => {
+                let n = frame.head(&mut head);
+                vnet::check_head(&head[..n], frame.len())
+            }
+        };
+        let sent = match (checked, frame) {
+            (Err(e), _) => {
+                *rx_dropped += 1;
+                warn!("dropping frame from the IOC: {e}");
+                return;
+            }
+            (Ok(_), Frame::Private(b)) => tap.send(b),
+            (Ok(_), Frame::Shared(s)) => tap.send_parts(&head, &s.after(head.len())),
+        };
+        if let Err(e) = sent {
+            *rx_dropped += 1;
+            debug!("TAP write failed: {e}");
+        }
+    };
+    match link.poll(reg, lane, RX_BUDGET, &mut sink, events) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            if let Some(mut g) = guard {
+                g.clear_ready();
+            }
+            Ok(())
+        }
+        Err(e) => {
+            // The error table (docs/protocol.md, section 7): Goodbye with the row's code
+            // on the control channel, then the session (every queue) ends.
+            match link.fail(&e) {
+                Some(code) => Err(format!(
+                    "IOC broke the protocol: {e}; sent Goodbye({code:?})"
+                )),
+                None => Err(e.to_string()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tap_waits_while_no_send_buffer_is_free() {
+        assert!(tap_wanted(true, true));
+        assert!(
+            !tap_wanted(true, false),
+            "every buffer queued: no busy loop"
+        );
+        assert!(!tap_wanted(false, true));
+    }
+}

@@ -1,0 +1,157 @@
+//! The further TAP queues (1..): each is served by a thread of its own over a session of
+//! its own, joined to the first queue's session; they connect with the first queue and end
+//! with it.
+
+use crate::connect::connect;
+use crate::connection::{Conn, End, Stop};
+use crate::report::{Reporter, SharedCounters};
+use splitnet_config::HostConfig;
+use splitnet_fabric as fabric;
+use splitnet_messaging::wire::Queue;
+use splitnet_netif::tap::Tap;
+use splitnet_service::{self as service, notify};
+use std::io;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{oneshot, watch};
+use tracing::{debug, warn};
+
+/// The further queues of one connection: their threads, the flag that ends them, and
+/// their counters.
+pub struct Queues {
+    threads: Vec<JoinHandle<()>>,
+    ended: Arc<watch::Sender<bool>>,
+    counters: Vec<SharedCounters>,
+}
+
+impl Queues {
+    /// Connects queues 1.. (one thread each, `taps[i]` serving queue i + 1) as further
+    /// sessions of the host whose first queue has session `first`; returns once every one
+    /// is connected, or the first failure (the ones started are then stopped).
+    pub async fn start(
+        cfg: &Arc<HostConfig>,
+        taps: &[Arc<Tap>],
+        node_id: u64,
+        first: u64,
+    ) -> Result<Queues, String> {
+        let (ended, _) = watch::channel(false);
+        let mut q = Queues {
+            threads: Vec::new(),
+            ended: Arc::new(ended),
+            counters: Vec::new(),
+        };
+        let count = taps.len() as u8 + 1;
+        let mut results = Vec::new();
+        for (i, tap) in taps.iter().enumerate() {
+            let queue = Queue {
+                index: i as u8 + 1,
+                count,
+            };
+            let (tx, rx) = oneshot::channel();
+            let counters = SharedCounters::default();
+            q.counters.push(counters.clone());
+            let (cfg, tap, ended) = (cfg.clone(), tap.clone(), q.ended.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("queue-{}", queue.index))
+                .spawn(move || queue_thread(cfg, tap, queue, node_id, first, tx, ended, counters))
+                .map_err(|e| format!("cannot start the thread of queue {}: {e}", queue.index))?;
+            q.threads.push(t);
+            results.push((queue.index, rx));
+        }
+        for (index, rx) in results {
+            let r = rx
+                .await
+                .unwrap_or_else(|_| Err("its thread stopped".into()));
+            if let Err(e) = r {
+                // Dropping `q` stops the queues already started.
+                return Err(format!("queue {index} cannot connect: {e}"));
+            }
+        }
+        Ok(q)
+    }
+
+    /// The flag set when any queue's connection ended.
+    pub fn ended(&self) -> watch::Receiver<bool> {
+        self.ended.subscribe()
+    }
+
+    /// The queues' published counters.
+    pub fn counters(&self) -> Vec<SharedCounters> {
+        self.counters.clone()
+    }
+
+    /// Ends every queue's connection and waits for their threads.
+    pub fn stop(&mut self) {
+        self.ended.send_replace(true);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Queues {
+    /// No queue outlives its connection (a signal may drop [`Queues::start`] half-way).
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Serves TAP queue `queue` over a fabric session of its own until its connection ends:
+/// a signal (it flushes its pools and exits), the IOC, or another queue (`ended`).
+/// `connected` hears whether the session came up; `counters` is kept current.
+#[allow(clippy::too_many_arguments)]
+fn queue_thread(
+    cfg: Arc<HostConfig>,
+    tap: Arc<Tap>,
+    queue: Queue,
+    node_id: u64,
+    first: u64,
+    connected: oneshot::Sender<Result<(), String>>,
+    ended: Arc<watch::Sender<bool>>,
+    counters: SharedCounters,
+) {
+    let rt = match service::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = connected.send(Err(format!("cannot start its runtime: {e}")));
+            return;
+        }
+    };
+    let stopped = ended.subscribe();
+    let serve = async {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let tap_ready = fabric::Ready::new(&*tap)?;
+        let timeout = cfg.fabric.keepalive_timeout();
+        let (ctrl, data, _) = connect(
+            &cfg.fabric,
+            cfg.pools.max_granted_bytes,
+            node_id,
+            queue,
+            first,
+            timeout,
+        )
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))?;
+        let report = Reporter::further(counters);
+        let mut conn = Conn::new(&cfg, queue, &tap, &tap_ready, ctrl, data, report)?;
+        debug!(queue = queue.index, "queue connected");
+        let _ = connected.send(Ok(()));
+        let mut stop = Stop::new(&mut term, &mut int, stopped);
+        let end = conn
+            .run(&mut stop, &mut true, &mut notify::Watchdog::disabled())
+            .await;
+        conn.close();
+        if let End::Lost(why) = end {
+            warn!(queue = queue.index, "queue's connection lost: {why}");
+        }
+        Ok::<(), io::Error>(())
+    };
+    if let Err(e) = rt.block_on(serve) {
+        warn!(queue = queue.index, "queue stopped: {e}");
+    }
+    // The connection is over for every queue once one of them ends (a sender that was
+    // already told so by the others keeps the value).
+    ended.send_replace(true);
+}
