@@ -3,14 +3,14 @@
 //!
 //! * This module: stream channels over TCP (between machines) and Unix sockets (between
 //!   daemons on one machine), their readiness with the tokio reactor, dialing, the handshake
-//!   and [`FabricLink`], a link with its registrations.
+//!   and [`RegisteredLink`], a link with its registrations.
 //! * [`shm`]: channels in shared memory (on one machine), with all of that transport's
 //!   `unsafe` (mappings, descriptor passing, the doorbell) in its two submodules.
 //!
-//! A [`FabricLink`] owns a [`Link`] over two non-blocking stream sockets (channel 0,
+//! A [`RegisteredLink`] owns a [`Link`] over two non-blocking stream sockets (channel 0,
 //! control, and channel 1, data: TCP between machines, Unix stream sockets between daemons
 //! on one machine) and their registrations with the tokio reactor. The daemons wait on
-//! [`FabricLink::ready`] and then drive the link until the sockets would block; nothing here
+//! [`RegisteredLink::ready`] and then drive the link until the sockets would block; nothing here
 //! buffers or copies frames.
 
 #![deny(unsafe_code)]
@@ -306,7 +306,7 @@ fn prepare(sock: &Stream) -> io::Result<()> {
 }
 
 /// A channel for a new connection; its domain is set, and RDMA writes are accepted, once
-/// the handshake has named the session ([`FabricLink::new`]).
+/// the handshake has named the session ([`RegisteredLink::new`]).
 fn channel(sock: Stream, max_send: usize) -> io::Result<StreamConn> {
     prepare(&sock)?;
     let mut ch = StreamChannel::new(sock, DomainId(0), max_send);
@@ -592,23 +592,24 @@ fn lane_index(lane: Lane) -> usize {
     }
 }
 
-/// A connected peer: its link and the readiness of its two sockets.
+/// A connected peer's [`Link`], registered with the reactor: the link and the readiness of
+/// its two channels (sockets or doorbells).
 #[derive(Debug)]
-pub struct FabricLink {
+pub struct RegisteredLink {
     /// Reactor registrations.
     pub ready: LinkReady,
     /// The link.
     pub link: Link<FabricChannel>,
 }
 
-impl FabricLink {
+impl RegisteredLink {
     /// Wraps two handshaken channels: the data channel now carries writes by `session`'s
     /// domain; the control channel carries none.
     pub fn new(
         session: Session,
         ctrl: impl Into<FabricChannel>,
         data: impl Into<FabricChannel>,
-    ) -> io::Result<FabricLink> {
+    ) -> io::Result<RegisteredLink> {
         let (mut ctrl, mut data) = (ctrl.into(), data.into());
         let d = session.domain();
         ctrl.set_domain(d);
@@ -619,7 +620,7 @@ impl FabricLink {
             data: data.readiness()?,
             shm: [ctrl.is_shared_memory(), data.is_shared_memory()],
         };
-        Ok(FabricLink {
+        Ok(RegisteredLink {
             ready,
             link: Link::new(session, ctrl, data),
         })

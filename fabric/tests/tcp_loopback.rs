@@ -1,7 +1,7 @@
 //! Two endpoints over real TCP on loopback push 100,000 frames of random sizes each way at
 //! once: every byte exact, none lost, every credit back at the end.
 
-use splitnet_fabric::{self as fabric, DataPath, FabricLink};
+use splitnet_fabric::{self as fabric, DataPath, RegisteredLink};
 use splitnet_messaging::endpoint::{Lane, LinkEvent, Posted, Session};
 use splitnet_messaging::memory::{DomainId, Registry, SendBuf, SendBufCache};
 use splitnet_messaging::testing::config;
@@ -46,7 +46,7 @@ fn check(dir: u64, expect_seq: u64, frame: &[u8]) {
 }
 
 struct Side {
-    tl: FabricLink,
+    tl: RegisteredLink,
     reg: Registry,
     cache: SendBufCache,
     dir_out: u64,
@@ -107,7 +107,7 @@ impl Side {
             if self.both.load(Ordering::SeqCst) == 2 {
                 return self;
             }
-            let FabricLink { ready, link } = &mut self.tl;
+            let RegisteredLink { ready, link } = &mut self.tl;
             let pending = link.pending() > 0;
             // Shared memory: ask for the doorbell first; records may be there already.
             let sleep = link.prepare_sleep(Lane::Data);
@@ -177,7 +177,7 @@ impl Side {
     }
 }
 
-fn side(tl: FabricLink, reg: Registry, dir_out: u64, both: Arc<AtomicUsize>) -> Side {
+fn side(tl: RegisteredLink, reg: Registry, dir_out: u64, both: Arc<AtomicUsize>) -> Side {
     Side {
         tl,
         reg,
@@ -330,7 +330,7 @@ fn exchange(listener: Listener, path_kind: DataPath) {
             }
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
-            let tl = FabricLink::new(s, c, d).unwrap();
+            let tl = RegisteredLink::new(s, c, d).unwrap();
             side(tl, reg, 0, both_a).run().await
         })
     });
@@ -357,7 +357,7 @@ fn exchange(listener: Listener, path_kind: DataPath) {
             }
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
-            let tl = FabricLink::new(s, c, d).unwrap();
+            let tl = RegisteredLink::new(s, c, d).unwrap();
             side(tl, reg, 1, both_b).run().await
         })
     });

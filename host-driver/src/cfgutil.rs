@@ -46,7 +46,7 @@ pub struct Settings {
     /// Multicast groups of the TAP last reported to the IOC.
     pub multicast: Vec<[u8; 6]>,
     /// The link of the IOC's NIC is up.
-    pub link_up: bool,
+    pub ioc_nic_up: bool,
     /// Features told to the IOC (SetFeatures): what sd0's offloads let the kernel send.
     pub features: u64,
     /// The TAP was re-attached and this is its first connection: its MTU is kept (asked
@@ -67,7 +67,7 @@ impl Settings {
             mtu_pending: None,
             promisc: false,
             multicast: Vec::new(),
-            link_up: false,
+            ioc_nic_up: false,
             features,
             keep_mtu: false,
         }
@@ -179,7 +179,7 @@ impl Settings {
             }
             CfgCode::GetLink => {
                 if let Ok(v) = wire::parse_u8(data) {
-                    self.link_up = v == 1;
+                    self.ioc_nic_up = v == 1;
                 }
             }
             CfgCode::SetFeatures => debug!(
@@ -214,7 +214,7 @@ impl Settings {
             CfgCode::LinkChange => match wire::LinkChange::parse(data) {
                 Ok(c) => {
                     info!(up = c.up, mtu = c.mtu, "NIC link change");
-                    self.link_up = c.up;
+                    self.ioc_nic_up = c.up;
                     self.mtu_max = c.mtu;
                     if !self.mtu_known || self.mtu > c.mtu {
                         self.take_ioc_mtu(c.mtu);

@@ -8,7 +8,7 @@ use crate::interface::{Carrier, Watch};
 use crate::report::{Reporter, StatusLine};
 use crate::spin;
 use splitnet_config::HostConfig;
-use splitnet_fabric::{self as fabric, FabricChannel, FabricLink};
+use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink};
 use splitnet_messaging::adapter::shm::Spin;
 use splitnet_messaging::endpoint::{Keepalive, Lane, LinkEvent, Liveness, Session};
 use splitnet_messaging::memory::{DomainId, Registry};
@@ -74,7 +74,7 @@ pub struct Conn<'a> {
     tap: &'a Tap,
     tap_ready: &'a fabric::Ready,
     peer: String,
-    tl: FabricLink,
+    tl: RegisteredLink,
     reg: Registry,
     /// Frames from the TAP on their way to the IOC.
     out: Outbound,
@@ -121,7 +121,7 @@ impl<'a> Conn<'a> {
         session
             .start(&mut reg)
             .map_err(|e| io::Error::other(format!("cannot register pools: {e}")))?;
-        let mut tl = FabricLink::new(session, ctrl, data)?;
+        let mut tl = RegisteredLink::new(session, ctrl, data)?;
         let spin = spin::configured(cfg, &tl.ready);
         let settings = Settings::new(cfg, features);
         if queue.is_first() {
@@ -191,7 +191,7 @@ impl<'a> Conn<'a> {
                 );
             }
             let sleep_ctrl = self.tl.link.prepare_sleep(Lane::Control);
-            let FabricLink { ready, link } = &mut self.tl;
+            let RegisteredLink { ready, link } = &mut self.tl;
             let (ctrl_writable, data_writable) =
                 (ready.writable(Lane::Control), ready.writable(Lane::Data));
             let mut rx_seen = false;
@@ -351,7 +351,7 @@ impl<'a> Conn<'a> {
                 break;
             }
             let sleeps = [Lane::Control, Lane::Data].map(|l| self.tl.link.prepare_sleep(l));
-            let FabricLink { ready, link } = &mut self.tl;
+            let RegisteredLink { ready, link } = &mut self.tl;
             let r = tokio::select! {
                 r = ready.input(sleeps) => r,
                 _ = tokio::time::sleep_until(deadline) => break,

@@ -98,7 +98,7 @@ impl Carrier {
     /// Turns `tap`'s carrier on or off as `s` wants it, and tells systemd the data path is
     /// ready the first time it is on (`ready_sent`).
     pub fn update(&mut self, s: &Settings, tap: &Tap, ready_sent: &mut bool) {
-        let want = s.mac_known && s.mtu_known && s.link_up;
+        let want = s.mac_known && s.mtu_known && s.ioc_nic_up;
         if want != self.on {
             match tap.set_carrier(want) {
                 Ok(()) => {

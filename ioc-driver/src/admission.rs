@@ -6,7 +6,7 @@
 
 use crate::session_task;
 use crate::state::{Waiting, WorkerState};
-use splitnet_fabric::{self as fabric, FabricChannel, FabricLink, StreamConn};
+use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink, StreamConn};
 use splitnet_messaging::adapter::shm::setup::Setup;
 use splitnet_messaging::endpoint::Session;
 use splitnet_messaging::memory::DomainId;
@@ -171,7 +171,7 @@ pub async fn admit(
     } else {
         FabricChannel::Stream(ch)
     };
-    let tl = match FabricLink::new(s, w.ch, data) {
+    let tl = match RegisteredLink::new(s, w.ch, data) {
         Ok(tl) => tl,
         Err(e) => {
             warn!(%peer, "cannot register the host's sockets: {e}");
@@ -179,7 +179,7 @@ pub async fn admit(
             return;
         }
     };
-    let FabricLink { ready, link } = tl;
+    let RegisteredLink { ready, link } = tl;
     let peer = if shm {
         format!("{peer}, shared memory")
     } else {
