@@ -7,7 +7,7 @@ use splitnet_control::report::{
     Stats, Status, TxLimit,
 };
 use splitnet_messaging::endpoint::{LinkStats, Session};
-use splitnet_service::{metrics, Introspect};
+use splitnet_service::{metrics, Answer, Introspect};
 use std::time::Instant;
 
 /// The host driver's state as operators see it.
@@ -175,12 +175,23 @@ impl Snapshot {
 }
 
 impl Introspect for Snapshot {
-    fn answer_line(&self, line: &str) -> String {
+    fn answer_line(&self, line: &str) -> Answer {
+        Box::pin(std::future::ready(self.answer_text(line)))
+    }
+
+    fn render_metrics(&self) -> Answer {
+        Box::pin(std::future::ready(self.metrics_text()))
+    }
+}
+
+impl Snapshot {
+    /// The JSON answer to one control-socket request line.
+    pub fn answer_text(&self, line: &str) -> String {
         splitnet_control::answer_line(line, |r| self.answer(r))
     }
 
-    /// Counters of the current connection.
-    fn render_metrics(&self) -> String {
+    /// Counters of the current connection, in Prometheus text format.
+    pub fn metrics_text(&self) -> String {
         let l = &self.link;
         let mut e = metrics::Exposition::new();
         e.metric(
@@ -359,10 +370,10 @@ mod tests {
         assert_eq!(st.fabric.session, None);
         assert_eq!(st.interface.offloads, ["vnet_hdr", "tso4"]);
         s.connected(7, 1);
-        let json = s.answer_line("status\n");
+        let json = s.answer_text("status\n");
         assert!(json.contains("\"state\":\"up\""), "{json}");
         assert!(json.contains("\"session\":7"), "{json}");
-        assert!(s.answer_line("hosts").starts_with("{\"error\":"));
-        assert!(s.answer_line("reboot").contains("unknown request"));
+        assert!(s.answer_text("hosts").starts_with("{\"error\":"));
+        assert!(s.answer_text("reboot").contains("unknown request"));
     }
 }

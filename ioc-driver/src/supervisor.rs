@@ -13,8 +13,9 @@ use splitnet_fabric::{self as fabric, Ready, Stream, StreamConn};
 use splitnet_messaging::wire::{fmt_mac, ErrorCode, Hello, Role};
 use splitnet_netif::{netdev, packet::PacketSocket};
 use splitnet_service::loglimit::LogLimit;
-use splitnet_service::{self as service, notify, Introspect};
+use splitnet_service::{self as service, notify, Answer, Introspect};
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -64,7 +65,7 @@ pub enum StartError {
     Runtime(#[from] io::Error),
 }
 
-/// How long an operator's request waits for each worker's snapshot.
+/// How long an operator's request waits for the workers' snapshots.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(2);
 /// A worker whose heartbeat is older than this counts as stuck: the watchdog is not fed.
 const STUCK: Duration = Duration::from_secs(2);
@@ -82,6 +83,8 @@ pub struct Cluster {
     stopping: bool,
     /// Connections refused before a worker saw them.
     failures: u64,
+    /// How long a snapshot waits for the workers ([`REPORT_TIMEOUT`]).
+    report_timeout: Duration,
 }
 
 impl Cluster {
@@ -119,11 +122,15 @@ impl Cluster {
             nic_up,
             stopping: false,
             failures: 0,
+            report_timeout: REPORT_TIMEOUT,
         })
     }
 
-    /// Every worker's snapshot, merged (the workers that answer in time).
-    pub fn snapshot(&self) -> Snapshot {
+    /// Every worker's snapshot, merged: asks each worker now and returns what waits for
+    /// their answers, until one deadline (a worker that misses it is logged and left out).
+    /// Nothing of the cluster is borrowed meanwhile, so the main thread goes on accepting
+    /// and dispatching connections while a worker is slow to answer.
+    pub fn snapshot(&self) -> impl Future<Output = Snapshot> + 'static {
         let mut sum = Snapshot::empty(self.started, self.mtu, self.nic_up, offered(&self.cfg));
         sum.stopping = self.stopping;
         sum.stats.handshake_failures = self.failures;
@@ -131,17 +138,25 @@ impl Cluster {
             .workers
             .iter()
             .filter_map(|w| {
-                let (tx, rx) = std::sync::mpsc::channel();
+                let (tx, rx) = tokio::sync::oneshot::channel();
                 w.cmds.send(Cmd::Report(tx)).ok().map(|()| rx)
             })
             .collect();
-        for rx in asked {
-            match rx.recv_timeout(REPORT_TIMEOUT) {
-                Ok(s) => sum.merge(s),
-                Err(_) => warn!("a worker did not answer within {REPORT_TIMEOUT:?}"),
+        let wait = self.report_timeout;
+        async move {
+            let deadline = tokio::time::Instant::now() + wait;
+            let mut late = 0;
+            for rx in asked {
+                match tokio::time::timeout_at(deadline, rx).await {
+                    Ok(Ok(s)) => sum.merge(s),
+                    _ => late += 1,
+                }
             }
+            if late > 0 {
+                warn!("{late} worker(s) did not answer within {wait:?}");
+            }
+            sum
         }
-        sum
     }
 
     /// Sends a connection to the worker its Hello names, or refuses it.
@@ -210,13 +225,17 @@ impl Cluster {
 }
 
 impl Introspect for Cluster {
-    fn answer_line(&self, line: &str) -> String {
-        let snap = self.snapshot();
-        splitnet_control::answer_line(line, |r| report::answer(&self.cfg, &snap, r))
+    fn answer_line(&self, line: &str) -> Answer {
+        let (cfg, line, snap) = (self.cfg.clone(), line.to_owned(), self.snapshot());
+        Box::pin(async move {
+            let snap = snap.await;
+            splitnet_control::answer_line(&line, |r| report::answer(&cfg, &snap, r))
+        })
     }
 
-    fn render_metrics(&self) -> String {
-        report::metrics_text(&self.snapshot())
+    fn render_metrics(&self) -> Answer {
+        let snap = self.snapshot();
+        Box::pin(async move { report::metrics_text(&snap.await) })
     }
 }
 
@@ -446,19 +465,86 @@ async fn link_monitor(cluster: Rc<RefCell<Cluster>>, name: String) {
         }
         if now.duration_since(status_at) >= Duration::from_secs(5) {
             status_at = now;
-            let s = c.snapshot();
-            notify::status(&format!(
-                "{} host(s), LAN {name} link {}, {} frames from and {} to the LAN",
-                s.hosts.len(),
-                if c.nic_up { "up" } else { "down" },
-                s.stats.lan_rx,
-                s.stats.lan_tx
-            ));
+            // Its own task: the watchdog and the link are never late for a slow worker.
+            let (snap, up, name) = (c.snapshot(), c.nic_up, name.clone());
+            tokio::task::spawn_local(async move {
+                let s = snap.await;
+                notify::status(&format!(
+                    "{} host(s), LAN {name} link {}, {} frames from and {} to the LAN",
+                    s.hosts.len(),
+                    if up { "up" } else { "down" },
+                    s.stats.lan_rx,
+                    s.stats.lan_tx
+                ));
+            });
         }
         let up = netdev::is_running(&name).unwrap_or(false);
         if up != c.nic_up {
             info!(lan = %name, up, "NIC link change");
             c.link_change(up);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cluster of `workers` that never answer, as the main thread holds them.
+    fn cluster_of(workers: Vec<Worker>) -> Cluster {
+        let cfg = splitnet_config::parse_ioc(
+            "[fabric]\nlisten = \"127.0.0.1:7400\"\n[lan]\ninterface = \"lan0\"\n",
+            std::path::Path::new("test.toml"),
+        )
+        .unwrap();
+        let observer = Shard::set(1).remove(0).0.observer();
+        Cluster {
+            cfg,
+            workers,
+            observer,
+            started: Instant::now(),
+            mtu: 1500,
+            nic_up: true,
+            stopping: false,
+            failures: 0,
+            report_timeout: Duration::from_millis(200),
+        }
+    }
+
+    /// An operator's request to an IOC with a worker that does not answer: the main thread
+    /// keeps running its other tasks while the answer waits (a blocking wait would run them
+    /// only after it), and the answer comes, without that worker, once the deadline passed.
+    #[test]
+    fn a_worker_that_does_not_answer_never_holds_the_main_thread() {
+        let (stuck, mut cmds) = Worker::unanswering();
+        let cluster = Rc::new(RefCell::new(cluster_of(vec![stuck])));
+        let rt = service::runtime().unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async {
+            let ticks = Rc::new(Cell::new(0u32));
+            let t = ticks.clone();
+            let ticker = tokio::task::spawn_local(async move {
+                loop {
+                    t.set(t.get() + 1);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+            let answer = cluster.borrow().answer_line("status\n");
+            // The cluster is not borrowed while the answer waits: a connection could be
+            // dispatched meanwhile.
+            assert!(cluster.try_borrow_mut().is_ok());
+            let before = ticks.get();
+            let json = answer.await;
+            assert!(
+                ticks.get() > before + 1,
+                "the main thread's other tasks ran while the answer waited"
+            );
+            assert!(json.contains("\"status\""), "{json}");
+            assert!(
+                matches!(cmds.try_recv(), Ok(Cmd::Report(_))),
+                "the worker was asked"
+            );
+            ticker.abort();
+        });
     }
 }

@@ -46,8 +46,8 @@ pub enum Cmd {
     },
     /// The NIC's link state changed.
     Link(bool),
-    /// A snapshot for the operators.
-    Report(std::sync::mpsc::Sender<Snapshot>),
+    /// A snapshot for the operators (the main thread waits for it within a deadline).
+    Report(tokio::sync::oneshot::Sender<Snapshot>),
     /// Flush every host's pools, say goodbye, stop.
     Stop,
 }
@@ -117,6 +117,19 @@ impl Worker {
             Ok(Err(e)) => Err(e),
             Err(_) => Err(io::Error::other("worker thread ended at start")),
         }
+    }
+
+    /// A worker that never reads its commands, for tests of what waits on one; its
+    /// commands arrive on the receiver returned with it.
+    #[cfg(test)]
+    pub fn unanswering() -> (Worker, mpsc::UnboundedReceiver<Cmd>) {
+        let (cmds, rx) = mpsc::unbounded_channel();
+        let worker = Worker {
+            cmds,
+            heartbeat: Arc::new(AtomicU64::new(0)),
+            thread: std::thread::spawn(|| {}),
+        };
+        (worker, rx)
     }
 
     /// Waits for the thread to end (after [`Cmd::Stop`]).

@@ -75,7 +75,7 @@ impl ControlSocket {
     /// Answers requests with `answer(line)` until the task is dropped. Only root and the
     /// daemon's own user are answered (the file mode says so too; this holds even if the
     /// mode is changed).
-    pub async fn serve(self, answer: impl Fn(&str) -> String) {
+    pub async fn serve(self, answer: impl Fn(&str) -> crate::Answer) {
         loop {
             let mut sock = match self.listener.accept().await {
                 Ok((s, _)) => s,
@@ -95,7 +95,7 @@ impl ControlSocket {
                     Ok(_) if !allowed => {
                         "{\"error\":\"permission denied: the control socket is root only\"}".into()
                     }
-                    Ok(line) => answer(&line),
+                    Ok(line) => answer(&line).await,
                     Err(e) => format!("{{\"error\":\"{e}\"}}"),
                 };
                 let _ = sock.write_all(reply.as_bytes()).await;
@@ -173,50 +173,58 @@ mod tests {
 
     #[tokio::test]
     async fn answers_one_line_per_connection_and_refuses_long_lines() {
-        let dir = std::env::temp_dir().join(format!("splitnet-ctl-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("c.sock");
-        let sock = ControlSocket::bind(&path).await.unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        let server = tokio::spawn(sock.serve(|line| format!("{{\"echo\":\"{line}\"}}")));
-        assert_eq!(
-            exchange(&path, b"status\n").await,
-            "{\"echo\":\"status\"}\n"
-        );
-        assert_eq!(exchange(&path, b"pools").await, "{\"echo\":\"pools\"}\n");
-        let long = vec![b'x'; MAX_REQUEST + 10];
-        assert_eq!(
-            exchange(&path, &long).await,
-            "{\"error\":\"request line too long\"}\n"
-        );
-        // A second daemon on the same path is refused; the first keeps answering.
-        let e = ControlSocket::bind(&path).await.unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
-        assert_eq!(exchange(&path, b"stats\n").await, "{\"echo\":\"stats\"}\n");
-        server.abort();
-        let _ = server.await;
-        // The aborted server dropped the socket: the path is gone.
-        assert!(!path.exists());
-        // A stale socket file (a killed daemon) is replaced.
-        let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        drop(stale);
-        assert!(path.exists());
-        let again = ControlSocket::bind(&path).await.unwrap();
-        drop(again);
-        // Another kind of socket is never removed.
-        let dgram = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
-        let e = ControlSocket::bind(&path).await.unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
-        assert!(path.exists());
-        drop(dgram);
-        std::fs::remove_file(&path).unwrap();
-        // A regular file is never removed.
-        std::fs::write(&path, b"keep").unwrap();
-        let e = ControlSocket::bind(&path).await.unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
-        assert_eq!(std::fs::read(&path).unwrap(), b"keep");
-        std::fs::remove_dir_all(&dir).unwrap();
+        // The server's answers need not be Send: it runs on a LocalSet, as in the daemons.
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let dir = std::env::temp_dir().join(format!("splitnet-ctl-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let path = dir.join("c.sock");
+                let sock = ControlSocket::bind(&path).await.unwrap();
+                let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+                assert_eq!(mode & 0o777, 0o600);
+                let server = tokio::task::spawn_local(sock.serve(|line| -> crate::Answer {
+                    Box::pin(std::future::ready(format!("{{\"echo\":\"{line}\"}}")))
+                }));
+                assert_eq!(
+                    exchange(&path, b"status\n").await,
+                    "{\"echo\":\"status\"}\n"
+                );
+                assert_eq!(exchange(&path, b"pools").await, "{\"echo\":\"pools\"}\n");
+                let long = vec![b'x'; MAX_REQUEST + 10];
+                assert_eq!(
+                    exchange(&path, &long).await,
+                    "{\"error\":\"request line too long\"}\n"
+                );
+                // A second daemon on the same path is refused; the first keeps answering.
+                let e = ControlSocket::bind(&path).await.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+                assert_eq!(exchange(&path, b"stats\n").await, "{\"echo\":\"stats\"}\n");
+                server.abort();
+                let _ = server.await;
+                // The aborted server dropped the socket: the path is gone.
+                assert!(!path.exists());
+                // A stale socket file (a killed daemon) is replaced.
+                let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
+                drop(stale);
+                assert!(path.exists());
+                let again = ControlSocket::bind(&path).await.unwrap();
+                drop(again);
+                // Another kind of socket is never removed.
+                let dgram = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+                let e = ControlSocket::bind(&path).await.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+                assert!(path.exists());
+                drop(dgram);
+                std::fs::remove_file(&path).unwrap();
+                // A regular file is never removed.
+                std::fs::write(&path, b"keep").unwrap();
+                let e = ControlSocket::bind(&path).await.unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+                assert_eq!(std::fs::read(&path).unwrap(), b"keep");
+                std::fs::remove_dir_all(&dir).unwrap();
+            })
+            .await;
     }
 
     #[tokio::test]

@@ -33,12 +33,18 @@ pub fn runtime() -> io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// What a daemon shows operators: its metrics text and its control-socket answers.
+/// An answer an operator's request waits for: it owns what it needs, so the daemon's state
+/// is borrowed only while it is asked, never while the answer is awaited.
+pub type Answer = std::pin::Pin<Box<dyn std::future::Future<Output = String>>>;
+
+/// What a daemon shows operators: its metrics text and its control-socket answers. Each
+/// returns at once with an [`Answer`] to await: a daemon whose state lies in other threads
+/// asks them and bounds the wait, so the thread serving operators never waits on another.
 pub trait Introspect {
     /// Counters in Prometheus text format.
-    fn render_metrics(&self) -> String;
+    fn render_metrics(&self) -> Answer;
     /// The JSON answer to one control-socket request line.
-    fn answer_line(&self, line: &str) -> String;
+    fn answer_line(&self, line: &str) -> Answer;
 }
 
 /// An operator endpoint that could not be opened.

@@ -17,7 +17,7 @@ const MAX_REQUEST: usize = 4096;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Serves `render()` at `/metrics` until the task is dropped.
-pub async fn serve(listener: TcpListener, render: impl Fn() -> String) {
+pub async fn serve(listener: TcpListener, render: impl Fn() -> crate::Answer) {
     loop {
         let Ok((mut sock, peer)) = listener.accept().await else {
             continue;
@@ -40,7 +40,7 @@ pub async fn serve(listener: TcpListener, render: impl Fn() -> String) {
         }
         let ok = buf.starts_with(b"GET /metrics ") || buf.starts_with(b"GET /metrics?");
         let (status, body) = if ok {
-            ("200 OK", render())
+            ("200 OK", render().await)
         } else {
             ("404 Not Found", "only GET /metrics is served\n".to_string())
         };
