@@ -13,7 +13,7 @@ use splitnet_messaging::memory::DomainId;
 use splitnet_messaging::wire::{self, ErrorCode, Hello};
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 /// Completes the handshake of a connection the main thread read the Hello of, and serves
@@ -27,8 +27,11 @@ pub async fn admit(
 ) {
     let timeout = ioc.borrow().cfg.fabric.handshake_timeout();
     let refuse = |ch, status: ErrorCode, why: &str| {
-        ioc.borrow_mut().stats.handshake_failures += 1;
-        warn!(%peer, ?status, "connection refused: {why}");
+        let mut st = ioc.borrow_mut();
+        st.stats.handshake_failures += 1;
+        if let Some(held) = st.refusals.allow(Instant::now()) {
+            warn!(%peer, ?status, "connection refused: {why} ({held} more refused since the last report)");
+        }
         fabric::refuse(ch, version, status, timeout)
     };
     if fabric::is_control(hello.channel) {
@@ -80,7 +83,9 @@ pub async fn admit(
                 Err(e) => {
                     st.stats.handshake_failures += 1;
                     st.publish_load();
-                    warn!(%peer, "cannot open the control channel: {e}");
+                    if let Some(held) = st.refusals.allow(Instant::now()) {
+                        warn!(%peer, "cannot open the control channel: {e} ({held} more refused since the last report)");
+                    }
                     return;
                 }
             };
@@ -102,7 +107,9 @@ pub async fn admit(
         if st.pending.remove(&token).is_some() {
             st.stats.handshake_failures += 1;
             st.publish_load();
-            warn!(%peer, session, "no data channel within {timeout:?}; dropped");
+            if let Some(held) = st.refusals.allow(Instant::now()) {
+                warn!(%peer, session, "no data channel within {timeout:?}; dropped ({held} more refused since the last report)");
+            }
         }
         return;
     }
@@ -162,9 +169,12 @@ pub async fn admit(
         match shm_channel(ch, domain, Some(arena), timeout).await {
             Ok(t) => FabricChannel::Shm(Box::new(t)),
             Err(e) => {
-                ioc.borrow_mut().stats.handshake_failures += 1;
-                warn!(%peer, session, "shared memory refused: {e}");
-                ioc.borrow_mut().free_domain(domain);
+                let mut st = ioc.borrow_mut();
+                st.stats.handshake_failures += 1;
+                if let Some(held) = st.refusals.allow(Instant::now()) {
+                    warn!(%peer, session, "shared memory refused: {e} ({held} more refused since the last report)");
+                }
+                st.free_domain(domain);
                 return;
             }
         }

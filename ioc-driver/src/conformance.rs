@@ -7,7 +7,7 @@
 use crate::nic::fake::FakeNic;
 use crate::nic::Nic;
 use crate::state::WorkerState;
-use crate::supervisor::{Acceptor, Cluster};
+use crate::supervisor::{Acceptor, Cluster, Source};
 use crate::worker::NicFactory;
 use std::cell::RefCell;
 use std::io::{ErrorKind, Read, Write};
@@ -151,6 +151,18 @@ struct Conn(TcpStream);
 impl Conn {
     fn open(addr: SocketAddr) -> Conn {
         let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        s.set_nodelay(true).unwrap();
+        Conn(s)
+    }
+
+    /// A connection to `addr` from the local address `from` (any of 127/8 on loopback).
+    fn open_from(addr: SocketAddr, from: std::net::IpAddr) -> Conn {
+        use socket2::{Domain, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.bind(&SocketAddr::new(from, 0).into()).unwrap();
+        s.connect(&addr.into()).unwrap();
+        let s: TcpStream = s.into();
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         s.set_nodelay(true).unwrap();
         Conn(s)
@@ -326,7 +338,11 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut WorkerState)) -> SocketAddr {
             tx.send(listener.local_addr().unwrap()).unwrap();
             loop {
                 let (sock, peer) = listener.accept().await.unwrap();
-                acceptor.accept(sock.into_std().unwrap().into(), peer.to_string());
+                acceptor.accept(
+                    sock.into_std().unwrap().into(),
+                    peer.to_string(),
+                    Source::Ip(peer.ip()),
+                );
             }
         });
     });
@@ -666,6 +682,31 @@ fn h11_too_many_handshakes_at_once() {
     let mut c = Conn::open(addr);
     c.put(&Hello::host(0, 0, 0xB).bytes());
     assert!(c.next().is_none(), "closed at once, without a HelloReply");
+}
+
+/// Issue 27, item 2: one source holds at most a quarter of the handshake places; its silent
+/// connections beyond them are closed at once, and a host from another source is answered.
+#[test]
+fn one_source_cannot_hold_every_handshake_place() {
+    let addr = start_ioc("max_handshakes = 8");
+    let flooder: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    // Two connections from one address that never speak hold its share (8 / 4).
+    let _silent = [
+        Conn::open_from(addr, flooder),
+        Conn::open_from(addr, flooder),
+    ];
+    std::thread::sleep(Duration::from_millis(100));
+    let mut third = Conn::open_from(addr, flooder);
+    third.put(&Hello::host(0, 0, 0xB).bytes());
+    assert!(
+        third.next().is_none(),
+        "the source's third is closed at once"
+    );
+    // Another source still has places: its host is answered.
+    let mut other = Conn::open_from(addr, "127.0.0.2".parse().unwrap());
+    other.put(&Hello::host(0, 0, 0xC).bytes());
+    let (_, status, _) = other.reply();
+    assert_eq!(status, 0, "a host from another source is admitted");
 }
 
 /// Issue 15, item 3: the timer of a control channel waiting for its data channel belongs

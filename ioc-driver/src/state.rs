@@ -90,6 +90,9 @@ pub struct WorkerState {
     pub past_drops: Drops,
     /// Rate of the log lines the NIC's receive causes.
     pub log: LogLimit,
+    /// Rate of the log lines connections refused in their handshake cause (a flood of
+    /// them costs a line per [`crate::host_queue::LOG_INTERVAL`], with a count).
+    pub refusals: LogLimit,
     /// Source MACs any host may use besides its own (`lan.extra_source_macs`).
     pub extra_macs: Vec<[u8; 6]>,
     /// Connected hosts by session id.
@@ -163,6 +166,7 @@ impl WorkerState {
             quota,
             past_drops: Drops::default(),
             log: LogLimit::new(crate::host_queue::LOG_INTERVAL),
+            refusals: LogLimit::new(crate::host_queue::LOG_INTERVAL),
             extra_macs: cfg.lan.extra_source_macs.iter().map(|m| m.0).collect(),
             hosts: BTreeMap::new(),
             by_mac: HashMap::new(),

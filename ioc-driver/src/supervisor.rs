@@ -15,6 +15,7 @@ use splitnet_netif::{netdev, packet::PacketSocket};
 use splitnet_service::loglimit::LogLimit;
 use splitnet_service::{self as service, notify, Answer, Introspect};
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
@@ -67,6 +68,8 @@ pub enum StartError {
 
 /// How long an operator's request waits for the workers' snapshots.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often refused connections may be logged (each line counts the ones held back).
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(5);
 /// A worker whose heartbeat is older than this counts as stuck: the watchdog is not fed.
 const STUCK: Duration = Duration::from_secs(2);
 
@@ -85,6 +88,8 @@ pub struct Cluster {
     failures: u64,
     /// How long a snapshot waits for the workers ([`REPORT_TIMEOUT`]).
     report_timeout: Duration,
+    /// Rate of the log lines refused connections cause.
+    refusals: LogLimit,
 }
 
 impl Cluster {
@@ -123,6 +128,7 @@ impl Cluster {
             stopping: false,
             failures: 0,
             report_timeout: REPORT_TIMEOUT,
+            refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
         })
     }
 
@@ -162,8 +168,11 @@ impl Cluster {
     /// Sends a connection to the worker its Hello names, or refuses it.
     fn dispatch(&mut self, ch: StreamConn, hello: Hello, version: u16, peer: String) {
         let timeout = self.cfg.fabric.handshake_timeout();
-        let refuse = |ch, status: ErrorCode, why: &'static str| {
-            warn!(%peer, ?status, "connection refused: {why}");
+        let refusals = &mut self.refusals;
+        let mut refuse = |ch, status: ErrorCode, why: &'static str| {
+            if let Some(held) = refusals.allow(Instant::now()) {
+                warn!(%peer, ?status, "connection refused: {why} ({held} more refused since the last report)");
+            }
             tokio::task::spawn_local(fabric::refuse(ch, version, status, timeout));
         };
         if hello.role != Role::Host {
@@ -321,11 +330,11 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     loop {
         tokio::select! {
             a = listener.accept() => match a.and_then(|(s, peer)| Ok((s.into_std()?, peer))) {
-                Ok((sock, peer)) => acceptor.accept(sock.into(), peer.to_string()),
+                Ok((sock, peer)) => acceptor.accept(sock.into(), peer.to_string(), Source::Ip(peer.ip())),
                 Err(e) => warn!("accept failed: {e}"),
             },
             a = accept_local(local.as_ref()) => match a {
-                Ok((sock, peer)) => acceptor.accept(sock, peer),
+                Ok((sock, peer, uid)) => acceptor.accept(sock, peer, Source::Uid(uid)),
                 Err(e) => warn!("accept failed on the local fabric socket: {e}"),
             },
             _ = term.recv() => break,
@@ -371,30 +380,45 @@ fn listen_local(path: &std::path::Path) -> io::Result<(tokio::net::UnixListener,
     Ok((l, path.to_path_buf()))
 }
 
-/// The next connection on the local fabric socket (never, without one), and its peer as
-/// logs show it: the socket's path and the peer's process.
+/// The next connection on the local fabric socket (never, without one), its peer as logs
+/// show it (the socket's path and the peer's process), and the peer's user id.
 async fn accept_local(
     local: Option<&(tokio::net::UnixListener, PathBuf)>,
-) -> io::Result<(Stream, String)> {
+) -> io::Result<(Stream, String, Option<u32>)> {
     let Some((l, path)) = local else {
         return std::future::pending().await;
     };
     let (s, _) = l.accept().await?;
-    let pid = s.peer_cred().ok().and_then(|c| c.pid());
-    let peer = match pid {
+    let cred = s.peer_cred().ok();
+    let peer = match cred.and_then(|c| c.pid()) {
         Some(pid) => format!("unix:{} (pid {pid})", path.display()),
         None => format!("unix:{}", path.display()),
     };
-    Ok((Stream::Unix(s.into_std()?), peer))
+    Ok((Stream::Unix(s.into_std()?), peer, cred.map(|c| c.uid())))
 }
 
+/// Where a connection comes from, for the bound on one source's handshakes in flight: its
+/// IP address over TCP, the user of its process on the local socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A TCP peer.
+    Ip(std::net::IpAddr),
+    /// A local peer's user id (`None`: the kernel did not say).
+    Uid(Option<u32>),
+}
+
+/// One source may hold at most this share of `fabric.max_handshakes` (rounded up), so that
+/// no single address can keep every place in the handshake.
+const PER_SOURCE_SHARE: u32 = 4;
+
 /// Takes new fabric connections: reads each one's Hello in a task of its own (at most
-/// `fabric.max_handshakes` at once; more are closed at once, so half-open connections
-/// cannot pile up) and hands it to its worker.
+/// `fabric.max_handshakes` at once, and a quarter of them from any one source; more are
+/// closed at once, so half-open connections cannot pile up) and hands it to its worker.
 #[derive(Debug, Clone)]
 pub struct Acceptor {
     cluster: Rc<RefCell<Cluster>>,
     handshakes: Rc<Cell<u32>>,
+    by_source: Rc<RefCell<HashMap<Source, u32>>>,
     refusals: Rc<RefCell<LogLimit>>,
 }
 
@@ -404,12 +428,13 @@ impl Acceptor {
         Acceptor {
             cluster,
             handshakes: Rc::default(),
-            refusals: Rc::new(RefCell::new(LogLimit::new(Duration::from_secs(5)))),
+            by_source: Rc::default(),
+            refusals: Rc::new(RefCell::new(LogLimit::new(REFUSAL_LOG_INTERVAL))),
         }
     }
 
-    /// Takes one new connection.
-    pub fn accept(&self, sock: Stream, peer: String) {
+    /// Takes one new connection from `source`.
+    pub fn accept(&self, sock: Stream, peer: String, source: Source) {
         let (max, timeout) = {
             let c = self.cluster.borrow();
             (
@@ -417,16 +442,34 @@ impl Acceptor {
                 c.cfg.fabric.handshake_timeout(),
             )
         };
-        if self.handshakes.get() >= max {
+        let per_source = max.div_ceil(PER_SOURCE_SHARE);
+        let from_source = self.by_source.borrow().get(&source).copied().unwrap_or(0);
+        let full = if self.handshakes.get() >= max {
+            Some(format!(
+                "{max} handshakes already in progress (fabric.max_handshakes)"
+            ))
+        } else if from_source >= per_source {
+            Some(format!(
+                "{per_source} handshakes from this source already in progress (a quarter of fabric.max_handshakes)"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = full {
             self.cluster.borrow_mut().failures += 1;
             if let Some(held) = self.refusals.borrow_mut().allow(Instant::now()) {
-                warn!(%peer, "connection closed: {max} handshakes already in progress (fabric.max_handshakes; {held} more closed since the last report)");
+                warn!(%peer, "connection closed: {why} ({held} more closed since the last report)");
             }
             return;
         }
         self.handshakes.set(self.handshakes.get() + 1);
-        let guard = InHandshake(self.handshakes.clone());
-        let cluster = self.cluster.clone();
+        *self.by_source.borrow_mut().entry(source).or_default() += 1;
+        let guard = InHandshake {
+            all: self.handshakes.clone(),
+            by_source: self.by_source.clone(),
+            source,
+        };
+        let (cluster, refusals) = (self.cluster.clone(), self.refusals.clone());
         tokio::task::spawn_local(async move {
             let accepted = fabric::accept_hello(sock, timeout).await;
             drop(guard);
@@ -434,19 +477,32 @@ impl Acceptor {
                 Ok((ch, hello, version)) => cluster.borrow_mut().dispatch(ch, hello, version, peer),
                 Err(e) => {
                     cluster.borrow_mut().failures += 1;
-                    warn!(%peer, "handshake refused: {e}");
+                    if let Some(held) = refusals.borrow_mut().allow(Instant::now()) {
+                        warn!(%peer, "handshake refused: {e} ({held} more refused since the last report)");
+                    }
                 }
             }
         });
     }
 }
 
-/// Counts a connection in its handshake while it lives.
-struct InHandshake(Rc<Cell<u32>>);
+/// Counts a connection in its handshake, overall and for its source, while it lives.
+struct InHandshake {
+    all: Rc<Cell<u32>>,
+    by_source: Rc<RefCell<HashMap<Source, u32>>>,
+    source: Source,
+}
 
 impl Drop for InHandshake {
     fn drop(&mut self) {
-        self.0.set(self.0.get().saturating_sub(1));
+        self.all.set(self.all.get().saturating_sub(1));
+        let mut by = self.by_source.borrow_mut();
+        if let Some(n) = by.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.source);
+            }
+        }
     }
 }
 
@@ -508,6 +564,7 @@ mod tests {
             stopping: false,
             failures: 0,
             report_timeout: Duration::from_millis(200),
+            refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
         }
     }
 
