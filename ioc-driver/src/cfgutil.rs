@@ -2,23 +2,53 @@
 //! promiscuity, multicast groups and offloads, each answered with a status and checked
 //! against the IOC's configuration (`lan.set_mac`, the NIC's MTU, the offloads offered).
 
+use crate::host_queue::MAX_HOST_GROUPS;
 use crate::report;
 use crate::state::WorkerState;
 use splitnet_messaging::wire::{self, features, CfgCode, ErrorCode, Stats};
+use std::time::Instant;
+use tracing::warn;
 
 /// Answers a host's CfgUtilRequest. The host's first queue carries its configuration;
 /// its other queues may only ask for their own counters.
 pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
     let (mtu_max, nic_up, offered) = (st.mtu, st.nic_up, report::offered(&st.cfg));
     let (set_mac, mac_base) = (st.cfg.lan.set_mac, st.cfg.lan.mac_base.0);
+    // Each host asks at its own rate: beyond it the answer is Busy, and it costs the
+    // worker nothing more (the requests that change the NIC or its filters, slower still).
+    let costly = matches!(
+        code,
+        CfgCode::SetMac | CfgCode::SetMulticast | CfgCode::SetPromisc | CfgCode::SetMtu
+    );
+    let now = Instant::now();
+    let Some(host) = st.hosts.get_mut(&session) else {
+        return;
+    };
+    if !host.cfg_rate.allow(now) || (costly && !host.cfg_costly_rate.allow(now)) {
+        st.stats.cfg_rate_limited += 1;
+        if let Some(held) = host.log.allow(now) {
+            warn!(session, ?code, "CfgUtil request over the host's rate: answered Busy ({held} more held back since the last report)");
+        }
+        if let Some(link) = host.link.as_mut() {
+            link.session_mut()
+                .cfg_reply(txn, code, ErrorCode::Busy, &[]);
+        }
+        return;
+    }
     if code == CfgCode::GetStats {
         st.count_own_queue_drops();
     }
-    // A host's own LAN queue closes before its MAC may change (and reopens after):
-    // a MAC it gives up is never excluded from the general sockets once another host
-    // may take it. A request for the MAC it has changes nothing.
+    // A host's own LAN queue closes before its MAC may change (and reopens after): a MAC
+    // it gives up is never excluded from the general sockets once another host may take
+    // it. A request for the MAC it has, or for one the policy or another host here
+    // refuses, changes nothing and costs nothing.
     let current = st.hosts.get(&session).map(|h| h.mac);
-    if code == CfgCode::SetMac && wire::parse_mac(data).is_ok_and(|m| Some(m) != current) {
+    let may_take = |m: [u8; 6]| {
+        Some(m) != current
+            && set_mac.allows(m, mac_base)
+            && st.by_mac.get(&m).is_none_or(|&s| s == session)
+    };
+    if code == CfgCode::SetMac && wire::parse_mac(data).is_ok_and(may_take) {
         st.close_own_queue(session);
         if let Some(h) = st.hosts.get_mut(&session) {
             h.own_queue_retry = None;
@@ -91,6 +121,7 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
             _ => ErrorCode::Malformed,
         },
         CfgCode::SetMulticast => match wire::parse_multicast(data) {
+            Ok(list) if list.len() > MAX_HOST_GROUPS => ErrorCode::ResourceLimit,
             Ok(list) if list.iter().all(|m| m[0] & 1 == 1) => {
                 host.multicast = list;
                 ErrorCode::Ok

@@ -716,12 +716,12 @@ fn one_source_cannot_hold_every_handshake_place() {
 fn a_stale_handshake_timer_cannot_act_on_a_successor() {
     let addr = start_ioc("handshake_timeout_ms = 400");
     let t0 = Instant::now();
-    // HostQueue A: a full session (its control channel's timer runs until t0 + 400 ms), ended
+    // Host A: a full session (its control channel's timer runs until t0 + 400 ms), ended
     // at once by a protocol error.
     let mut a = Session::open(addr, 0xA, 0, 1, 0);
     a.data.put(&[9; 32]);
     assert_eq!(a.ctrl.drain(), vec![code("E1")]);
-    // HostQueue B's control channel waits while A's timer fires; its data channel comes after.
+    // Host B's control channel waits while A's timer fires; its data channel comes after.
     std::thread::sleep(Duration::from_millis(250).saturating_sub(t0.elapsed()));
     let mut ctrl = Conn::open(addr);
     ctrl.put(&Hello::host(0, 0, 0xB).bytes());

@@ -29,6 +29,8 @@ pub struct IocStats {
     pub crossed_in: u64,
     /// Frames for another worker dropped: its inbox was full.
     pub cross_dropped: u64,
+    /// CfgUtil requests answered Busy: the host asked faster than its rate allows.
+    pub cfg_rate_limited: u64,
 }
 
 /// Frames dropped for or from one host session, by cause.

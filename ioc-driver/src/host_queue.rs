@@ -9,6 +9,7 @@
 
 use crate::counters::{Drops, RxDrop, TxDrop};
 use crate::own_queue::{OwnQueue, OwnQueueRetry};
+use crate::rate::RateLimit;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
@@ -25,6 +26,16 @@ use tokio::sync::Notify;
 /// receive ring: a burst waits here, by flow, instead of being dropped; beyond it frames are
 /// dropped and counted. One flow may fill half of it.
 pub const RING_BYTES: u64 = 4 << 20;
+
+/// CfgUtil requests a host may make per second, and at once: a host-driver asks for its
+/// counters once a second and for a handful of settings when its interface changes.
+pub const CFG_RATE: (u64, u64) = (20, 40);
+/// Of those, the requests that cost the IOC more than an answer (SetMac reopens filters and
+/// sockets, SetMulticast joins groups on the NIC under the kernel's rtnl lock, SetPromisc
+/// and SetMtu change what every frame is checked against): per second, and at once.
+pub const CFG_COSTLY_RATE: (u64, u64) = (2, 8);
+/// Multicast groups one host may join: beyond, SetMulticast is refused (ResourceLimit).
+pub const MAX_HOST_GROUPS: usize = 64;
 
 /// How often a host's bad frames may be logged (each line counts the ones held back).
 pub const LOG_INTERVAL: Duration = Duration::from_secs(5);
@@ -89,6 +100,10 @@ pub struct HostQueue {
     pub peer: String,
     /// When it connected.
     pub since: Instant,
+    /// Its CfgUtil requests ([`CFG_RATE`]).
+    pub cfg_rate: RateLimit,
+    /// Its requests that make the IOC change the NIC or its filters ([`CFG_COSTLY_RATE`]).
+    pub cfg_costly_rate: RateLimit,
 }
 
 impl HostQueue {
@@ -148,6 +163,8 @@ impl HostQueue {
             shut_queue: None,
             peer,
             since: Instant::now(),
+            cfg_rate: RateLimit::new(CFG_RATE.0, CFG_RATE.1, Instant::now()),
+            cfg_costly_rate: RateLimit::new(CFG_COSTLY_RATE.0, CFG_COSTLY_RATE.1, Instant::now()),
         }
     }
 

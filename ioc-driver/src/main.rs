@@ -27,6 +27,7 @@ mod host_queue;
 mod lan_tx;
 mod nic;
 mod own_queue;
+mod rate;
 mod report;
 mod session_task;
 mod shard;

@@ -237,6 +237,9 @@ pub mod fake {
         /// Times a host's queue was open while its MAC was not excluded (the kernel would
         /// have given its frames to both sockets).
         pub violations: Arc<AtomicUsize>,
+        /// Multicast memberships joined or left (each a setsockopt under the kernel's rtnl
+        /// lock on a real NIC).
+        pub memberships: Cell<u64>,
         /// Opening a host's queue fails (as when the kernel refuses a socket).
         pub refuse_host_rx: Rc<Cell<bool>>,
         /// The read of `rx` after this many more fails, taking its frame, as when the kernel
@@ -451,6 +454,7 @@ pub mod fake {
         }
 
         fn set_multicast(&self, _: [u8; 6], _: bool) -> io::Result<()> {
+            self.memberships.set(self.memberships.get() + 1);
             Ok(())
         }
 

@@ -187,6 +187,7 @@ impl IocStats {
         self.crossed_out += o.crossed_out;
         self.crossed_in += o.crossed_in;
         self.cross_dropped += o.cross_dropped;
+        self.cfg_rate_limited += o.cfg_rate_limited;
     }
 }
 
@@ -306,7 +307,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 16] = [
+    let totals: [(&str, &str, &str, u64); 17] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
@@ -396,6 +397,12 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "counter",
             "Frames for another worker's hosts dropped: its inbox was full.",
             s.cross_dropped,
+        ),
+        (
+            "splitnet_ioc_cfg_rate_limited_total",
+            "counter",
+            "CfgUtil requests answered Busy: a host asked faster than its rate allows.",
+            s.cfg_rate_limited,
         ),
         (
             "splitnet_ioc_send_buffers",

@@ -3,7 +3,7 @@
 
 use crate::from_host;
 use crate::from_lan::{self, LanProgress};
-use crate::host_queue::HostQueue;
+use crate::host_queue::{HostQueue, CFG_COSTLY_RATE};
 use crate::nic::fake::FakeNic;
 use crate::own_queue::{OwnQueueProgress, OWN_QUEUE_RETRY, OWN_QUEUE_RETRY_MAX};
 use crate::state::WorkerState;
@@ -13,11 +13,12 @@ use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, Ses
 use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBufCache};
 use splitnet_messaging::testing;
 use splitnet_messaging::vnet::{VnetHdr, VNET_HDR_LEN};
-use splitnet_messaging::wire::{self, CfgCode, Queue};
+use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Queue};
 use std::future::Future;
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::pin::pin;
+use std::rc::Rc;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
@@ -94,7 +95,7 @@ impl Peer {
     }
 }
 
-/// HostQueue pools with room for many frames, so credit never runs out before the quota does.
+/// Host pools with room for many frames, so credit never runs out before the quota does.
 fn host_config(send_data_max: usize) -> SessionConfig {
     let mut c = testing::config(send_data_max);
     c.advertise = vec![PoolSpec {
@@ -529,7 +530,7 @@ fn over_shared_memory_frames_are_placed_in_the_peers_pools_both_ways() {
         s,
         vec![small.clone(), tso.clone(), spoofed],
     );
-    // OwnQueue in the IOC's pools, checked from a private head, sent whole and exact: the
+    // Placed in the IOC's pools, checked from a private head, sent whole and exact: the
     // small frame through a batch slot, the TSO frame from the pool.
     assert_eq!(*nic.tx.borrow(), vec![small, tso]);
     assert_eq!(host(&ioc, s).drops.spoofed, 1);
@@ -843,7 +844,7 @@ fn a_frame_for_no_host_reaches_the_promiscuous_hosts_of_every_worker() {
     assert_eq!(w[0].0.stats.lan_filtered, 0);
 }
 
-/// HostQueue pools with elements large enough for any frame of the NIC's, besides small ones.
+/// Host pools with elements large enough for any frame of the NIC's, besides small ones.
 fn large_pools() -> SessionConfig {
     let mut c = host_config(128);
     c.advertise.push(PoolSpec {
@@ -1194,4 +1195,102 @@ fn a_nic_frame_the_kernel_cannot_hand_over_is_counted_and_the_frames_behind_it_a
             .metrics_text()
             .contains("splitnet_ioc_lan_rx_unreadable_total 1"));
     }
+}
+
+/// The CfgUtil replies `peer` received since the last call, by status.
+fn cfg_replies(peer: &mut Peer) -> Vec<(CfgCode, ErrorCode)> {
+    let replies = peer
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            LinkEvent::CfgReply { code, status, .. } => Some((*code, *status)),
+            _ => None,
+        })
+        .collect();
+    peer.events.clear();
+    replies
+}
+
+/// Issue 27, item 3: a host that floods SetMulticast with alternating lists of 64 groups is
+/// answered Busy beyond its rate, so the NIC's memberships change only for the few that
+/// pass; a list beyond 64 groups is refused; the other host's requests are answered as
+/// ever.
+#[test]
+fn a_set_multicast_storm_costs_the_nic_only_what_the_hosts_rate_allows() {
+    let (mut ioc, nic) = ioc_with("");
+    let (a, mut pa) = connect(&mut ioc, 1, false, 128);
+    let (b, mut pb) = connect(&mut ioc, 2, false, 128);
+    pump(&mut ioc, &mut pa, a, true);
+    pump(&mut ioc, &mut pb, b, true);
+    cfg_replies(&mut pa);
+    cfg_replies(&mut pb);
+    let list = |k: u8| -> Vec<u8> {
+        (0..64u8)
+            .flat_map(|i| [0x01, 0x00, 0x5e, k, 0, i])
+            .collect()
+    };
+    let before = nic.memberships.get();
+    for n in 0..200u8 {
+        pa.link
+            .session_mut()
+            .cfg_request(CfgCode::SetMulticast, &list(n % 2));
+    }
+    pump(&mut ioc, &mut pa, a, true);
+    let replies = cfg_replies(&mut pa);
+    let ok = replies.iter().filter(|r| r.1 == ErrorCode::Ok).count();
+    let busy = replies.iter().filter(|r| r.1 == ErrorCode::Busy).count();
+    assert_eq!(replies.len(), 200, "every request answered");
+    assert!(ok <= CFG_COSTLY_RATE.1 as usize + 2, "{ok} applied");
+    assert_eq!(ok + busy, 200);
+    assert_eq!(ioc.stats.cfg_rate_limited, busy as u64);
+    // Each applied list swaps 64 groups for 64 others: two memberships per group.
+    assert!(
+        nic.memberships.get() - before <= ok as u64 * 128,
+        "{} memberships",
+        nic.memberships.get() - before
+    );
+    // The other host is answered as ever.
+    pb.link.session_mut().cfg_request(CfgCode::GetStats, &[]);
+    pump(&mut ioc, &mut pb, b, true);
+    assert_eq!(
+        cfg_replies(&mut pb),
+        vec![(CfgCode::GetStats, ErrorCode::Ok)]
+    );
+    // A list of more groups than a host may join: refused.
+    let (c, mut pc) = connect(&mut ioc, 3, false, 128);
+    pump(&mut ioc, &mut pc, c, true);
+    cfg_replies(&mut pc);
+    let long: Vec<u8> = (0..65u8)
+        .flat_map(|i| [0x01, 0x00, 0x5e, 9, 0, i])
+        .collect();
+    pc.link
+        .session_mut()
+        .cfg_request(CfgCode::SetMulticast, &long);
+    pump(&mut ioc, &mut pc, c, true);
+    assert_eq!(
+        cfg_replies(&mut pc),
+        vec![(CfgCode::SetMulticast, ErrorCode::ResourceLimit)]
+    );
+}
+
+/// Issue 27, item 3: a SetMac the policy refuses, or for another host's MAC, leaves the
+/// host's own LAN queue open (it used to be closed and reopened, refiltering every
+/// worker's socket, for every request).
+#[test]
+fn a_refused_set_mac_leaves_the_hosts_own_queue_alone() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect_shm_with(&mut ioc, 3, large_pools());
+    let (b, _pb) = connect(&mut ioc, 4, false, 128);
+    let own = mac(&ioc, s);
+    let q = nic.host_queue(own).expect("the host has its own queue");
+    for bad in [[0x02, 0x77, 0, 0, 0, 1], mac(&ioc, b)] {
+        peer.link.session_mut().cfg_request(CfgCode::SetMac, &bad);
+        pump(&mut ioc, &mut peer, s, true);
+        assert_eq!(mac(&ioc, s), own);
+    }
+    let now = nic.host_queue(own).expect("still open");
+    assert!(
+        Rc::ptr_eq(&q, &now) && !q.shut.get(),
+        "the same queue, never shut"
+    );
 }
