@@ -12,6 +12,10 @@
 //! on one machine) and their registrations with the tokio reactor. The daemons wait on
 //! [`RegisteredLink::ready`] and then drive the link until the sockets would block; nothing here
 //! buffers or copies frames.
+//!
+//! `unsafe` is denied but in three places, each with its `// SAFETY:` note: the two `shm`
+//! submodules, and [`Ready::new`], whose registration with the reactor tokio declares unsafe
+//! (the descriptor must stay open while registered: it is a duplicate the `Ready` owns).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
