@@ -13,9 +13,10 @@
 //! 2. The IOC checks the setup against its limits, verifies each `memfd` (sealed against
 //!    shrinking and growing, exactly the size the set-up gives), maps it, checks the ring
 //!    headers, and answers [`ACK`](splitnet_messaging::adapter::shm::setup::ACK) and the
-//!    size of its own pool arena for this host, with that arena (a sealed `memfd` it created, in which it laid out the pools it advertises
-//!    to the host); for a control channel 0 pages and no descriptor. The host checks the
-//!    size and verifies and maps the arena as the IOC did its own.
+//!    size of its own pool arena for this host, with that arena (a sealed `memfd` it
+//!    created, in which it laid out the pools it advertises to the host); for a control
+//!    channel 0 pages and no descriptor. The host checks the size and verifies and maps the
+//!    arena as the IOC did its own.
 //!
 //! Then each operation travels as a ring record ([`ShmChannel`]); each side places its RDMA
 //! writes straight into the other's pool elements, so their records are headers only
