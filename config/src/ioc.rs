@@ -132,6 +132,14 @@ pub struct Lan {
     /// Which addresses a host may take with SetMac.
     #[serde(default)]
     pub set_mac: SetMacPolicy,
+    /// Storm control: broadcast and multicast frames one host may send per second (twice
+    /// that at once); beyond, they are dropped and counted. 0: no limit.
+    #[serde(default = "default_storm_control_pps")]
+    pub storm_control_pps: u32,
+}
+
+fn default_storm_control_pps() -> u32 {
+    5000
 }
 
 /// Which MAC addresses a host may set for itself (CfgUtil SetMac).
@@ -212,6 +220,12 @@ impl IocConfig {
         if let Some(mtu) = self.lan.mtu {
             range("lan.mtu", mtu.into(), 68, 65_535)?;
         }
+        range(
+            "lan.storm_control_pps",
+            self.lan.storm_control_pps.into(),
+            0,
+            10_000_000,
+        )?;
         self.pools.validate()?;
         self.metrics.validate()?;
         self.control.validate()?;

@@ -333,7 +333,7 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut WorkerState)) -> SocketAddr {
             let fake = |_| -> NicFactory {
                 Box::new(|| Ok((Box::new(FakeNic::default()) as Box<dyn Nic>, None)))
             };
-            let cluster = Cluster::start(cfg, 1500, true, fake, prepare).unwrap();
+            let cluster = Cluster::start(cfg, 1500, true, None, fake, prepare).unwrap();
             let acceptor = Acceptor::new(Rc::new(RefCell::new(cluster)));
             tx.send(listener.local_addr().unwrap()).unwrap();
             loop {

@@ -57,11 +57,13 @@ pub struct Drops {
     pub oversize_inline: u64,
     /// From the host: refused by the NIC.
     pub nic: u64,
+    /// From the host: a broadcast or multicast frame beyond its storm-control rate.
+    pub storm: u64,
 }
 
 impl Drops {
     /// Every cause with its count, named as operators see them.
-    pub fn named(&self) -> [(&'static str, u64); 10] {
+    pub fn named(&self) -> [(&'static str, u64); 11] {
         [
             ("rx_ring_full", self.ring_full),
             ("rx_quota", self.quota),
@@ -73,6 +75,7 @@ impl Drops {
             ("tx_not_negotiated", self.not_negotiated),
             ("tx_oversize_inline", self.oversize_inline),
             ("tx_nic", self.nic),
+            ("tx_storm_control", self.storm),
         ]
     }
 }
@@ -89,6 +92,7 @@ impl std::ops::AddAssign for Drops {
         self.not_negotiated += o.not_negotiated;
         self.oversize_inline += o.oversize_inline;
         self.nic += o.nic;
+        self.storm += o.storm;
     }
 }
 
@@ -107,6 +111,8 @@ pub enum TxDrop {
     OversizeInline,
     /// The NIC refused it.
     Nic,
+    /// A group frame beyond the host's storm-control rate.
+    Storm,
 }
 
 /// Why a frame for a host is dropped.

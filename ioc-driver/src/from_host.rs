@@ -73,6 +73,18 @@ pub fn from_host(
     let dst = vnet::dst_mac(head);
     let sender = hosts.get(&from).map_or(from, |h| h.first);
     if vnet::is_group(&dst) {
+        // Storm control, counted on the host's first queue's rate: every queue of a host
+        // shares it.
+        let storm = hosts
+            .get_mut(&sender)
+            .and_then(|f| f.storm.as_mut())
+            .is_some_and(|r| !r.allow(Instant::now()));
+        if storm {
+            if let Some(h) = hosts.get_mut(&from) {
+                h.drop_tx(TxDrop::Storm);
+            }
+            return;
+        }
         let to = targets(hosts, head, keys, |h| h.session != sender);
         deliver_all(&to, hosts, frame, cache);
         cross(policy.shard, policy.shard.others(), frame, stats);

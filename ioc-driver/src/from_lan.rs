@@ -32,6 +32,7 @@ pub fn drive_lan(st: &mut WorkerState) -> LanProgress {
         flow_keys,
         shard,
         log,
+        nic_mac,
         ..
     } = &mut *st;
     let mut batch: Vec<SendBuf> = std::iter::from_fn(|| cache.get()).take(LAN_BATCH).collect();
@@ -86,6 +87,12 @@ pub fn drive_lan(st: &mut WorkerState) -> LanProgress {
         // A unicast frame for another worker's host goes there alone.
         if let Some(w) = (!group).then(|| shard.owner(&dst)).flatten() {
             cross(shard, [w], HostFrame::Private(frame), stats);
+            cache.put(buf);
+            continue;
+        }
+        // A frame for the IOC machine's own address is its kernel's, never a host's.
+        if !group && Some(dst) == *nic_mac {
+            stats.lan_filtered += 1;
             cache.put(buf);
             continue;
         }

@@ -104,6 +104,8 @@ pub struct HostQueue {
     pub cfg_rate: RateLimit,
     /// Its requests that make the IOC change the NIC or its filters ([`CFG_COSTLY_RATE`]).
     pub cfg_costly_rate: RateLimit,
+    /// Its broadcast and multicast frames (`lan.storm_control_pps`; `None`: no limit).
+    pub storm: Option<RateLimit>,
 }
 
 impl HostQueue {
@@ -165,6 +167,7 @@ impl HostQueue {
             since: Instant::now(),
             cfg_rate: RateLimit::new(CFG_RATE.0, CFG_RATE.1, Instant::now()),
             cfg_costly_rate: RateLimit::new(CFG_COSTLY_RATE.0, CFG_COSTLY_RATE.1, Instant::now()),
+            storm: None,
         }
     }
 
@@ -215,6 +218,7 @@ impl HostQueue {
             TxDrop::NotNegotiated => d.not_negotiated += 1,
             TxDrop::OversizeInline => d.oversize_inline += 1,
             TxDrop::Nic => d.nic += 1,
+            TxDrop::Storm => d.storm += 1,
         }
     }
 

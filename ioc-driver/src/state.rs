@@ -12,6 +12,7 @@ use crate::host_queue::HostQueue;
 use crate::lan_tx::LanTx;
 use crate::nic::Nic;
 use crate::own_queue::{OwnQueue, OwnQueueRetry, FRAME_MAX};
+use crate::rate::RateLimit;
 use crate::shard::{self, Shard};
 use splitnet_config::IocConfig;
 use splitnet_fabric::FabricChannel;
@@ -82,6 +83,9 @@ pub struct WorkerState {
     pub mtu: u32,
     /// NIC link state.
     pub nic_up: bool,
+    /// The NIC's own MAC (the IOC machine's address on the LAN): its frames are the
+    /// machine's, never a promiscuous host's.
+    pub nic_mac: Option<[u8; 6]>,
     /// Send buffers.
     pub cache: SendBufCache,
     /// Send buffers each session may hold ([`buffer_plan`]).
@@ -162,6 +166,7 @@ impl WorkerState {
             lan_tx: LanTx::default(),
             mtu,
             nic_up,
+            nic_mac: None,
             cache: SendBufCache::new(wire::MAX_SEND_DATA, buffers),
             quota,
             past_drops: Drops::default(),
@@ -311,6 +316,8 @@ impl WorkerState {
         host.mac = mac;
         host.mtu = mtu;
         host.features = features;
+        let pps = u64::from(self.cfg.lan.storm_control_pps);
+        host.storm = (pps > 0).then(|| RateLimit::new(pps, 2 * pps, Instant::now()));
         if queue.is_first() {
             self.by_mac.insert(mac, session);
         }

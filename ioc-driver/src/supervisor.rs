@@ -93,11 +93,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts `cfg.fabric.worker_count()` workers, each over the NIC `nic(i)` opens.
+    /// Starts `cfg.fabric.worker_count()` workers, each over the NIC `nic(i)` opens (whose
+    /// own address is `nic_mac`).
     pub fn start(
         cfg: IocConfig,
         mtu: u32,
         nic_up: bool,
+        nic_mac: Option<[u8; 6]>,
         mut nic: impl FnMut(usize) -> NicFactory,
         prepare: fn(&mut WorkerState),
     ) -> io::Result<Cluster> {
@@ -111,6 +113,7 @@ impl Cluster {
                 cfg: cfg.clone(),
                 mtu,
                 nic_up,
+                nic_mac,
                 epoch: started,
                 shard,
                 inbox,
@@ -309,6 +312,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
         cfg,
         mtu,
         nic_up,
+        netdev::mac(&name).ok(),
         |i| {
             let sock = socks[i].take();
             Box::new(move || {

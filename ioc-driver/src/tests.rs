@@ -1294,3 +1294,53 @@ fn a_refused_set_mac_leaves_the_hosts_own_queue_alone() {
         "the same queue, never shut"
     );
 }
+
+/// Issue 27, item 4: storm control. A host's broadcast frames beyond its rate (here 1 a
+/// second, 2 at once) are dropped and counted against it; the LAN and the other host get
+/// only those within it.
+#[test]
+fn a_hosts_broadcast_storm_is_cut_to_its_rate_and_counted() {
+    let nic = FakeNic::default();
+    let mut cfg = config("");
+    cfg.lan.storm_control_pps = 1;
+    let mut ioc = WorkerState::new(cfg, Box::new(nic.clone()), 1500, true);
+    let (a, mut pa) = connect(&mut ioc, 1, false, 128);
+    let (b, mut pb) = connect(&mut ioc, 2, false, 128);
+    pump(&mut ioc, &mut pb, b, true);
+    let start = Instant::now();
+    let storm: Vec<Vec<u8>> = (0..40)
+        .map(|_| frame([0xff; 6], mac(&ioc, a), 200))
+        .collect();
+    host_sends(&mut ioc, &mut pa, a, storm);
+    pump(&mut ioc, &mut pb, b, true);
+    // At most the burst and what the rate refilled while the test ran.
+    let allowed = 2 + start.elapsed().as_secs() + 1;
+    let to_lan = nic.tx.borrow().len() as u64;
+    assert!(to_lan <= allowed, "{to_lan} of 40 reached the LAN");
+    assert_eq!(pb.frames, to_lan, "host B got what the LAN got");
+    assert_eq!(host(&ioc, a).drops.storm, 40 - to_lan);
+    assert_eq!(host(&ioc, a).stats.tx_dropped, 40 - to_lan);
+}
+
+/// Issue 27, item 5: a promiscuous host gets the LAN's frames for nobody, never those for
+/// the IOC machine's own address.
+#[test]
+fn a_promiscuous_host_never_gets_the_ioc_machines_own_frames() {
+    let (mut ioc, nic) = ioc_with("");
+    let own_nic = [0x02, 0x99, 0, 0, 0, 1];
+    ioc.nic_mac = Some(own_nic);
+    let (a, mut pa) = connect(&mut ioc, 1, false, 128);
+    pa.link.session_mut().cfg_request(CfgCode::SetPromisc, &[1]);
+    pump(&mut ioc, &mut pa, a, true);
+    assert!(host(&ioc, a).promisc);
+    assert_eq!(
+        lan_to(&mut ioc, &nic, &mut pa, a, [0x02, 0x42, 0, 0, 0, 7]),
+        (3, 0),
+        "frames for nobody reach the promiscuous host"
+    );
+    assert_eq!(
+        lan_to(&mut ioc, &nic, &mut pa, a, own_nic),
+        (0, 3),
+        "the IOC machine's own frames reach no host"
+    );
+}

@@ -74,6 +74,8 @@ pub struct Spec {
     pub mtu: u32,
     /// NIC link state at start.
     pub nic_up: bool,
+    /// The NIC's own MAC, if known.
+    pub nic_mac: Option<[u8; 6]>,
     /// When the IOC started (heartbeats count from it).
     pub epoch: Instant,
     /// Its place among the workers.
@@ -151,6 +153,7 @@ async fn run(
         cfg,
         mtu,
         nic_up,
+        nic_mac,
         epoch,
         shard,
         inbox,
@@ -167,6 +170,7 @@ async fn run(
     let ioc = Rc::new(RefCell::new(WorkerState::worker(
         cfg, nic, mtu, nic_up, shard,
     )));
+    ioc.borrow_mut().nic_mac = nic_mac;
     prepare(&mut ioc.borrow_mut());
     let mut tasks = vec![
         tokio::task::spawn_local(deliver_crossed(ioc.clone(), inbox)),

@@ -16,6 +16,7 @@ fn defaults() {
     assert_eq!(i.lan.promiscuous, Promiscuous::Auto);
     assert_eq!(i.lan.mac_base, MacAddr([0x02, 0x5d, 0, 0, 0, 0]));
     assert_eq!(i.lan.mtu, None);
+    assert_eq!(i.lan.storm_control_pps, 5000);
     assert!(i.lan.offload);
     assert!(i.lan.extra_source_macs.is_empty());
     assert_eq!(i.lan.set_mac, crate::SetMacPolicy::Prefix);
@@ -169,6 +170,17 @@ fn mtu_range() {
     invalid(ioc("", "mtu = 65536", ""), "lan.mtu");
     assert_eq!(ioc("", "mtu = 68", "").unwrap().lan.mtu, Some(68));
     assert_eq!(ioc("", "mtu = 65535", "").unwrap().lan.mtu, Some(65535));
+    invalid(
+        ioc("", "storm_control_pps = 10000001", ""),
+        "lan.storm_control_pps",
+    );
+    assert_eq!(
+        ioc("", "storm_control_pps = 0", "")
+            .unwrap()
+            .lan
+            .storm_control_pps,
+        0
+    );
 }
 
 #[test]
