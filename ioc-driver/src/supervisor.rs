@@ -263,12 +263,46 @@ fn open_sockets(name: &str, n: usize, promisc: bool) -> io::Result<Vec<PacketSoc
         }
         socks.push(s);
     }
+    let want = splitnet_netif::packet::RCVBUF as usize;
+    if let Some(got) = socks.first().and_then(|s| s.rcvbuf().ok()) {
+        if got < want {
+            warn!(
+                "the NIC's receive ring is {} KiB, not {} KiB: capped by net.core.rmem_max \
+                 (SO_RCVBUFFORCE needs CAP_NET_ADMIN)",
+                got >> 10,
+                want >> 10
+            );
+        }
+    }
     if promisc {
         if let Some(s) = socks.first() {
             s.set_promiscuous()?;
         }
     }
     Ok(socks)
+}
+
+/// How long the IOC waits for its fabric address to be free: an instance killed a moment
+/// ago may still hold it while the kernel tears its sockets down.
+const LISTEN_RETRY: Duration = Duration::from_secs(5);
+
+/// Binds `fabric.listen`; while the address is in use, tries again every 100 ms for up to
+/// [`LISTEN_RETRY`], saying so once.
+async fn bind_listen(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let until = Instant::now() + LISTEN_RETRY;
+    let mut said = false;
+    loop {
+        match TcpListener::bind(addr).await {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < until => {
+                if !said {
+                    warn!(%addr, "fabric.listen is still in use (an instance that just exited?); trying again for up to {LISTEN_RETRY:?}");
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Runs the IOC until SIGTERM/SIGINT.
@@ -292,7 +326,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     };
     let nic_up = netdev::is_running(&name).unwrap_or(false);
     let listen = cfg.fabric.listen;
-    let listener = TcpListener::bind(listen)
+    let listener = bind_listen(listen)
         .await
         .map_err(|source| StartError::Listen {
             addr: listen,
