@@ -29,6 +29,9 @@ pub struct IocStats {
     pub crossed_in: u64,
     /// Frames for another worker dropped: its inbox was full.
     pub cross_dropped: u64,
+    /// LAN frames longer than a send buffer (a GRO or BIG TCP frame beyond 64 KiB), cut by
+    /// the read: dropped.
+    pub lan_rx_truncated: u64,
     /// CfgUtil requests answered Busy: the host asked faster than its rate allows.
     pub cfg_rate_limited: u64,
 }

@@ -66,8 +66,14 @@ pub fn drive_lan(st: &mut WorkerState) -> LanProgress {
             cache.put(buf);
             continue;
         }
-        buf.set_len(lens[i]);
         stats.lan_rx += 1;
+        if lens[i] > buf.space().len() {
+            // Cut by the read: never forwarded as if whole.
+            stats.lan_rx_truncated += 1;
+            cache.put(buf);
+            continue;
+        }
+        buf.set_len(lens[i]);
         if vnet::check_frame(buf.as_slice()).is_err() {
             cache.put(buf);
             continue;

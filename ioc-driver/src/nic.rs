@@ -50,7 +50,8 @@ pub trait Exclusion: Send + std::fmt::Debug {
 
 /// A network interface carrying frames with a virtio-net header in front.
 pub trait Nic: std::fmt::Debug {
-    /// Receives one frame into `buf`; `WouldBlock` when none is waiting.
+    /// Receives one frame into `buf`; `WouldBlock` when none is waiting. A frame longer than
+    /// `buf` is cut, and its whole length returned (more than `buf.len()`).
     fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
     /// Receives up to `bufs.len()` frames, their lengths into `lens`; returns how many
     /// arrived (fewer when the NIC ran out; `WouldBlock` when none was waiting).
@@ -427,7 +428,8 @@ pub mod fake {
             }
             let n = frame.len().min(buf.len());
             buf[..n].copy_from_slice(&frame[..n]);
-            Ok(n)
+            // As the kernel with MSG_TRUNC: the whole length of a frame cut short.
+            Ok(frame.len())
         }
 
         /// As `recvmmsg(2)`: an error after some frames ends the batch and is returned by

@@ -188,6 +188,7 @@ impl IocStats {
         self.crossed_in += o.crossed_in;
         self.cross_dropped += o.cross_dropped;
         self.cfg_rate_limited += o.cfg_rate_limited;
+        self.lan_rx_truncated += o.lan_rx_truncated;
     }
 }
 
@@ -307,7 +308,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 17] = [
+    let totals: [(&str, &str, &str, u64); 18] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
@@ -397,6 +398,12 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "counter",
             "Frames for another worker's hosts dropped: its inbox was full.",
             s.cross_dropped,
+        ),
+        (
+            "splitnet_ioc_lan_rx_truncated_total",
+            "counter",
+            "LAN frames longer than a send buffer, cut by the read and dropped.",
+            s.lan_rx_truncated,
         ),
         (
             "splitnet_ioc_cfg_rate_limited_total",

@@ -1344,3 +1344,22 @@ fn a_promiscuous_host_never_gets_the_ioc_machines_own_frames() {
         "the IOC machine's own frames reach no host"
     );
 }
+
+/// Issue 30: a LAN frame longer than a send buffer (a GRO frame beyond 64 KiB) is cut by the
+/// read: it is counted and dropped, never forwarded as if whole; the next one arrives.
+#[test]
+fn a_lan_frame_cut_by_the_read_is_counted_and_dropped() {
+    let (mut ioc, nic) = ioc_with("");
+    let (a, mut pa) = connect(&mut ioc, 1, false, 128);
+    let own = mac(&ioc, a);
+    nic.rx
+        .borrow_mut()
+        .push_back(frame(own, LAN_PEER, wire::MAX_SEND_DATA + 100));
+    from_lan::drive_lan(&mut ioc);
+    assert_eq!(ioc.stats.lan_rx_truncated, 1);
+    assert_eq!(lan_to(&mut ioc, &nic, &mut pa, a, own), (3, 0));
+    assert_eq!(pa.frames, 3, "only the whole frames reached the host");
+    assert!(ioc
+        .metrics_text()
+        .contains("\nsplitnet_ioc_lan_rx_truncated_total 1\n"));
+}

@@ -302,8 +302,10 @@ impl PacketSocket {
     }
 
     /// Receives up to `bufs.len()` frames (at most [`RECV_BATCH`]) with one `recvmmsg(2)`,
-    /// each as [`PacketSocket::recv`] does; their lengths go to `lens`. Returns how many
-    /// arrived: fewer than asked when the socket ran out, `WouldBlock` when none was there.
+    /// each as [`PacketSocket::recv`] does; their lengths go to `lens`: a frame too long for
+    /// its buffer is cut, and its length is its whole length, beyond the buffer's (the
+    /// caller counts and drops it). Returns how many arrived: fewer than asked when the
+    /// socket ran out, `WouldBlock` when none was there.
     pub fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
         let n = bufs.len().min(lens.len()).min(RECV_BATCH);
         // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid before the fields
@@ -330,12 +332,19 @@ impl PacketSocket {
                 self.fd.as_raw_fd(),
                 msgs.as_mut_ptr(),
                 n as libc::c_uint,
-                0,
+                libc::MSG_TRUNC,
                 std::ptr::null_mut(),
             )
         })? as usize;
         for i in 0..got.min(n) {
-            lens[i] = restore_tag(bufs[i], msgs[i].msg_len as usize, &msgs[i].msg_hdr);
+            let whole = msgs[i].msg_len as usize;
+            // MSG_TRUNC: the frame's whole length, even when the buffer took only its start;
+            // a cut frame says so with a length beyond its buffer, and keeps no tag.
+            lens[i] = if whole > iovs[i].iov_len {
+                whole.max(bufs[i].len() + 1)
+            } else {
+                restore_tag(bufs[i], whole, &msgs[i].msg_hdr)
+            };
         }
         Ok(got.min(n))
     }
@@ -593,6 +602,39 @@ mod tests {
         let more = libc::c_int::try_from(max * 2).unwrap();
         set_rcvbuf(&s.fd, more);
         assert_eq!(s.rcvbuf().unwrap(), max * 2, "past rmem_max ({max})");
+    }
+
+    /// Issue 30: a frame longer than its buffer is never taken for a whole one: its length
+    /// comes back beyond the buffer's, and the next frame is read whole.
+    #[test]
+    fn a_frame_too_long_for_its_buffer_says_so() {
+        if !own_namespace() {
+            return;
+        }
+        let s = PacketSocket::open("lo").unwrap();
+        let mut long = frame([2, 0, 0, 0, 0, 1], None, 1);
+        long.resize(1000, 7);
+        let short = frame([2, 0, 0, 0, 0, 1], None, 2);
+        s.send(&long).unwrap();
+        s.send(&short).unwrap();
+        let (mut a, mut b) = ([0u8; 200], [0u8; 200]);
+        let mut lens = [0usize; 2];
+        let mut got = 0;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while got < 2 && std::time::Instant::now() < until {
+            let mut bufs: [&mut [u8]; 2] = [&mut a, &mut b];
+            let (done, rest) = lens.split_at_mut(got);
+            let _ = done;
+            match s.recv_batch(&mut bufs[got..], rest) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got, 2);
+        assert_eq!(lens[0], 1000, "the cut frame's whole length");
+        assert_eq!(lens[1], short.len());
+        assert_eq!(&b[..short.len()], &short[..]);
     }
 
     #[test]
