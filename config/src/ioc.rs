@@ -54,6 +54,11 @@ pub struct IocFabric {
     /// their `fabric.ioc`); none unless set.
     #[serde(default)]
     pub listen_local: Option<std::path::PathBuf>,
+    /// The group (a name in /etc/group, or a number) whose members may connect to
+    /// `listen_local` besides root and the IOC's own user: the socket is given to it with
+    /// mode 0660; none unless set.
+    #[serde(default)]
+    pub listen_local_group: Option<String>,
     /// Worker threads the sessions are spread over; 0 (the default): one per core, at
     /// most `max_hosts`.
     #[serde(default)]
@@ -196,6 +201,20 @@ impl IocConfig {
                         "{}: an absolute path of at most 107 bytes is required",
                         p.display()
                     ),
+                ));
+            }
+        }
+        if let Some(g) = &f.listen_local_group {
+            if f.listen_local.is_none() {
+                return Err(Invalid::new(
+                    "fabric.listen_local_group",
+                    "is set without fabric.listen_local",
+                ));
+            }
+            if g.is_empty() || g.len() > 32 || g.contains(|c: char| c == ':' || c.is_whitespace()) {
+                return Err(Invalid::new(
+                    "fabric.listen_local_group",
+                    format!("{g:?} is not a group name or number"),
                 ));
             }
         }

@@ -334,9 +334,11 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
         })?;
     let local = match &cfg.fabric.listen_local {
         Some(path) => Some(
-            listen_local(path).map_err(|source| StartError::ListenLocal {
-                path: path.clone(),
-                source,
+            listen_local(path, cfg.fabric.listen_local_group.as_deref()).map_err(|source| {
+                StartError::ListenLocal {
+                    path: path.clone(),
+                    source,
+                }
             })?,
         ),
         None => None,
@@ -372,7 +374,8 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
                 Err(e) => warn!("accept failed: {e}"),
             },
             a = accept_local(local.as_ref()) => match a {
-                Ok((sock, peer, uid)) => acceptor.accept(sock, peer, Source::Uid(uid)),
+                Ok(Some((sock, peer, uid))) => acceptor.accept(sock, peer, Source::Uid(uid)),
+                Ok(None) => cluster.borrow_mut().failures += 1,
                 Err(e) => warn!("accept failed on the local fabric socket: {e}"),
             },
             _ = term.recv() => break,
@@ -380,7 +383,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
         }
     }
     link_task.abort();
-    if let Some((_, path)) = &local {
+    if let Some((_, path, _)) = &local {
         let _ = std::fs::remove_file(path);
     }
     notify::stopping();
@@ -394,10 +397,58 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     Ok(())
 }
 
+/// Who may connect to the local fabric socket: root, the IOC's own user, and the members of
+/// `fabric.listen_local_group`. The socket file's mode (0660, that group) makes the kernel
+/// refuse the others at `connect(2)`; the peer's credentials are checked again at accept,
+/// so a mode loosened by hand admits no one more.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalAccess {
+    /// The IOC's own user.
+    pub owner: u32,
+    /// The group whose members may connect.
+    pub group: Option<u32>,
+}
+
+impl LocalAccess {
+    /// Whether a peer of user `uid`, primary group `gid` and supplementary `groups` may be a
+    /// host here.
+    pub fn allows(&self, uid: u32, gid: u32, groups: &[u32]) -> bool {
+        uid == 0 || uid == self.owner || self.group.is_some_and(|g| gid == g || groups.contains(&g))
+    }
+}
+
+/// The id of group `name`: a number as it is, else its line in /etc/group.
+fn group_id(name: &str) -> io::Result<u32> {
+    if let Ok(n) = name.parse() {
+        return Ok(n);
+    }
+    group_in(name, &std::fs::read_to_string("/etc/group")?)
+}
+
+/// The id of group `name` in `table`, in the format of /etc/group.
+fn group_in(name: &str, table: &str) -> io::Result<u32> {
+    table
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let (n, _, id) = (f.next()?, f.next()?, f.next()?);
+            (n == name).then(|| id.parse().ok()).flatten()
+        })
+        .next()
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no group {name:?} in /etc/group"),
+            )
+        })
+}
+
 /// Binds the local fabric socket at `path` (a socket left by an earlier run is replaced),
-/// for hosts on this machine. Any local user may connect (mode 0666): the protocol's
-/// checks, not the file's mode, stand between hosts, as on the TCP address.
-fn listen_local(path: &std::path::Path) -> io::Result<(tokio::net::UnixListener, PathBuf)> {
+/// for hosts on this machine: mode 0660, given to `group` when set (see [`LocalAccess`]).
+fn listen_local(
+    path: &std::path::Path,
+    group: Option<&str>,
+) -> io::Result<(tokio::net::UnixListener, PathBuf, LocalAccess)> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -413,26 +464,48 @@ fn listen_local(path: &std::path::Path) -> io::Result<(tokio::net::UnixListener,
         Err(_) => {}
     }
     let l = tokio::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-    info!(path = %path.display(), "local fabric socket");
-    Ok((l, path.to_path_buf()))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    let group = group.map(group_id).transpose()?;
+    if let Some(g) = group {
+        std::os::unix::fs::chown(path, None, Some(g))?;
+    }
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(path)?);
+    info!(path = %path.display(), ?group, "local fabric socket (mode 0660)");
+    Ok((l, path.to_path_buf(), LocalAccess { owner, group }))
 }
 
 /// The next connection on the local fabric socket (never, without one), its peer as logs
-/// show it (the socket's path and the peer's process), and the peer's user id.
+/// show it (the socket's path and the peer's process), and the peer's user id; `None` for
+/// a peer [`LocalAccess`] refuses (closed at once, counted and logged at a limited rate).
 async fn accept_local(
-    local: Option<&(tokio::net::UnixListener, PathBuf)>,
-) -> io::Result<(Stream, String, Option<u32>)> {
-    let Some((l, path)) = local else {
+    local: Option<&(tokio::net::UnixListener, PathBuf, LocalAccess)>,
+) -> io::Result<Option<(Stream, String, u32)>> {
+    let Some((l, path, access)) = local else {
         return std::future::pending().await;
     };
     let (s, _) = l.accept().await?;
-    let cred = s.peer_cred().ok();
-    let peer = match cred.and_then(|c| c.pid()) {
+    let cred = s.peer_cred()?;
+    let peer = match cred.pid() {
         Some(pid) => format!("unix:{} (pid {pid})", path.display()),
         None => format!("unix:{}", path.display()),
     };
-    Ok((Stream::Unix(s.into_std()?), peer, cred.map(|c| c.uid())))
+    let s = s.into_std()?;
+    let groups = splitnet_netif::peer_groups(std::os::fd::AsFd::as_fd(&s))?;
+    if !access.allows(cred.uid(), cred.gid(), &groups) {
+        return Ok(None).inspect(|_| {
+            LOCAL_REFUSED.with(|r| {
+                if let Some(held) = r.borrow_mut().allow(Instant::now()) {
+                    warn!(%peer, uid = cred.uid(), "local connection refused: not root, the IOC's user or a member of fabric.listen_local_group ({held} more refused since the last report)");
+                }
+            })
+        });
+    }
+    Ok(Some((Stream::Unix(s), peer, cred.uid())))
+}
+
+thread_local! {
+    /// Rate of the log lines refused local connections cause (the main thread's).
+    static LOCAL_REFUSED: RefCell<LogLimit> = RefCell::new(LogLimit::new(REFUSAL_LOG_INTERVAL));
 }
 
 /// Where a connection comes from, for the bound on one source's handshakes in flight: its
@@ -441,8 +514,8 @@ async fn accept_local(
 pub enum Source {
     /// A TCP peer.
     Ip(std::net::IpAddr),
-    /// A local peer's user id (`None`: the kernel did not say).
-    Uid(Option<u32>),
+    /// A local peer's user id.
+    Uid(u32),
 }
 
 /// One source may hold at most this share of `fabric.max_handshakes` (rounded up), so that
@@ -641,5 +714,35 @@ mod tests {
             );
             ticker.abort();
         });
+    }
+
+    #[test]
+    fn local_access_is_root_the_iocs_user_and_the_groups_members() {
+        let open = LocalAccess {
+            owner: 990,
+            group: None,
+        };
+        assert!(open.allows(0, 0, &[]));
+        assert!(open.allows(990, 990, &[]));
+        assert!(!open.allows(1000, 1000, &[4242]));
+        let grouped = LocalAccess {
+            owner: 990,
+            group: Some(4242),
+        };
+        assert!(grouped.allows(1000, 4242, &[]), "its primary group");
+        assert!(
+            grouped.allows(1000, 1000, &[27, 4242]),
+            "a supplementary group"
+        );
+        assert!(!grouped.allows(1000, 1000, &[27]));
+    }
+
+    #[test]
+    fn groups_are_found_by_name_or_number() {
+        let table = "root:x:0:\nsplitnet:x:4242:alice,bob\nbroken\nsplit:x:7:\n";
+        assert_eq!(group_in("splitnet", table).unwrap(), 4242);
+        assert_eq!(group_in("split", table).unwrap(), 7);
+        assert!(group_in("nobody", table).is_err());
+        assert_eq!(group_id("4242").unwrap(), 4242);
     }
 }

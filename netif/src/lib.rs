@@ -129,6 +129,40 @@ pub(crate) fn write(fd: &OwnedFd, buf: &[u8]) -> io::Result<usize> {
     cvt_size(unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) })
 }
 
+/// The supplementary groups of the process at the other end of a Unix socket, as the kernel
+/// recorded them when it connected (`SO_PEERGROUPS`; `SO_PEERCRED` gives only the primary
+/// group).
+pub fn peer_groups(fd: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` is `len` writable bytes for the whole call; the kernel writes at
+        // most `len` and says in `len` how many it wrote (or needs, with ERANGE).
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if r == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        // A peer in more groups than the buffer holds: the kernel says how many (at most
+        // NGROUPS_MAX, 65,536).
+        if e.raw_os_error() == Some(libc::ERANGE) && n > groups.len() && n <= 1 << 16 {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Err(e);
+    }
+}
+
 /// This machine's host name from `uname(2)` (the UTS namespace), which needs no file in
 /// `/proc` (hidden by the units' `ProcSubset=pid`). Empty if the call fails.
 pub fn hostname() -> String {
@@ -155,6 +189,25 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsFd;
     use std::os::unix::net::UnixDatagram;
+
+    /// The peer's groups are the kernel's record of them: for a pair in this process, this
+    /// process's supplementary groups.
+    #[test]
+    fn a_peers_groups_are_those_it_connected_with() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut got = peer_groups(a.as_fd()).unwrap();
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let mut want: Vec<u32> = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .unwrap()
+            .split_whitespace()
+            .map(|g| g.parse().unwrap())
+            .collect();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn frames_go_between_a_descriptor_and_shared_memory_without_a_reference() {

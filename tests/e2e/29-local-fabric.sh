@@ -5,11 +5,14 @@
 # All reach the LAN and each other; the IOC shows how each came; a rogue host that corrupts
 # its ring is cut off alone; a killed IOC leaves a stale
 # socket its successor replaces (the local hosts reconnect by themselves, shared memory
-# again); a graceful stop removes the socket; a file in the way stops the start.
+# again); a graceful stop removes the socket; a file in the way stops the start. The socket
+# admits root, the IOC's user and fabric.listen_local_group's members only: by its mode
+# (0660, that group) and, past a mode loosened by hand, by the peer's credentials.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tool ip ping iperf3 python3 ss; need_daemons; need_rogue
+need_root; need_tool ip ping iperf3 python3 ss setpriv; need_daemons; need_rogue
+[ -x /usr/bin/python3 ] || fail "missing /usr/bin/python3 (apt install python3): the unprivileged user of the local-socket checks runs it"
 sock=$T/run/fabric.sock
-sed "s|^listen = .*|&\nlisten_local = \"$sock\"|" "$IOC_CONF" >"$T/ioc.toml"
+sed "s|^listen = .*|&\nlisten_local = \"$sock\"\nlisten_local_group = \"4242\"|" "$IOC_CONF" >"$T/ioc.toml"
 # The shared-memory host polls before it sleeps (fabric.spin_max_us, off by default).
 # Its metrics tell how many frames it read straight into the IOC's elements.
 sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^spin_max_us = .*|spin_max_us = 100|" \
@@ -37,6 +40,33 @@ assert_eq "$(grep -c 'memfd:splitnet-' "/proc/${HOST_PID[1]}/maps")" 6 "host 1's
 assert_eq "$(grep -c 'memfd:splitnet-' "/proc/$IOC_PID/maps")" 6 "the IOC's rings (two per channel) and both pool arenas"
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host fd50::2 -6
+# Who may connect: nobody (uid 65534) in no group is refused by the socket's mode; in group
+# 4242 (fabric.listen_local_group) it is admitted to its handshake (the IOC waits for its
+# Hello); with the mode loosened by hand, the IOC still closes its connection at once.
+assert_eq "$(stat -c '%a %g' "$sock")" "660 4242" "the local socket's mode and group"
+chmod 0711 "$T" "$T/run"
+local_conn() {
+    ip netns exec sd-host setpriv --reuid=65534 --regid=65534 "$@" /usr/bin/python3 -c "
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect('$sock')
+except PermissionError:
+    print('refused'); sys.exit()
+s.settimeout(0.5)
+try:
+    print('closed' if s.recv(1) == b'' else 'open')
+except socket.timeout:
+    print('open')
+except ConnectionResetError:
+    print('closed')"
+}
+assert_eq "$(local_conn --clear-groups)" refused "a connection of a user in no admitted group"
+assert_eq "$(local_conn --groups=4242)" open "a connection of a member of fabric.listen_local_group"
+chmod 0666 "$sock"
+assert_eq "$(local_conn --clear-groups)" closed "past a loosened mode, a user in no admitted group"
+chmod 0660 "$sock"
+assert_grep "$T/ioc.log" "local connection refused" "the IOC's line about the refused local peer"
 ping_ok sd-host 10.50.0.3
 ping_ok sd-host2 fd50::1 -6
 ping_ok sd-host3 10.50.0.1

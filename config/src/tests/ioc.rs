@@ -220,6 +220,25 @@ fn source_macs_and_set_mac_policy() {
         ioc("listen_local = \"fabric.sock\"", "", ""),
         "fabric.listen_local",
     );
+    invalid(
+        ioc("listen_local_group = \"splitnet\"", "", ""),
+        "fabric.listen_local_group",
+    );
+    invalid(
+        ioc(
+            "listen_local = \"/run/s.sock\"\nlisten_local_group = \"a:b\"",
+            "",
+            "",
+        ),
+        "fabric.listen_local_group",
+    );
+    let g = ioc(
+        "listen_local = \"/run/s.sock\"\nlisten_local_group = \"splitnet\"",
+        "",
+        "",
+    )
+    .unwrap();
+    assert_eq!(g.fabric.listen_local_group.as_deref(), Some("splitnet"));
     let base = [0x02, 0x5d, 0, 0, 0, 0];
     let p = crate::SetMacPolicy::Prefix;
     assert!(p.allows([0x02, 0x5d, 0, 1, 2, 3], base));
