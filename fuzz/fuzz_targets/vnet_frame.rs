@@ -2,7 +2,9 @@
 //! on arbitrary frames.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use splitnet_messaging::vnet::{check_frame, flow_hash, insert_vlan, VLAN_TAG_LEN, VNET_HDR_LEN};
+use splitnet_messaging::vnet::{
+    check_frame, flow_hash, gso_segment_l3_len, insert_vlan, VLAN_TAG_LEN, VNET_HDR_LEN,
+};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 
@@ -16,6 +18,8 @@ fuzz_target!(|data: &[u8]| {
         }
         if h.is_gso() {
             assert!(h.gso_size > 0 && usize::from(h.hdr_len) <= len);
+            // A segment's length is at least its payload and never overflows.
+            assert!(gso_segment_l3_len(data, &h) >= usize::from(h.gso_size));
         }
     }
     // Re-inserting a VLAN tag (TPID and TCI from the frame's last bytes) keeps a valid frame

@@ -253,8 +253,9 @@ impl HostQueue {
                 format!("offloads {used:#x} beyond the negotiated {negotiated:#x}"),
             ));
         }
+        // A GSO frame's segments carry its headers each: they are what the MTU bounds.
         let len = if h.is_gso() {
-            usize::from(h.gso_size)
+            vnet::gso_segment_l3_len(head, &h)
         } else {
             vnet::l3_len_of(head, len)
         };

@@ -1363,3 +1363,28 @@ fn a_lan_frame_cut_by_the_read_is_counted_and_dropped() {
         .metrics_text()
         .contains("\nsplitnet_ioc_lan_rx_truncated_total 1\n"));
 }
+
+/// Issue 30: a TSO frame whose segments exceed the MTU by their headers alone (gso_size equal
+/// to the MTU) is dropped as over the MTU; one whose segments fit it passes.
+#[test]
+fn a_tso_frame_is_held_to_the_mtu_with_its_headers() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect(&mut ioc, 3, false, 128);
+    let own = mac(&ioc, s);
+    let tso = |gso_size: u16| {
+        let mut f = tso_frame(LAN_PEER, own);
+        let h = VnetHdr {
+            gso_size,
+            ..VnetHdr::parse(f[..VNET_HDR_LEN].try_into().unwrap())
+        };
+        f[..VNET_HDR_LEN].copy_from_slice(&h.emit());
+        f
+    };
+    host_sends(&mut ioc, &mut peer, s, vec![tso(1500), tso(1460)]);
+    assert_eq!(
+        nic.tx.borrow().len(),
+        1,
+        "the segments of 20 + 20 + 1460 bytes only"
+    );
+    assert_eq!(host(&ioc, s).drops.over_mtu, 1);
+}

@@ -201,6 +201,36 @@ pub fn l3_len_of(head: &[u8], len: usize) -> usize {
     len.saturating_sub(VNET_HDR_LEN).saturating_sub(at + 2)
 }
 
+/// The layer-3 length of each segment the kernel will cut a GSO frame `h` into: its network
+/// and transport headers, replicated in every segment, and `gso_size` bytes of payload, so
+/// that it can be held to the MTU. `head` holds the frame's first bytes (virtio-net header
+/// included). The transport header starts at `csum_start`; a TCP header's length is read
+/// from it (20 bytes when `head` does not reach it), a UDP header is 8. A frame without a
+/// checksum start, or UFO (whose fragments carry no transport header), counts `gso_size`
+/// alone.
+pub fn gso_segment_l3_len(head: &[u8], h: &VnetHdr) -> usize {
+    let payload = usize::from(h.gso_size);
+    if h.flags & F_NEEDS_CSUM == 0 {
+        return payload;
+    }
+    let eth = head.get(VNET_HDR_LEN..).unwrap_or(&[]);
+    let mut l2 = 12;
+    while l2 < 20 && matches!(eth.get(l2..l2 + 2), Some([0x81, 0x00] | [0x88, 0xa8])) {
+        l2 += 4;
+    }
+    l2 += 2;
+    let l4 = usize::from(h.csum_start);
+    let l4_header = match h.gso_type & !GSO_ECN {
+        GSO_TCPV4 | GSO_TCPV6 => eth
+            .get(l4 + 12)
+            .map_or(20, |&off| usize::from(off >> 4) * 4)
+            .max(20),
+        GSO_UDP_L4 => 8,
+        _ => return payload,
+    };
+    l4.saturating_sub(l2) + l4_header + payload
+}
+
 /// Bytes of an 802.1Q (or 802.1ad) tag: TPID then TCI.
 pub const VLAN_TAG_LEN: usize = 4;
 /// Where the tag goes in a frame: after the virtio-net header and both MAC addresses.
@@ -353,6 +383,52 @@ mod tests {
     fn tso_frame_passes() {
         let h = tso();
         assert_eq!(check_frame(&frame(h, 60_000)), Ok(h));
+    }
+
+    /// Issue 30: a TSO frame's segments are its headers and `gso_size` each, held to the MTU
+    /// with the headers counted.
+    #[test]
+    fn a_gso_segment_counts_its_headers() {
+        // IPv4 (20 bytes) and TCP with timestamps (32 bytes), MSS 1448: 1500-byte segments.
+        let mut f = vec![0u8; VNET_HDR_LEN + 14 + 20 + 32];
+        f[VNET_HDR_LEN + 12..VNET_HDR_LEN + 14].copy_from_slice(&[0x08, 0x00]);
+        f[VNET_HDR_LEN + 14 + 20 + 12] = 8 << 4;
+        let h = VnetHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type: GSO_TCPV4,
+            hdr_len: 66,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+        };
+        assert_eq!(gso_segment_l3_len(&f, &h), 1500);
+        // Behind an 802.1Q tag, the same.
+        let mut tagged = f[..VNET_HDR_LEN + 12].to_vec();
+        tagged.extend_from_slice(&[0x81, 0x00, 0, 7]);
+        tagged.extend_from_slice(&f[VNET_HDR_LEN + 12..]);
+        let h4 = VnetHdr {
+            csum_start: 38,
+            ..h
+        };
+        assert_eq!(gso_segment_l3_len(&tagged, &h4), 1500);
+        // A head that stops before the TCP header: its smallest length.
+        assert_eq!(
+            gso_segment_l3_len(&f[..VNET_HDR_LEN + 40], &h),
+            20 + 20 + 1448
+        );
+        // USO: 8 bytes of UDP header; UFO and frames without a checksum start: gso_size.
+        let uso = VnetHdr {
+            gso_type: GSO_UDP_L4,
+            gso_size: 1472,
+            ..h
+        };
+        assert_eq!(gso_segment_l3_len(&f, &uso), 20 + 8 + 1472);
+        let ufo = VnetHdr {
+            gso_type: GSO_UDP,
+            ..h
+        };
+        assert_eq!(gso_segment_l3_len(&f, &ufo), 1448);
+        assert_eq!(gso_segment_l3_len(&f, &VnetHdr { flags: 0, ..h }), 1448);
     }
 
     #[test]
