@@ -29,6 +29,9 @@ pub struct IocStats {
     pub crossed_in: u64,
     /// Frames for another worker dropped: its inbox was full.
     pub cross_dropped: u64,
+    /// LAN frames whose virtio-net header or Ethernet header the checks refused (what the
+    /// kernel must never see from a host, it must never hand one either): dropped.
+    pub lan_rx_bad_frame: u64,
     /// LAN frames longer than a send buffer (a GRO or BIG TCP frame beyond 64 KiB), cut by
     /// the read: dropped.
     pub lan_rx_truncated: u64,

@@ -75,6 +75,7 @@ pub fn drive_lan(st: &mut WorkerState) -> LanProgress {
         }
         buf.set_len(lens[i]);
         if vnet::check_frame(buf.as_slice()).is_err() {
+            stats.lan_rx_bad_frame += 1;
             cache.put(buf);
             continue;
         }

@@ -189,6 +189,7 @@ impl IocStats {
         self.cross_dropped += o.cross_dropped;
         self.cfg_rate_limited += o.cfg_rate_limited;
         self.lan_rx_truncated += o.lan_rx_truncated;
+        self.lan_rx_bad_frame += o.lan_rx_bad_frame;
     }
 }
 
@@ -308,7 +309,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 18] = [
+    let totals: [(&str, &str, &str, u64); 19] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
@@ -398,6 +399,12 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "counter",
             "Frames for another worker's hosts dropped: its inbox was full.",
             s.cross_dropped,
+        ),
+        (
+            "splitnet_ioc_lan_rx_bad_frame_total",
+            "counter",
+            "LAN frames whose virtio-net or Ethernet header failed the checks, dropped.",
+            s.lan_rx_bad_frame,
         ),
         (
             "splitnet_ioc_lan_rx_truncated_total",

@@ -1388,3 +1388,21 @@ fn a_tso_frame_is_held_to_the_mtu_with_its_headers() {
     );
     assert_eq!(host(&ioc, s).drops.over_mtu, 1);
 }
+
+/// Issue 30: a LAN frame whose virtio-net header fails the checks is counted and dropped.
+#[test]
+fn a_lan_frame_with_a_bad_header_is_counted_and_dropped() {
+    let (mut ioc, nic) = ioc_with("");
+    let (a, mut pa) = connect(&mut ioc, 1, false, 128);
+    let own = mac(&ioc, a);
+    let mut bad = frame(own, LAN_PEER, 200);
+    bad[0] = 0x80; // an unknown virtio-net flag
+    nic.rx.borrow_mut().push_back(bad);
+    from_lan::drive_lan(&mut ioc);
+    assert_eq!(ioc.stats.lan_rx_bad_frame, 1);
+    assert_eq!(lan_to(&mut ioc, &nic, &mut pa, a, own), (3, 0));
+    assert_eq!(pa.frames, 3, "only the good frames reached the host");
+    assert!(ioc
+        .metrics_text()
+        .contains("\nsplitnet_ioc_lan_rx_bad_frame_total 1\n"));
+}
