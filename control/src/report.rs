@@ -262,7 +262,7 @@ pub struct HostEntry {
     /// The MAC the host uses on the LAN.
     pub mac: String,
     /// Protection domain of its registrations.
-    pub domain: u32,
+    pub domain: u64,
     /// Its MTU.
     pub mtu: u32,
     /// Promiscuous mode requested.

@@ -68,7 +68,7 @@ pub async fn admit(
         };
         fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
         let opened = match shm {
-            true => shm_channel(ch, DomainId(session as u32), None, timeout)
+            true => shm_channel(ch, DomainId(session), None, timeout)
                 .await
                 .map(|t| FabricChannel::Shm(Box::new(t))),
             false => fabric::flush(&mut ch, timeout)
@@ -132,7 +132,7 @@ pub async fn admit(
         return refuse(ch, ErrorCode::UnknownSession, "unknown session").await;
     };
     let (session, token) = (w.session, hello.session);
-    let domain = DomainId(session as u32);
+    let domain = DomainId(session);
     // Over shared memory the pools for this host lie in an arena the host maps and places
     // its frames in.
     let arena = match shm {

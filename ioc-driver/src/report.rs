@@ -129,7 +129,7 @@ impl WorkerState {
                     queues: h.queue.count,
                     address: h.peer.to_string(),
                     mac: fmt_mac(&h.mac),
-                    domain: h.session as u32,
+                    domain: h.session,
                     mtu: h.mtu,
                     promisc: h.promisc,
                     multicast: h.multicast.len() as u32,

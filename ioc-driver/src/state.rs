@@ -277,7 +277,7 @@ impl WorkerState {
                 Some(f) => (f.session, f.mac, f.mtu, f.features),
                 None => {
                     link.close(&mut self.reg, &mut self.cache);
-                    self.free_domain(splitnet_messaging::memory::DomainId(session as u32));
+                    self.free_domain(splitnet_messaging::memory::DomainId(session));
                     return None;
                 }
             }
@@ -528,7 +528,7 @@ impl WorkerState {
         if let Some(mut link) = host.link.take() {
             link.close(&mut self.reg, &mut self.cache);
         }
-        let domain = splitnet_messaging::memory::DomainId(session as u32);
+        let domain = splitnet_messaging::memory::DomainId(session);
         let left = self.reg.regions_of(domain);
         if !left.is_empty() {
             warn!(

@@ -54,7 +54,7 @@ fn pair(small: bool) -> (TcpStream, TcpStream) {
 }
 
 fn channel(s: TcpStream, domain: u32) -> FabricChannel {
-    StreamChannel::new(s.into(), DomainId(domain), wire::MAX_MESSAGE_LEN).into()
+    StreamChannel::new(s.into(), DomainId(u64::from(domain)), wire::MAX_MESSAGE_LEN).into()
 }
 
 /// The host's end of a session, driven by the test.
@@ -123,7 +123,7 @@ fn connect_with(
     let (ictrl, hctrl) = pair(false);
     let (idata, hdata) = pair(small);
     let (session, token) = ioc.new_session();
-    let mut s = Session::new(DomainId(session as u32), ioc.cfg.pools.session_config());
+    let mut s = Session::new(DomainId(session), ioc.cfg.pools.session_config());
     s.start(&mut ioc.reg).unwrap();
     let link = Link::new(
         s,
@@ -166,7 +166,7 @@ fn connect_shm_with(ioc: &mut WorkerState, node_id: u64, config: SessionConfig) 
     };
     let ((ictrl, hctrl), (idata, hdata)) = (unix(), unix());
     let (session, token) = ioc.new_session();
-    let domain = DomainId(session as u32);
+    let domain = DomainId(session);
     let arena = PoolArena::new(c"test-ioc-pools", 64 << 20).unwrap();
     ioc.reg.attach_arena(domain, arena.region()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()

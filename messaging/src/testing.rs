@@ -171,7 +171,7 @@ fn peer_sized<S: std::io::Read + std::io::Write>(
     data: S,
     sizes: Sizes,
 ) -> Peer<StreamChannel<S>> {
-    let d = DomainId(domain);
+    let d = DomainId(u64::from(domain));
     let max = sizes.max_send;
     let (ctrl, data) = (
         StreamChannel::new(ctrl, d, max),

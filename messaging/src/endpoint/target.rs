@@ -212,7 +212,7 @@ impl Target {
             element_size: spec.element_size,
             address: reg.address(handle)?,
             handle: handle.to_u64(),
-            context: u64::from(self.domain.0),
+            context: self.domain.0,
         })
     }
 

@@ -51,7 +51,7 @@ impl fmt::Display for Handle {
 /// A protection domain: one per peer connection. A region is only writable by the domain
 /// that owns it, so host A can never write into the pools registered for host B.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DomainId(pub u32);
+pub struct DomainId(pub u64);
 
 impl fmt::Display for DomainId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -120,6 +120,19 @@ fn foreign_domain_is_rejected() {
     assert!(reg.is_granted(h, 0));
 }
 
+/// Issue 30: a domain is the session's whole 64-bit id: sessions 2^32 apart (a rogue that
+/// churns sessions gets there) are different domains, never each other's.
+#[test]
+fn domains_2_pow_32_apart_are_different_domains() {
+    let mut reg = Registry::new(1 << 20);
+    let h = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let later = DomainId(PD_A.0 + (1 << 32));
+    assert!(matches!(
+        reg.begin_write(later, h.to_u64(), base(h), 1),
+        Err(ProtectionError::ForeignDomain { .. })
+    ));
+}
+
 #[test]
 fn missing_rights_are_rejected() {
     let mut reg = Registry::new(1 << 20);
@@ -239,7 +252,7 @@ proptest! {
         let a = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
         let b = pool(&mut reg, PD_B, Access::REMOTE_WRITE, false);
         for (dom, raw_handle, off, len, use_real) in ops {
-            let writer = DomainId(dom);
+            let writer = DomainId(u64::from(dom));
             let (handle, addr) = if use_real {
                 (a.to_u64(), base(a).wrapping_add(off))
             } else {
