@@ -4,8 +4,8 @@
 Measures direct veth (the limit), kernel VXLAN + bridge, OpenVPN tap (cipher none) + bridge,
 and splitnet: iperf3 TCP each way (best of N runs), ping RTT (every 5 ms: average and p99;
 every 0.2 s; every 10 ms during an iperf3 upload and during a download), TCP request/response
-latency (sockperf ping-pong, 64-byte messages: one-way average and p99), CPU seconds
-per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), one
+latency (sockperf ping-pong, 64-byte messages: one-way average and p99), CPU seconds and
+TCP retransmits per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), one
 host with 1 and 2 TAP queues under 4 TCP flows, and the slow-consumer figure (a host that
 stops reading while the LAN floods it: the other host's throughput before and during). Prints a table of absolute figures and
 ratios, writes bench/out/results.json and bench/out/chart.svg.
@@ -206,7 +206,7 @@ def cpu_busy():
 
 def iperf(ns_list, secs, reverse=False, parallel=1):
     """Concurrent iperf3 clients (`parallel` flows each) from each namespace; returns
-    (Gb/s sum, bytes, cpu s)."""
+    (Gb/s sum, bytes, cpu s, TCP retransmits of the senders)."""
     servers = []
     for i, _ in enumerate(ns_list):
         servers.append(bg(f"ip netns exec sd-lan iperf3 -s -1 -p {5300+i}", f"/tmp/sd-bench-srv{i}.log"))
@@ -219,7 +219,7 @@ def iperf(ns_list, secs, reverse=False, parallel=1):
         for i, ns in enumerate(ns_list)]
     outs = [c.communicate(timeout=secs + 30)[0] for c in clients]
     c1 = cpu_busy()
-    gbps, nbytes = 0.0, 0
+    gbps, nbytes, retrans = 0.0, 0, 0
     for o in outs:
         d = json.loads(o)
         if "error" in d:
@@ -227,12 +227,14 @@ def iperf(ns_list, secs, reverse=False, parallel=1):
         s = d["end"]["sum_received"]
         gbps += s["bits_per_second"] / 1e9
         nbytes += s["bytes"]
+        # The sender's count (the server's, with -R: iperf3 passes it back at the end).
+        retrans += d["end"].get("sum_sent", {}).get("retransmits", 0) or 0
     for s in servers:
         try:
             os.killpg(s.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return gbps, nbytes, c1 - c0
+    return gbps, nbytes, c1 - c0, retrans
 
 
 def ping(ns="sd-host", count=300, interval=0.005):
@@ -291,13 +293,15 @@ def measure(name, setup, secs, runs):
     setup()
     r = {"mode": name}
     for d, rev in (("tx", False), ("rx", True)):
-        best, cpu_per_gb = 0.0, None
+        best, cpu_per_gb, retrans_per_gb = 0.0, None, None
         for _ in range(runs):
-            gbps, nbytes, cpu = iperf(["sd-host"], secs, rev)
+            gbps, nbytes, cpu, retrans = iperf(["sd-host"], secs, rev)
             if gbps > best:
                 best, cpu_per_gb = gbps, cpu / (nbytes / 1e9) if nbytes else None
+                retrans_per_gb = retrans / (nbytes / 1e9) if nbytes else None
         r[f"{d}_gbps"] = round(best, 2)
         r[f"{d}_cpu_s_per_gb"] = round(cpu_per_gb, 3) if cpu_per_gb else None
+        r[f"{d}_retrans_per_gb"] = round(retrans_per_gb, 1) if retrans_per_gb is not None else None
     avg, p99 = ping()
     r["ping_avg_us"] = round(avg) if avg else None
     r["ping_p99_us"] = round(p99) if p99 else None
@@ -317,7 +321,8 @@ def measure(name, setup, secs, runs):
     print(f"  {name:<14} tx {r['tx_gbps']:>6} Gb/s  rx {r['rx_gbps']:>6} Gb/s  "
           f"ping {r['ping_avg_us']} us (p99 {r['ping_p99_us']}), every 0.2 s {r['ping_idle_us']} us, "
           f"under upload {r['ping_upload_us']} us, under download {r['ping_download_us']} us, "
-          f"TCP request/response one-way {r['rr_oneway_us']} us (p99 {r['rr_oneway_p99_us']})",
+          f"TCP request/response one-way {r['rr_oneway_us']} us (p99 {r['rr_oneway_p99_us']}), "
+          f"retransmits per GB {r['tx_retrans_per_gb']} up, {r['rx_retrans_per_gb']} down",
           flush=True)
     return r
 
@@ -339,8 +344,8 @@ def scale(hosts_list, secs):
     res = []
     for n in hosts_list:
         setup_splitnet(n)
-        gbps, _, _ = iperf([host_ns(k) for k in range(1, n + 1)], secs)
-        rgbps, _, _ = iperf([host_ns(k) for k in range(1, n + 1)], secs, reverse=True)
+        gbps, _, _, _ = iperf([host_ns(k) for k in range(1, n + 1)], secs)
+        rgbps, _, _, _ = iperf([host_ns(k) for k in range(1, n + 1)], secs, reverse=True)
         cleanup()
         res.append({"hosts": n, "tx_gbps": round(gbps, 2), "rx_gbps": round(rgbps, 2)})
         print(f"  {n} host(s): aggregate tx {gbps:.2f} Gb/s, rx {rgbps:.2f} Gb/s", flush=True)
@@ -356,7 +361,7 @@ def slow_consumer(secs):
         print("  skipped: no examples/rogue (cargo build --release --examples)", flush=True)
         return None
     setup_splitnet(2, drivers=1)
-    before, _, _ = iperf(["sd-host"], secs, reverse=True)
+    before, _, _, _ = iperf(["sd-host"], secs, reverse=True)
     slow = bg(f"ip netns exec sd-host2 {rogue} slow 10.200.0.2:7400 {secs * 3 + 10}",
               "/tmp/sd-bench-slow.log")
     mac = None
@@ -373,7 +378,7 @@ def slow_consumer(secs):
     bg(f"ip netns exec sd-lan python3 {ROOT}/tests/udp_flood.py 10.50.0.99 9 800 {secs * 2 + 4}",
        "/tmp/sd-bench-flood.log")
     time.sleep(2)
-    during, _, _ = iperf(["sd-host"], secs, reverse=True)
+    during, _, _, _ = iperf(["sd-host"], secs, reverse=True)
     alive = slow.poll() is None
     cleanup()
     r = {"good_rx_before_gbps": round(before, 2), "good_rx_during_gbps": round(during, 2),
@@ -388,8 +393,8 @@ def queues(queue_list, secs, flows=4):
     res = []
     for q in queue_list:
         setup_splitnet(1, queues=q)
-        gbps, _, _ = iperf(["sd-host"], secs, parallel=flows)
-        rgbps, _, _ = iperf(["sd-host"], secs, reverse=True, parallel=flows)
+        gbps, _, _, _ = iperf(["sd-host"], secs, parallel=flows)
+        rgbps, _, _, _ = iperf(["sd-host"], secs, reverse=True, parallel=flows)
         cleanup()
         res.append({"queues": q, "flows": flows, "tx_gbps": round(gbps, 2), "rx_gbps": round(rgbps, 2)})
         print(f"  {q} queue(s), {flows} flows: tx {gbps:.2f} Gb/s, rx {rgbps:.2f} Gb/s", flush=True)
@@ -493,12 +498,14 @@ def main():
     by = {r["mode"]: r for r in results}
     print()
     print(f"{'mode':<14} {'tx Gb/s':>8} {'rx Gb/s':>8} {'ping us':>8} {'p99 us':>7} {'idle us':>8} "
-          f"{'upload us':>10} {'download us':>12} {'rr 1-way us':>11} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}")
+          f"{'upload us':>10} {'download us':>12} {'rr 1-way us':>11} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}"
+          f" {'retx/GB tx':>10} {'retx/GB rx':>10}")
     for r in results:
         print(f"{r['mode']:<14} {r['tx_gbps']:>8} {r['rx_gbps']:>8} {str(r['ping_avg_us']):>8} "
               f"{str(r['ping_p99_us']):>7} {str(r['ping_idle_us']):>8} {str(r['ping_upload_us']):>10} "
               f"{str(r['ping_download_us']):>12} {str(r['rr_oneway_us']):>11} "
-              f"{str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}")
+              f"{str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}"
+              f" {str(r['tx_retrans_per_gb']):>10} {str(r['rx_retrans_per_gb']):>10}")
     ratios = {}
     # splitnet over TCP (two machines); on one machine over shared memory ("shm_") and over
     # the IOC's local socket ("unix_").
@@ -518,6 +525,10 @@ def main():
                 k = f"{d}_cpu_s_per_gb"
                 if p.get(k) and s.get(k):
                     ratios[f"{pre}cpu_per_gb_{d}_vs_{peer}"] = round(s[k] / p[k], 2)
+                # Retransmits per GB: a ratio only against a peer that had some.
+                k = f"{d}_retrans_per_gb"
+                if p.get(k) and s.get(k) is not None:
+                    ratios[f"{pre}retrans_per_gb_{d}_vs_{peer}"] = round(s[k] / p[k], 2)
     s = by.get("splitnet")
     if s:
         if scaling and scaling[0]["tx_gbps"]:
