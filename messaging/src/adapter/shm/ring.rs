@@ -16,7 +16,7 @@
 //! | offset | field        | written by | meaning |
 //! |--------|--------------|------------|---------|
 //! | 0      | `magic`      | creator    | [`MAGIC`], the bytes `SNRG` |
-//! | 4      | `version`    | creator    | [`VERSION`] (1) |
+//! | 4      | `version`    | creator    | [`VERSION`] (2) |
 //! | 8      | `data_size`  | creator    | size of the data area in bytes |
 //! | 12     | `max_record` | creator    | largest record payload in bytes |
 //! | 16-63  | reserved     | creator    | zero |
