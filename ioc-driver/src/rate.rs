@@ -27,12 +27,11 @@ impl RateLimit {
 
     /// Takes a token if there is one at `now`.
     pub fn allow(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.last);
         // Whole milliseconds of refill; the remainder stays for the next call.
-        let refill = elapsed.as_millis() as u64 * self.per_second;
-        if refill > 0 {
-            self.milli = (self.milli + refill).min(self.burst_milli);
-            self.last += Duration::from_millis(refill / self.per_second.max(1));
+        let ms = now.saturating_duration_since(self.last).as_millis() as u64;
+        if ms > 0 {
+            self.milli = (self.milli + ms * self.per_second).min(self.burst_milli);
+            self.last += Duration::from_millis(ms);
         }
         if self.milli >= 1000 {
             self.milli -= 1000;

@@ -367,6 +367,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     notify::ready(&format!("listening on {listen}, LAN {name}"));
     let link_task = tokio::task::spawn_local(link_monitor(cluster.clone(), name));
     let acceptor = Acceptor::new(cluster.clone());
+    let mut local_refusals = LogLimit::new(REFUSAL_LOG_INTERVAL);
     loop {
         tokio::select! {
             a = listener.accept() => match a.and_then(|(s, peer)| Ok((s.into_std()?, peer))) {
@@ -374,8 +375,13 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
                 Err(e) => warn!("accept failed: {e}"),
             },
             a = accept_local(local.as_ref()) => match a {
-                Ok(Some((sock, peer, uid))) => acceptor.accept(sock, peer, Source::Uid(uid)),
-                Ok(None) => cluster.borrow_mut().failures += 1,
+                Ok(Local::Admitted(sock, peer, uid)) => acceptor.accept(sock, peer, Source::Uid(uid)),
+                Ok(Local::Refused(peer, uid)) => {
+                    cluster.borrow_mut().failures += 1;
+                    if let Some(held) = local_refusals.allow(Instant::now()) {
+                        warn!(%peer, uid, "local connection refused: not root, the IOC's user or a member of fabric.listen_local_group ({held} more refused since the last report)");
+                    }
+                }
                 Err(e) => warn!("accept failed on the local fabric socket: {e}"),
             },
             _ = term.recv() => break,
@@ -474,12 +480,19 @@ fn listen_local(
     Ok((l, path.to_path_buf(), LocalAccess { owner, group }))
 }
 
-/// The next connection on the local fabric socket (never, without one), its peer as logs
-/// show it (the socket's path and the peer's process), and the peer's user id; `None` for
-/// a peer [`LocalAccess`] refuses (closed at once, counted and logged at a limited rate).
+/// A connection on the local fabric socket.
+enum Local {
+    /// A peer [`LocalAccess`] allows: its socket, its name in the logs (the socket's path and
+    /// the peer's process), its user id.
+    Admitted(Stream, String, u32),
+    /// A peer it refuses (closed as it is dropped): its name and user id.
+    Refused(String, u32),
+}
+
+/// The next connection on the local fabric socket (never, without one).
 async fn accept_local(
     local: Option<&(tokio::net::UnixListener, PathBuf, LocalAccess)>,
-) -> io::Result<Option<(Stream, String, u32)>> {
+) -> io::Result<Local> {
     let Some((l, path, access)) = local else {
         return std::future::pending().await;
     };
@@ -491,21 +504,10 @@ async fn accept_local(
     };
     let s = s.into_std()?;
     let groups = splitnet_netif::peer_groups(std::os::fd::AsFd::as_fd(&s))?;
-    if !access.allows(cred.uid(), cred.gid(), &groups) {
-        return Ok(None).inspect(|_| {
-            LOCAL_REFUSED.with(|r| {
-                if let Some(held) = r.borrow_mut().allow(Instant::now()) {
-                    warn!(%peer, uid = cred.uid(), "local connection refused: not root, the IOC's user or a member of fabric.listen_local_group ({held} more refused since the last report)");
-                }
-            })
-        });
-    }
-    Ok(Some((Stream::Unix(s), peer, cred.uid())))
-}
-
-thread_local! {
-    /// Rate of the log lines refused local connections cause (the main thread's).
-    static LOCAL_REFUSED: RefCell<LogLimit> = RefCell::new(LogLimit::new(REFUSAL_LOG_INTERVAL));
+    Ok(match access.allows(cred.uid(), cred.gid(), &groups) {
+        true => Local::Admitted(Stream::Unix(s), peer, cred.uid()),
+        false => Local::Refused(peer, cred.uid()),
+    })
 }
 
 /// Where a connection comes from, for the bound on one source's handshakes in flight: its

@@ -194,11 +194,17 @@ pub fn l3_len(frame: &[u8]) -> usize {
 /// Ethernet header and its tags, or the whole frame).
 pub fn l3_len_of(head: &[u8], len: usize) -> usize {
     let eth = head.get(VNET_HDR_LEN..).unwrap_or(&[]);
+    len.saturating_sub(VNET_HDR_LEN).saturating_sub(l2_len(eth))
+}
+
+/// Bytes of the Ethernet header at the start of `eth`: the MAC addresses, up to two VLAN
+/// tags (802.1Q, 802.1ad), and the EtherType.
+fn l2_len(eth: &[u8]) -> usize {
     let mut at = 12;
     while at < 20 && matches!(eth.get(at..at + 2), Some([0x81, 0x00] | [0x88, 0xa8])) {
         at += 4;
     }
-    len.saturating_sub(VNET_HDR_LEN).saturating_sub(at + 2)
+    at + 2
 }
 
 /// The layer-3 length of each segment the kernel will cut a GSO frame `h` into: its network
@@ -214,11 +220,7 @@ pub fn gso_segment_l3_len(head: &[u8], h: &VnetHdr) -> usize {
         return payload;
     }
     let eth = head.get(VNET_HDR_LEN..).unwrap_or(&[]);
-    let mut l2 = 12;
-    while l2 < 20 && matches!(eth.get(l2..l2 + 2), Some([0x81, 0x00] | [0x88, 0xa8])) {
-        l2 += 4;
-    }
-    l2 += 2;
+    let l2 = l2_len(eth);
     let l4 = usize::from(h.csum_start);
     let l4_header = match h.gso_type & !GSO_ECN {
         GSO_TCPV4 | GSO_TCPV6 => eth
@@ -393,14 +395,7 @@ mod tests {
         let mut f = vec![0u8; VNET_HDR_LEN + 14 + 20 + 32];
         f[VNET_HDR_LEN + 12..VNET_HDR_LEN + 14].copy_from_slice(&[0x08, 0x00]);
         f[VNET_HDR_LEN + 14 + 20 + 12] = 8 << 4;
-        let h = VnetHdr {
-            flags: F_NEEDS_CSUM,
-            gso_type: GSO_TCPV4,
-            hdr_len: 66,
-            gso_size: 1448,
-            csum_start: 34,
-            csum_offset: 16,
-        };
+        let h = tso();
         assert_eq!(gso_segment_l3_len(&f, &h), 1500);
         // Behind an 802.1Q tag, the same.
         let mut tagged = f[..VNET_HDR_LEN + 12].to_vec();

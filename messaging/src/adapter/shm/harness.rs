@@ -1,5 +1,6 @@
 //! Two-thread transfers over a ring and their payloads, for this crate's tests and the
-//! measurements of other crates' ring memory (`test-utils`).
+//! measurements of other crates' ring memory (`test-utils`). Test support, built only for
+//! tests: every `unwrap` here is an assertion, and a failure is the test's.
 
 use super::ring::{Consumer, Producer, PushError, RingConfig};
 use crate::memory::SharedMem;
