@@ -35,16 +35,29 @@ cat <<'TXT'
    sd-lan   lan1 10.50.0.2/24 fd50::2/64   (a machine on the LAN)
 TXT
 
+say "2b. keys, as an operator makes them (README: admitting a host)"
+keys_up
+cat <<TXT
+   + splitnetctl genkey >ioc.key        (the IOC's private key; mode 0600)
+   + splitnetctl pubkey <ioc.key        -> $IOC_PUB
+     goes in host.toml as auth.ioc_public_key: the host knows it reached this IOC
+   + splitnetctl genkey >host.key       (the host's private key; the unit's credential splitnet.key)
+   + splitnetctl pubkey <host.key       -> ${HOST_PUB[1]}
+     goes in ioc.toml as an [[auth.hosts]] entry: the IOC admits this host, and no other
+TXT
+grep -A2 '^\[\[auth.hosts\]\]' "$IOC_CONF" | head -n 3 | sed 's/^/     ioc.toml: /'
+grep '^ioc_public_key' "$HOST_CONF" | sed 's/^/     host.toml: /'
+
 say "3. ioc-driver in sd-ioc: listens on 10.200.0.2:7400 (and a local socket), owns lan0 (AF_PACKET)"
 sed "s|^listen = .*|&\nlisten_local = \"$T/fabric.sock\"|" "$IOC_CONF" >"$T/ioc.toml"
 IOC_CONF=$T/ioc.toml
-echo "   (the example ioc.toml, with listen_local = \"$T/fabric.sock\" for step 6c)"
+echo "   (the example ioc.toml with the keys of 2b, and listen_local = \"$T/fabric.sock\" for step 6c)"
 echo "   + ip netns exec sd-ioc $BIN/ioc-driver --config $IOC_CONF --control-socket $T/ioc.sock  (log: $T/ioc.log)"
 start_ioc
 echo "   listening; lan0: $(ip -n sd-ioc -br link show lan0)"
 
 say "4. host-driver in sd-host: creates TAP sd0, connects to the IOC; then sd0 is configured"
-echo "   + ip netns exec sd-host $BIN/host-driver --config $HOST_CONF --control-socket $T/host1.sock  (log: $T/host1.log)"
+echo "   + CREDENTIALS_DIRECTORY=$T/cred/host1 ip netns exec sd-host $BIN/host-driver --config $HOST_CONF --control-socket $T/host1.sock  (log: $T/host1.log)"
 VERBOSE=1 start_host 1
 wait_carrier sd-host up 10
 echo "   carrier up ${WAITED_MS} ms later:"

@@ -16,8 +16,13 @@
 #   sd-lan      lan1                          10.50.0.2/24, fd50::2/64
 #   sd-hostK    fab0 (peer fab(2K-1))         10.200.0.(10+K)/24, sd0 10.50.0.(K+1)/24, fd50::(K+1)/64
 #
+# Keys are set up as an operator sets them up (README, "Admitting a host"): an IOC key and one
+# key per host K in $T, and IOC_CONF / HOST_CONF become copies in $T that admit those hosts
+# and name the IOC's key (keys_up); each host K gets its own key as the credential
+# splitnet.key, as systemd's LoadCredential= gives it (start_host).
+#
 # Environment: SPLITNET_BIN (where the daemons are; default $CARGO_TARGET_DIR/release or target/release), HOST_CONF and
-# IOC_CONF (default systemd/host.toml and systemd/ioc.toml, used unchanged), KEEP_LOGS=1 (keep
+# IOC_CONF (default systemd/host.toml and systemd/ioc.toml, with the keys added), KEEP_LOGS=1 (keep
 # the daemons' logs directory after the test), VERBOSE=1 (print every set-up command).
 set -u
 
@@ -33,6 +38,46 @@ IOC_PID=
 STOP_RC=
 WAITED_MS=
 declare -A HOST_PID
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+
+# keys_up: makes the IOC's key ($T/keys/ioc.key, its public key in IOC_PUB) and host K's key
+# for K = 1..MAX_HOSTS ($T/cred/hostK/splitnet.key, public key HOST_PUB[K]) with splitnetctl
+# genkey / pubkey; IOC_CONF becomes a copy that reads the IOC's key file and admits every host
+# key ([[auth.hosts]] named hostK, appended), HOST_CONF a copy that names the IOC's public key.
+# Does nothing when splitnetctl is not built (need_daemons then fails the test; the demo
+# builds first, then calls it) or the keys are made already.
+declare -A HOST_PUB
+keys_up() {
+    local k ctl=$BIN/splitnetctl
+    [ -x "$ctl" ] && [ -z "${IOC_PUB:-}" ] || return 0
+    mkdir -p "$T/keys" && chmod 700 "$T/keys"
+    (umask 077 && "$ctl" genkey >"$T/keys/ioc.key") || fail "splitnetctl genkey failed"
+    IOC_PUB=$("$ctl" pubkey <"$T/keys/ioc.key") || fail "splitnetctl pubkey failed"
+    sed "s|^# private_key_file = .*|private_key_file = \"$T/keys/ioc.key\"|" "$IOC_CONF" >"$T/ioc-auth.toml"
+    grep -q "^private_key_file = \"$T/keys/ioc.key\"" "$T/ioc-auth.toml" ||
+        fail "no '# private_key_file =' line in $IOC_CONF to name the IOC's key"
+    for k in $(seq "$MAX_HOSTS"); do
+        mkdir -p "$T/cred/host$k"
+        (umask 077 && "$ctl" genkey >"$T/cred/host$k/splitnet.key") || fail "splitnetctl genkey failed"
+        HOST_PUB[$k]=$("$ctl" pubkey <"$T/cred/host$k/splitnet.key")
+        printf '\n[[auth.hosts]]\nname = "host%s"\npublic_key = "%s"\n' "$k" "${HOST_PUB[$k]}" >>"$T/ioc-auth.toml"
+    done
+    sed "s|^# ioc_public_key = .*|ioc_public_key = \"$IOC_PUB\"|" "$HOST_CONF" >"$T/host-auth.toml"
+    grep -q '^ioc_public_key = ' "$T/host-auth.toml" ||
+        fail "no '# ioc_public_key =' line in $HOST_CONF to name the IOC's key"
+    IOC_CONF=$T/ioc-auth.toml
+    HOST_CONF=$T/host-auth.toml
+}
+
+# open_admission: IOC_CONF becomes a copy with auth.admission = "open" (the lab setting), for
+# the tests whose hostile peers speak the unauthenticated handshake of an admitted host.
+open_admission() {
+    sed 's/^admission = "keys"/admission = "open"/' "$IOC_CONF" >"$T/ioc-open.toml"
+    grep -q '^admission = "open"' "$T/ioc-open.toml" || fail "no admission line in $IOC_CONF"
+    IOC_CONF=$T/ioc-open.toml
+}
 
 # ---------------------------------------------------------------------------------------------
 # Reporting
@@ -252,8 +297,8 @@ start_host() {
     local k=$1 ns existed=0
     ns=$(host_ns "$k")
     ip -n "$ns" link show sd0 >/dev/null 2>&1 && existed=1
-    ip netns exec "$ns" "$BIN/host-driver" --config "$HOST_CONF" --control-socket "$T/host$k.sock" \
-        >>"$T/host$k.log" 2>&1 &
+    CREDENTIALS_DIRECTORY=$T/cred/host$k ip netns exec "$ns" "$BIN/host-driver" --config "$HOST_CONF" \
+        --control-socket "$T/host$k.sock" >>"$T/host$k.log" 2>&1 &
     HOST_PID[$k]=$!
     PIDS+=("${HOST_PID[$k]}")
     for _ in $(seq 100); do
@@ -429,3 +474,6 @@ except Exception as e:
 # fds PID / rss_kib PID: open descriptors and resident memory of a process.
 fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 rss_kib() { awk '/VmRSS/{print $2}' "/proc/$1/status" 2>/dev/null; }
+
+# Every test starts with the keys of an operator's set-up (IOC_CONF and HOST_CONF in $T).
+keys_up

@@ -4,6 +4,7 @@ use crate::common::{
     ifname, keepalive, range, unicast, Control, FabricAddr, Log, MacAddr, Metrics, Pools,
 };
 use crate::error::Invalid;
+use crate::key::Key;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -28,6 +29,23 @@ pub struct HostConfig {
     /// `[control]`: the socket of splitnetctl.
     #[serde(default)]
     pub control: Control,
+    /// `[auth]`: this host's key and its IOC's.
+    #[serde(default)]
+    pub auth: HostAuth,
+}
+
+/// The `[auth]` section of host.toml.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostAuth {
+    /// The IOC's public key: the handshake proves both keys. Absent: no authentication,
+    /// which only an IOC with `auth.admission = "open"` accepts.
+    #[serde(default)]
+    pub ioc_public_key: Option<Key>,
+    /// This host's private key file; absent: the credential `splitnet.key` (systemd
+    /// `LoadCredential=`).
+    #[serde(default)]
+    pub private_key_file: Option<std::path::PathBuf>,
 }
 
 /// The `[fabric]` section of host.toml.

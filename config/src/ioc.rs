@@ -3,6 +3,7 @@
 use crate::common::{ifname, keepalive, range, unicast, Control, Log, MacAddr, Metrics, Pools};
 use crate::error::Invalid;
 use crate::host::{default_interval, default_timeout};
+use crate::key::Key;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -27,6 +28,92 @@ pub struct IocConfig {
     /// `[control]`: the socket of splitnetctl.
     #[serde(default)]
     pub control: Control,
+    /// `[auth]`: who may connect, and this IOC's key.
+    #[serde(default)]
+    pub auth: IocAuth,
+}
+
+/// The `[auth]` section of ioc.toml.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IocAuth {
+    /// Who becomes a host: only the listed keys, or anyone (a lab).
+    #[serde(default)]
+    pub admission: Admission,
+    /// This IOC's private key file; absent: the credential `splitnet.key` (systemd
+    /// `LoadCredential=`).
+    #[serde(default)]
+    pub private_key_file: Option<std::path::PathBuf>,
+    /// `[[auth.hosts]]`: the admitted hosts.
+    #[serde(default)]
+    pub hosts: Vec<AdmittedHost>,
+}
+
+/// Who may become a host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Admission {
+    /// Only the hosts of `[[auth.hosts]]`, each proving its key (the default).
+    #[default]
+    Keys,
+    /// Anyone who reaches the fabric, with or without a key: a lab setting, logged loudly.
+    Open,
+}
+
+/// One admitted host: its public key and its policy.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmittedHost {
+    /// A name for logs and reports (1 to 64 printable characters).
+    pub name: String,
+    /// The host's public key (`splitnetctl pubkey` of its private key).
+    pub public_key: Key,
+    /// The host's MAC; absent: derived from its key under `lan.mac_base`.
+    #[serde(default)]
+    pub mac: Option<MacAddr>,
+}
+
+impl IocAuth {
+    /// The admitted host whose public key is `key`.
+    pub fn host(&self, key: &[u8; 32]) -> Option<&AdmittedHost> {
+        self.hosts.iter().find(|h| &h.public_key.0 == key)
+    }
+
+    fn validate(&self) -> Result<(), Invalid> {
+        range("auth.hosts", self.hosts.len() as u64, 0, 1024)?;
+        for (i, h) in self.hosts.iter().enumerate() {
+            let bad_name = h.name.is_empty()
+                || h.name.chars().count() > 64
+                || h.name.chars().any(|c| c.is_control());
+            if bad_name {
+                return Err(Invalid::new(
+                    "auth.hosts.name",
+                    format!("{:?}: 1 to 64 printable characters are required", h.name),
+                ));
+            }
+            if let Some(mac) = h.mac {
+                unicast("auth.hosts.mac", mac)?;
+            }
+            for other in &self.hosts[..i] {
+                let clash = if other.name == h.name {
+                    Some(format!("name {:?}", h.name))
+                } else if other.public_key == h.public_key {
+                    Some(format!("public key {}", h.public_key))
+                } else if other.mac.is_some() && other.mac == h.mac {
+                    Some(format!("mac {}", h.mac.unwrap_or(MacAddr([0; 6]))))
+                } else {
+                    None
+                };
+                if let Some(what) = clash {
+                    return Err(Invalid::new(
+                        "auth.hosts",
+                        format!("two hosts have the same {what}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The `[fabric]` section of ioc.toml.
@@ -248,6 +335,7 @@ impl IocConfig {
         self.pools.validate()?;
         self.metrics.validate()?;
         self.control.validate()?;
+        self.auth.validate()?;
         self.log.validate()
     }
 }

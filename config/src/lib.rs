@@ -9,13 +9,16 @@ mod common;
 mod error;
 mod host;
 mod ioc;
+pub mod key;
 #[cfg(test)]
 mod tests;
 
 pub use common::{Control, FabricAddr, Log, MacAddr, Metrics, PoolConfig, Pools};
 pub use error::ConfigError;
-pub use host::{HostConfig, HostFabric, Interface};
-pub use ioc::{IocConfig, IocFabric, Lan, Promiscuous, SetMacPolicy};
+pub use host::{HostAuth, HostConfig, HostFabric, Interface};
+pub use ioc::{
+    Admission, AdmittedHost, IocAuth, IocConfig, IocFabric, Lan, Promiscuous, SetMacPolicy,
+};
 
 use std::path::Path;
 

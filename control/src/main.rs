@@ -67,6 +67,12 @@ enum Command {
         #[arg(long, short = 'n')]
         count: Option<u64>,
     },
+    /// Prints a new private key (base64), for a host's or the IOC's key file
+    /// (umask 077; splitnetctl genkey > /etc/splitnet/host.key).
+    Genkey,
+    /// Reads a private key on standard input and prints its public key, for the other
+    /// side's configuration (auth.hosts on the IOC, auth.ioc_public_key on a host).
+    Pubkey,
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
@@ -78,6 +84,18 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(result) = keys(&cli.command) {
+        return match result {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(msg) => {
+                eprintln!("splitnetctl: {msg}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let socket = match pick_socket(&cli, &present_sockets()) {
         Ok(s) => s,
         Err(Unpicked::NoDaemon(msg)) => {
@@ -95,6 +113,7 @@ fn main() -> ExitCode {
         Command::Hosts => once(&socket, Request::Hosts, cli.json),
         Command::Stats => once(&socket, Request::Stats, cli.json),
         Command::Top { interval, count } => top(&socket, interval, count, cli.json),
+        Command::Genkey | Command::Pubkey => unreachable!("answered by keys() above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -102,6 +121,35 @@ fn main() -> ExitCode {
             eprintln!("splitnetctl: {msg}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The key commands, which need no daemon: the line to print, or why not. `None` for the
+/// other commands.
+fn keys(command: &Command) -> Option<Result<String, String>> {
+    use splitnet_config::key::Key;
+    use splitnet_fabric::auth;
+    use std::io::Read;
+    match command {
+        Command::Genkey => Some(
+            auth::generate()
+                .map(|k| Key(k).to_string())
+                .map_err(|e| format!("cannot make a key: {e}")),
+        ),
+        Command::Pubkey => {
+            let mut text = String::new();
+            let read = std::io::stdin().take(1024).read_to_string(&mut text);
+            Some(match read {
+                Err(e) => Err(format!(
+                    "cannot read the private key on standard input: {e}"
+                )),
+                Ok(_) => text
+                    .parse::<Key>()
+                    .map(|k| Key(auth::public_key(&k.0)).to_string())
+                    .map_err(|e| format!("standard input: {e}")),
+            })
+        }
+        _ => None,
     }
 }
 

@@ -141,11 +141,22 @@ fn hosts(h: &Hosts) -> String {
         .iter()
         .map(|e| e.address.chars().count())
         .fold(21, usize::max);
+    // The admitted hosts' names (`-`: not admitted by key).
+    let name = |e: &splitnet_control::report::HostEntry| match e.name.as_str() {
+        "" => "-".to_string(),
+        n => n.to_string(),
+    };
+    let nw = h
+        .hosts
+        .iter()
+        .map(|e| name(e).chars().count())
+        .fold(4, usize::max);
     let _ = writeln!(
         o,
-        "{:>7}  {:>5}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
+        "{:>7}  {:>5}  {:<nw$}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
         "session",
         "queue",
+        "name",
         "mac",
         "address",
         "domain",
@@ -159,9 +170,10 @@ fn hosts(h: &Hosts) -> String {
     for e in &h.hosts {
         let _ = writeln!(
             o,
-            "{:>7}  {:>5}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
+            "{:>7}  {:>5}  {:<nw$}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
             e.session,
             format!("{}/{}", e.queue, e.queues),
+            name(e),
             e.mac,
             e.address,
             e.domain,
@@ -410,6 +422,7 @@ mod tests {
     #[test]
     fn the_hosts_table_stays_aligned_whatever_the_address() {
         let entry = |session, address: &str| HostEntry {
+            name: String::new(),
             session,
             node_id: 1,
             queue: 0,

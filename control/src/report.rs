@@ -259,6 +259,9 @@ pub struct HostEntry {
     pub queues: u8,
     /// The host's fabric address.
     pub address: String,
+    /// Its name in the IOC's `[[auth.hosts]]` (empty: not admitted by key).
+    #[serde(default)]
+    pub name: String,
     /// The MAC the host uses on the LAN.
     pub mac: String,
     /// Protection domain of its registrations.

@@ -20,7 +20,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
+mod sealed;
 pub mod shm;
+
+pub use sealed::SealedConn;
 
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
@@ -118,6 +122,9 @@ pub type StreamConn = StreamChannel<Stream>;
 pub enum FabricChannel {
     /// Over the connection's socket.
     Stream(StreamConn),
+    /// A control channel over its socket after an authenticated handshake: every message
+    /// sealed.
+    Sealed(Box<SealedConn>),
     /// Over shared-memory rings.
     Shm(Box<shm::ShmTransport>),
 }
@@ -133,6 +140,7 @@ macro_rules! each {
     ($self:expr, $c:ident => $e:expr) => {
         match $self {
             FabricChannel::Stream($c) => $e,
+            FabricChannel::Sealed($c) => $e,
             FabricChannel::Shm($c) => $e,
         }
     };
@@ -198,7 +206,11 @@ impl Channel for FabricChannel {
 
 impl FabricChannel {
     fn set_domain(&mut self, domain: DomainId) {
-        each!(self, c => c.set_domain(domain))
+        match self {
+            FabricChannel::Stream(c) => c.set_domain(domain),
+            FabricChannel::Sealed(c) => c.conn_mut().set_domain(domain),
+            FabricChannel::Shm(c) => c.set_domain(domain),
+        }
     }
 
     /// This side's pool arena, if the peer places its writes in this side's pools: the
@@ -206,7 +218,7 @@ impl FabricChannel {
     /// session starts.
     pub fn pools(&self) -> Option<splitnet_messaging::memory::SharedRegion> {
         match self {
-            FabricChannel::Stream(_) => None,
+            FabricChannel::Stream(_) | FabricChannel::Sealed(_) => None,
             FabricChannel::Shm(t) => t.pools(),
         }
     }
@@ -214,10 +226,7 @@ impl FabricChannel {
     /// Whether the channel is in shared memory (its readiness is a doorbell, never to be
     /// waited on for writing).
     fn is_shared_memory(&self) -> bool {
-        match self {
-            FabricChannel::Stream(_) => false,
-            FabricChannel::Shm(_) => true,
-        }
+        matches!(self, FabricChannel::Shm(_))
     }
 
     /// What the caller waits on for this channel's progress: its socket, or the doorbell
@@ -225,6 +234,7 @@ impl FabricChannel {
     fn readiness(&self) -> io::Result<Ready> {
         match self {
             FabricChannel::Stream(c) => Ready::new(c.stream()),
+            FabricChannel::Sealed(c) => Ready::new(c.conn().stream()),
             FabricChannel::Shm(t) => Ready::new(t.bell()),
         }
     }
@@ -265,6 +275,12 @@ pub enum FabricError {
     /// An RDMA write arrived before the handshake finished.
     #[error("RDMA write during the handshake")]
     EarlyWrite,
+    /// The authenticated handshake failed (docs/protocol.md 5.1).
+    #[error(transparent)]
+    Auth(#[from] auth::AuthError),
+    /// The peer answered an authenticated Hello without proving its key.
+    #[error("the IOC answered without proving its key (is it set up for authentication?)")]
+    Unauthenticated,
 }
 
 /// Readiness guard of a [`Ready`]: call `clear_ready()` on it after an operation hit
@@ -373,10 +389,22 @@ pub enum DataPath {
     },
 }
 
+/// The keys of an authenticated handshake, on the host: its own private key and the IOC's
+/// public key.
+#[derive(Debug, Clone)]
+pub struct HostKeys {
+    /// This host's private key.
+    pub private: auth::Key,
+    /// The IOC's public key.
+    pub ioc: auth::Key,
+}
+
 /// The connecting side: opens both channels of `queue`'s session with `dial` (see
-/// [`dial_tcp`], [`dial_unix`]) and completes the handshake, both channels over `path`.
-/// A further queue (index above 0) names `first`, the session of the host's first queue,
-/// which it joins; the first queue passes 0.
+/// [`dial_tcp`], [`dial_unix`]) and completes the handshake, both channels over `path`,
+/// each authenticated with `keys` when given (a control channel on its socket then seals its
+/// messages). A further queue (index above 0) names `first`, the session of the host's
+/// first queue, which it joins; the first queue passes 0.
+#[allow(clippy::too_many_arguments)]
 pub async fn connect<D, F>(
     dial: D,
     path: DataPath,
@@ -384,6 +412,7 @@ pub async fn connect<D, F>(
     queue: Queue,
     first: u64,
     timeout: Duration,
+    keys: Option<&HostKeys>,
 ) -> Result<(FabricChannel, FabricChannel, HelloReply), FabricError>
 where
     D: Fn() -> F,
@@ -397,11 +426,37 @@ where
             .map_err(|_| FabricError::Timeout(timeout))??;
         let mut ch = channel(s, wire::MAX_MESSAGE_LEN)?;
         let hello = handshake::hello(Role::Host, channel_no, queue, session, node_id, max);
-        ch.post(Op::Send, &[], Payload::Bytes(hello));
+        let initiator = match keys {
+            Some(k) => {
+                let mut i = auth::Initiator::new(&k.private, &k.ioc)?;
+                ch.post(
+                    Op::Send,
+                    &[],
+                    Payload::Bytes(i.hello(&hello, auth::timestamp())?),
+                );
+                Some(i)
+            }
+            None => {
+                ch.post(Op::Send, &[], Payload::Bytes(hello));
+                None
+            }
+        };
         flush(&mut ch, timeout).await?;
-        let reply = recv_message(&mut ch, timeout).await?;
+        let bytes = recv_message(&mut ch, timeout).await?;
+        let (reply, sealer) = match (initiator, auth::reply_body(&bytes)) {
+            (Some(i), Some(body)) => {
+                let (reply, sealer) = i.reply(body)?;
+                (reply, Some(sealer))
+            }
+            (_, _) => (bytes, None),
+        };
         match handshake::accept_reply(&reply) {
-            Ok(r) => Ok::<_, FabricError>((ch, r)),
+            // An IOC that accepts an authenticated Hello must prove its key in the answer.
+            Ok(_) if keys.is_some() && sealer.is_none() => {
+                goodbye(ch, ErrorCode::Unauthenticated, timeout).await;
+                Err(FabricError::Unauthenticated)
+            }
+            Ok(r) => Ok::<_, FabricError>((ch, r, sealer)),
             Err(e) => {
                 // A reply this side cannot use (a version it does not speak): say why.
                 if let Some(code) = e.code() {
@@ -415,23 +470,24 @@ where
         DataPath::Stream => (wire::CONTROL_CHANNEL, 1),
         DataPath::Shm { .. } => (shm::SHM_CONTROL_CHANNEL, shm::SHM_CHANNEL),
     };
-    let (ctrl, r, ctrl_no) = match open(ctrl_no, first).await {
+    let (ctrl, r, sealer, ctrl_no) = match open(ctrl_no, first).await {
         // An IOC that predates control channels in shared memory takes channel 3 for a data
         // channel naming no session: the control channel then stays on its socket.
         Err(FabricError::Handshake(HandshakeError::Refused {
             status: ErrorCode::UnknownSession,
             ..
         })) if ctrl_no != wire::CONTROL_CHANNEL => {
-            let (c, r) = open(wire::CONTROL_CHANNEL, first).await?;
-            (c, r, wire::CONTROL_CHANNEL)
+            let (c, r, sealer) = open(wire::CONTROL_CHANNEL, first).await?;
+            (c, r, sealer, wire::CONTROL_CHANNEL)
         }
-        r => r.map(|(c, r)| (c, r, ctrl_no))?,
+        r => r.map(|(c, r, sealer)| (c, r, sealer, ctrl_no))?,
     };
-    let ctrl = match ctrl_no == wire::CONTROL_CHANNEL {
-        true => FabricChannel::Stream(ctrl),
-        false => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
+    let ctrl = match (ctrl_no == wire::CONTROL_CHANNEL, sealer) {
+        (true, Some(sealer)) => FabricChannel::Sealed(Box::new(SealedConn::new(ctrl, sealer))),
+        (true, None) => FabricChannel::Stream(ctrl),
+        (false, _) => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
     };
-    let (data, r2) = open(data_no, r.session).await?;
+    let (data, r2, _) = open(data_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
         goodbye(data, ErrorCode::Malformed, timeout).await;
         goodbye_on(ctrl, ErrorCode::Malformed, timeout).await;
@@ -472,6 +528,11 @@ async fn goodbye(mut ch: StreamConn, code: ErrorCode, timeout: Duration) {
 async fn goodbye_on(ch: FabricChannel, code: ErrorCode, timeout: Duration) {
     match ch {
         FabricChannel::Stream(c) => goodbye(c, code, timeout).await,
+        FabricChannel::Sealed(mut c) => {
+            post_goodbye(&mut *c, code);
+            let mut c = *c;
+            let _ = flush(c.conn_mut(), timeout).await;
+        }
         FabricChannel::Shm(mut t) => {
             post_goodbye(&mut *t, code);
             let _ = t.flush();
@@ -486,48 +547,118 @@ fn post_goodbye(ch: &mut impl Channel, code: ErrorCode) {
     ch.post(Op::Send, &[], Payload::Bytes(msg));
 }
 
-/// The listening side: reads the Hello of a new connection within `timeout`.
+/// A connection whose Hello the listening side read.
+#[derive(Debug)]
+pub struct Accepted {
+    /// The connection.
+    pub ch: StreamConn,
+    /// Its Hello.
+    pub hello: Hello,
+    /// The version to answer with.
+    pub version: u16,
+    /// The authenticated handshake, when the Hello came in an AuthHello: who the peer
+    /// proved to be, and what writes the answer.
+    pub auth: Option<Box<auth::Responder>>,
+}
+
+/// The listening side: reads the Hello of a new connection within `timeout`, authenticated
+/// with this side's `key` when it comes in an AuthHello.
 ///
 /// A connection whose first operation is not a usable Hello (an operation header, a SEND
 /// longer than [`HELLO_MAX`] or an RDMA write: Malformed; an undecodable Hello, or another
 /// message: its code; no common version: UnsupportedVersion; a `max_message` below
 /// [`wire::MAX_MESSAGE_LEN`]: Malformed) is answered with a HelloReply carrying that status
-/// and this side's highest version, and closed. A timeout or a transport failure closes it
-/// without an answer.
+/// and this side's highest version, and closed; so is an AuthHello that does not prove a
+/// key to this side's key (Unauthenticated), answered without proof since no handshake
+/// came about. A timeout or a transport failure closes it without an answer.
 pub async fn accept_hello(
     sock: Stream,
     timeout: Duration,
-) -> Result<(StreamConn, Hello, u16), FabricError> {
+    key: Option<&auth::Key>,
+) -> Result<Accepted, FabricError> {
     let mut ch = channel(sock, HELLO_MAX)?;
-    let status = match recv_message(&mut ch, timeout).await {
-        Ok(bytes) => match handshake::accept_hello(&bytes) {
-            Ok((hello, version)) => {
-                ch.set_max_send(wire::MAX_MESSAGE_LEN);
-                return Ok((ch, hello, version));
-            }
-            Err(e) => (e.code().unwrap_or(ErrorCode::Malformed), e.into()),
-        },
+    let bytes = match recv_message(&mut ch, timeout).await {
+        Ok(bytes) => bytes,
         Err(e @ (FabricError::EarlyWrite | FabricError::Channel(ChannelError::Rx(_)))) => {
-            (ErrorCode::Malformed, e)
+            refuse(ch, None, wire::VERSION, ErrorCode::Malformed, timeout).await;
+            return Err(e);
         }
         Err(e) => return Err(e),
     };
-    let (code, err) = status;
-    refuse(ch, wire::VERSION, code, timeout).await;
-    Err(err)
+    let (hello, mut responder) = match (auth::hello_body(&bytes), key) {
+        (Some(body), Some(key)) => match auth::Responder::accept(key, body) {
+            Ok((r, hello)) => (hello, Some(Box::new(r))),
+            Err(e) => {
+                refuse(ch, None, wire::VERSION, ErrorCode::Unauthenticated, timeout).await;
+                return Err(e.into());
+            }
+        },
+        (Some(_), None) => {
+            refuse(ch, None, wire::VERSION, ErrorCode::Unauthenticated, timeout).await;
+            return Err(FabricError::Unauthenticated);
+        }
+        (None, _) => (bytes, None),
+    };
+    match handshake::accept_hello(&hello) {
+        Ok((hello, version)) => {
+            ch.set_max_send(wire::MAX_MESSAGE_LEN);
+            Ok(Accepted {
+                ch,
+                hello,
+                version,
+                auth: responder,
+            })
+        }
+        Err(e) => {
+            let code = e.code().unwrap_or(ErrorCode::Malformed);
+            refuse(ch, responder.as_deref_mut(), wire::VERSION, code, timeout).await;
+            Err(e.into())
+        }
+    }
 }
 
 /// The listening side: queues a HelloReply on `ch` (sent by the next flush, ahead of
-/// anything posted after it).
-pub fn post_reply(ch: &mut StreamConn, version: u16, status: ErrorCode, session: u64) {
+/// anything posted after it), in an AuthReply that proves this side's key when the Hello
+/// was authenticated.
+pub fn post_reply(
+    ch: &mut StreamConn,
+    auth: Option<&mut auth::Responder>,
+    version: u16,
+    status: ErrorCode,
+    session: u64,
+) -> Result<(), FabricError> {
     let msg = handshake::reply(version, status, session, wire::MAX_MESSAGE_LEN as u32);
+    let msg = match auth {
+        Some(r) => r.reply(&msg)?,
+        None => msg,
+    };
     ch.post(Op::Send, &[], Payload::Bytes(msg));
+    Ok(())
 }
 
 /// The listening side: refuses a connection with `status` and closes it.
-pub async fn refuse(mut ch: StreamConn, version: u16, status: ErrorCode, timeout: Duration) {
-    post_reply(&mut ch, version, status, 0);
-    let _ = flush(&mut ch, timeout).await;
+pub async fn refuse(
+    mut ch: StreamConn,
+    auth: Option<&mut auth::Responder>,
+    version: u16,
+    status: ErrorCode,
+    timeout: Duration,
+) {
+    if post_reply(&mut ch, auth, version, status, 0).is_ok() {
+        let _ = flush(&mut ch, timeout).await;
+    }
+}
+
+/// The listening side: the control channel of an accepted connection once its reply was
+/// posted: sealed when the Hello was authenticated.
+pub fn control_channel(
+    ch: StreamConn,
+    auth: Option<Box<auth::Responder>>,
+) -> Result<FabricChannel, FabricError> {
+    Ok(match auth {
+        Some(r) => FabricChannel::Sealed(Box::new(SealedConn::new(ch, r.into_sealer()?))),
+        None => FabricChannel::Stream(ch),
+    })
 }
 
 /// Readiness of a link's two channels.

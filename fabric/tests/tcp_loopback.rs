@@ -219,6 +219,7 @@ fn hundred_thousand_frames_each_way_over_tcp() {
     exchange(
         Listener::Tcp(TcpListener::bind("127.0.0.1:0").unwrap()),
         DataPath::Stream,
+        true,
     );
 }
 
@@ -235,7 +236,7 @@ fn unix_listener(name: &str) -> (Listener, std::path::PathBuf) {
 #[test]
 fn hundred_thousand_frames_each_way_over_a_unix_socket() {
     let (l, dir) = unix_listener("unix");
-    exchange(l, DataPath::Stream);
+    exchange(l, DataPath::Stream, false);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -247,13 +248,21 @@ fn hundred_thousand_frames_each_way_over_shared_memory() {
         DataPath::Shm {
             pool_bytes: 16 << 20,
         },
+        true,
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Both sides of a session over `listener`'s transport, the data channel over `path`, move
-/// [`FRAMES`] frames each way.
-fn exchange(listener: Listener, path_kind: DataPath) {
+/// [`FRAMES`] frames each way; `auth`: with authenticated handshakes (the control channel
+/// on its socket then sealed).
+fn exchange(listener: Listener, path_kind: DataPath, auth: bool) {
+    let ioc_key = fabric::auth::generate().unwrap();
+    let keys = auth.then(|| fabric::HostKeys {
+        private: fabric::auth::generate().unwrap(),
+        ioc: fabric::auth::public_key(&ioc_key),
+    });
+    let host_public = keys.as_ref().map(|k| fabric::auth::public_key(&k.private));
     let tcp = match &listener {
         Listener::Tcp(l) => Some(l.local_addr().unwrap()),
         Listener::Unix(..) => None,
@@ -268,15 +277,21 @@ fn exchange(listener: Listener, path_kind: DataPath) {
     let server = std::thread::spawn(move || {
         rt().block_on(async {
             let c = listener.accept();
-            let (mut c, hello, v) = fabric::accept_hello(c, TIMEOUT).await.unwrap();
+            let a = fabric::accept_hello(c, TIMEOUT, Some(&ioc_key))
+                .await
+                .unwrap();
+            let (mut c, hello, v, mut proof) = (a.ch, a.hello, a.version, a.auth);
+            assert_eq!(proof.as_ref().map(|r| r.peer), host_public);
             assert_eq!(hello.session, 0);
-            fabric::post_reply(&mut c, v, ErrorCode::Ok, 1);
+            fabric::post_reply(&mut c, proof.as_deref_mut(), v, ErrorCode::Ok, 1).unwrap();
             fabric::flush(&mut c, TIMEOUT).await.unwrap();
             // Over shared memory the control channel is in rings of its own too.
             let c: fabric::FabricChannel = match path_kind {
                 DataPath::Stream => {
                     assert_eq!(hello.channel, wire::CONTROL_CHANNEL);
-                    c.into()
+                    let c = fabric::control_channel(c, proof).unwrap();
+                    assert_eq!(matches!(c, fabric::FabricChannel::Sealed(_)), auth);
+                    c
                 }
                 DataPath::Shm { .. } => {
                     assert_eq!(hello.channel, fabric::shm::SHM_CONTROL_CHANNEL);
@@ -291,9 +306,13 @@ fn exchange(listener: Listener, path_kind: DataPath) {
                 }
             };
             let d = listener.accept();
-            let (mut d, hello, v) = fabric::accept_hello(d, TIMEOUT).await.unwrap();
+            let a = fabric::accept_hello(d, TIMEOUT, Some(&ioc_key))
+                .await
+                .unwrap();
+            let (mut d, hello, v, mut proof) = (a.ch, a.hello, a.version, a.auth);
+            assert_eq!(proof.as_ref().map(|r| r.peer), host_public);
             // Posted first: the link's first flush sends it ahead of any frame.
-            fabric::post_reply(&mut d, v, ErrorCode::Ok, 1);
+            fabric::post_reply(&mut d, proof.as_deref_mut(), v, ErrorCode::Ok, 1).unwrap();
             let d: fabric::FabricChannel = match path_kind {
                 DataPath::Stream => {
                     assert_eq!((hello.session, hello.channel), (1, 1));
@@ -343,10 +362,17 @@ fn exchange(listener: Listener, path_kind: DataPath) {
                     (None, None) => unreachable!("a listener has an address"),
                 }
             };
-            let (c, d, reply) =
-                fabric::connect(dial, path_kind, 42, wire::Queue::SINGLE, 0, TIMEOUT)
-                    .await
-                    .unwrap();
+            let (c, d, reply) = fabric::connect(
+                dial,
+                path_kind,
+                42,
+                wire::Queue::SINGLE,
+                0,
+                TIMEOUT,
+                keys.as_ref(),
+            )
+            .await
+            .unwrap();
             assert_eq!(reply.session, 1);
             let mut reg = Registry::new(1 << 30);
             // Over shared memory the server places its frames straight into these pools.

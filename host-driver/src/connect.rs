@@ -1,10 +1,41 @@
-//! Connecting to the IOC: this host's node id, dialling the IOC's address (TCP, or its
-//! local Unix socket with or without shared memory) and the handshake of a queue's session.
+//! Connecting to the IOC: this host's identity (node id and keys), dialling the IOC's
+//! address (TCP, or its local Unix socket with or without shared memory) and the handshake
+//! of a queue's session.
 
-use splitnet_config::{FabricAddr, HostFabric};
-use splitnet_fabric::{self as fabric, DataPath, FabricChannel};
+use splitnet_config::{key, FabricAddr, HostAuth, HostFabric};
+use splitnet_fabric::{self as fabric, DataPath, FabricChannel, HostKeys};
 use splitnet_messaging::wire::{HelloReply, Queue};
 use std::time::Duration;
+use tracing::{info, warn};
+
+/// Who this host is to the IOC.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// Its node id (an IOC that admits by key derives the identity from the key instead).
+    pub node_id: u64,
+    /// Its keys, when the handshake is authenticated (`auth.ioc_public_key` is set).
+    pub keys: Option<HostKeys>,
+}
+
+/// This host's keys from `[auth]`: with `ioc_public_key` set, the private key is read from
+/// `private_key_file` or the credential `splitnet.key`; without it, the host connects
+/// unauthenticated (which only an IOC with open admission accepts), and says so.
+pub fn keys(auth: &HostAuth) -> Result<Option<HostKeys>, String> {
+    let Some(ioc) = auth.ioc_public_key else {
+        warn!("no auth.ioc_public_key: connecting without authentication, which only an IOC with auth.admission = \"open\" accepts");
+        return Ok(None);
+    };
+    let path = key::private_key_path(auth.private_key_file.as_deref()).ok_or(
+        "auth.ioc_public_key is set but this host has no private key: set auth.private_key_file, or give the credential splitnet.key (systemd LoadCredential=)",
+    )?;
+    let private = key::read_private_key(&path)?;
+    let public = key::Key(fabric::auth::public_key(&private.0));
+    info!(%public, ioc = %ioc, "authenticating with this host key");
+    Ok(Some(HostKeys {
+        private: private.0,
+        ioc: ioc.0,
+    }))
+}
 
 /// A stable identity for this host: its machine id and interface name, unless configured.
 pub fn default_node_id(ifname: &str) -> u64 {
@@ -36,15 +67,16 @@ fn netns_inode() -> u64 {
 pub async fn connect(
     cfg: &HostFabric,
     pool_bytes: u64,
-    node_id: u64,
+    id: &Identity,
     queue: Queue,
     first: u64,
     timeout: Duration,
 ) -> Result<(FabricChannel, FabricChannel, HelloReply), fabric::FabricError> {
+    let (node_id, keys) = (id.node_id, id.keys.as_ref());
     match &cfg.ioc {
         FabricAddr::Tcp(a) => {
             let dial = || fabric::dial_tcp(*a);
-            fabric::connect(dial, DataPath::Stream, node_id, queue, first, timeout).await
+            fabric::connect(dial, DataPath::Stream, node_id, queue, first, timeout, keys).await
         }
         FabricAddr::Unix(p) => {
             let path = if cfg.shared_memory {
@@ -59,6 +91,7 @@ pub async fn connect(
                 queue,
                 first,
                 timeout,
+                keys,
             )
             .await
         }

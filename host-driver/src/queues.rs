@@ -2,7 +2,7 @@
 //! its own, joined to the first queue's session; they connect with the first queue and end
 //! with it.
 
-use crate::connect::connect;
+use crate::connect::{connect, Identity};
 use crate::connection::{Conn, End, Stop};
 use crate::report::{Reporter, SharedCounters};
 use splitnet_config::HostConfig;
@@ -32,7 +32,7 @@ impl Queues {
     pub async fn start(
         cfg: &Arc<HostConfig>,
         taps: &[Arc<Tap>],
-        node_id: u64,
+        id: &Arc<Identity>,
         first: u64,
     ) -> Result<Queues, String> {
         let (ended, _) = watch::channel(false);
@@ -51,10 +51,10 @@ impl Queues {
             let (tx, rx) = oneshot::channel();
             let counters = SharedCounters::default();
             q.counters.push(counters.clone());
-            let (cfg, tap, ended) = (cfg.clone(), tap.clone(), q.ended.clone());
+            let (cfg, tap, ended, id) = (cfg.clone(), tap.clone(), q.ended.clone(), id.clone());
             let t = std::thread::Builder::new()
                 .name(format!("queue-{}", queue.index))
-                .spawn(move || queue_thread(cfg, tap, queue, node_id, first, tx, ended, counters))
+                .spawn(move || queue_thread(cfg, tap, queue, id, first, tx, ended, counters))
                 .map_err(|e| format!("cannot start the thread of queue {}: {e}", queue.index))?;
             q.threads.push(t);
             results.push((queue.index, rx));
@@ -105,7 +105,7 @@ fn queue_thread(
     cfg: Arc<HostConfig>,
     tap: Arc<Tap>,
     queue: Queue,
-    node_id: u64,
+    id: Arc<Identity>,
     first: u64,
     connected: oneshot::Sender<Result<(), String>>,
     ended: Arc<watch::Sender<bool>>,
@@ -127,7 +127,7 @@ fn queue_thread(
         let (ctrl, data, _) = connect(
             &cfg.fabric,
             cfg.pools.max_granted_bytes,
-            node_id,
+            &id,
             queue,
             first,
             timeout,

@@ -6,7 +6,7 @@
 //! the configuration. The queues connect, and reconnect, together: when one ends, all do.
 
 use crate::cfgutil::feature_bits;
-use crate::connect::{connect, default_node_id};
+use crate::connect::{self, connect, default_node_id, Identity};
 use crate::connection::{Conn, End, Stop};
 use crate::queues::Queues;
 use crate::report::Reporter;
@@ -42,6 +42,9 @@ pub enum StartError {
     /// The metrics listener or the control socket could not be opened.
     #[error(transparent)]
     Endpoint(#[from] service::EndpointError),
+    /// This host's keys could not be read.
+    #[error("{0}")]
+    Keys(String),
     /// Signal handlers or reactor registration failed.
     #[error("cannot set up the event loop: {0}")]
     Runtime(#[from] io::Error),
@@ -51,6 +54,10 @@ pub enum StartError {
 pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(), StartError> {
     let cfg = Arc::new(cfg);
     let name = cfg.interface.name.clone();
+    let id = Arc::new(Identity {
+        node_id: cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name)),
+        keys: connect::keys(&cfg.auth).map_err(StartError::Keys)?,
+    });
     let tap_err = |source| StartError::Tap {
         name: name.clone(),
         source,
@@ -108,13 +115,12 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
     loop {
         watchdog.kick(Instant::now());
         notify::status(&format!("connecting to IOC {}", cfg.fabric.ioc));
-        let node_id = cfg.fabric.node_id.unwrap_or_else(|| default_node_id(&name));
         let connect = async {
             let timeout = cfg.fabric.keepalive_timeout();
             let (ctrl, data, reply) = connect(
                 &cfg.fabric,
                 cfg.pools.max_granted_bytes,
-                node_id,
+                &id,
                 queue,
                 0,
                 timeout,
@@ -122,7 +128,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             .await
             .map_err(|e| format!("IOC {} unreachable: {e}", cfg.fabric.ioc))?;
             // The further queues join the first queue's session before any frame moves.
-            let queues = Queues::start(&cfg, &more_taps, node_id, reply.session).await?;
+            let queues = Queues::start(&cfg, &more_taps, &id, reply.session).await?;
             Ok::<_, String>((ctrl, data, reply, queues))
         };
         let conn = tokio::select! {

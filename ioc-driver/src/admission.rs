@@ -5,50 +5,81 @@
 //! where asked, and the host admitted to the worker's state, whose task then serves it.
 
 use crate::session_task;
-use crate::state::{Waiting, WorkerState};
+use crate::state::{Waiting, Who, WorkerState};
 use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink, StreamConn};
 use splitnet_messaging::adapter::shm::setup::Setup;
 use splitnet_messaging::endpoint::Session;
 use splitnet_messaging::memory::DomainId;
-use splitnet_messaging::wire::{self, ErrorCode, Hello};
+use splitnet_messaging::wire::{self, ErrorCode};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
+/// A connection the main thread read the Hello of and let in, for a worker to complete.
+#[derive(Debug)]
+pub struct Incoming {
+    /// The connection and its Hello; in an admitted host's authenticated handshake the
+    /// Hello's node id is the one its key gives.
+    pub accepted: fabric::Accepted,
+    /// The peer's address (`ADDRESS:PORT`, or `unix:PATH (pid N)`).
+    pub peer: String,
+    /// The MAC the host's policy gives it, if any.
+    pub mac: Option<[u8; 6]>,
+    /// Its name in `[[auth.hosts]]`, if admitted by key.
+    pub name: Option<String>,
+}
+
 /// Completes the handshake of a connection the main thread read the Hello of, and serves
 /// the session it completes until it ends.
-pub async fn admit(
-    ioc: Rc<RefCell<WorkerState>>,
-    mut ch: StreamConn,
-    hello: Hello,
-    version: u16,
-    peer: String,
-) {
+pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
+    let Incoming {
+        accepted,
+        peer,
+        mac,
+        name,
+    } = incoming;
+    let fabric::Accepted {
+        mut ch,
+        hello,
+        version,
+        auth: mut proof,
+    } = accepted;
     let timeout = ioc.borrow().cfg.fabric.handshake_timeout();
-    let refuse = |ch, status: ErrorCode, why: &str| {
+    let who = Who {
+        node_id: hello.node_id,
+        key: proof.as_ref().map(|r| r.peer),
+        queue: hello.queue,
+        first: hello.session,
+        mac,
+        name,
+    };
+    let note = |status: ErrorCode, why: &str| {
         let mut st = ioc.borrow_mut();
         st.stats.handshake_failures += 1;
         if let Some(held) = st.refusals.allow(Instant::now()) {
             warn!(%peer, ?status, "connection refused: {why} ({held} more refused since the last report)");
         }
-        fabric::refuse(ch, version, status, timeout)
     };
+    // Refuses the connection (counted, logged at a limited rate), with proof of this
+    // IOC's key when the Hello was authenticated, and ends the handshake.
+    macro_rules! refuse {
+        ($ch:expr, $status:expr, $why:expr) => {{
+            note($status, $why);
+            return fabric::refuse($ch, proof.as_deref_mut(), version, $status, timeout).await;
+        }};
+    }
     if fabric::is_control(hello.channel) {
         // A control channel in shared memory needs the local socket.
         let shm = hello.channel == fabric::shm::SHM_CONTROL_CHANNEL;
         if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
-            return refuse(ch, ErrorCode::Refused, "shared memory asked for over TCP").await;
+            refuse!(ch, ErrorCode::Refused, "shared memory asked for over TCP");
         }
         let admitted = {
             let mut st = ioc.borrow_mut();
             if st.stopping {
                 Err((ErrorCode::ShuttingDown, "shutting down"))
-            } else if !hello.queue.is_first()
-                && st
-                    .first_queue(hello.session, hello.node_id, hello.queue)
-                    .is_none()
-            {
+            } else if !hello.queue.is_first() && st.first_queue(&who).is_none() {
                 // A further queue joins the session of the host's first queue.
                 Err((
                     ErrorCode::UnknownSession,
@@ -64,16 +95,23 @@ pub async fn admit(
         };
         let (session, token) = match admitted {
             Ok(s) => s,
-            Err((status, why)) => return refuse(ch, status, why).await,
+            Err((status, why)) => refuse!(ch, status, why),
         };
-        fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
-        let opened = match shm {
-            true => shm_channel(ch, DomainId(session), None, timeout)
+        let opened = match fabric::post_reply(
+            &mut ch,
+            proof.as_deref_mut(),
+            version,
+            ErrorCode::Ok,
+            token,
+        ) {
+            Err(e) => Err(e),
+            Ok(()) if shm => shm_channel(ch, DomainId(session), None, timeout)
                 .await
                 .map(|t| FabricChannel::Shm(Box::new(t))),
-            false => fabric::flush(&mut ch, timeout)
-                .await
-                .map(|()| FabricChannel::Stream(ch)),
+            Ok(()) => match fabric::flush(&mut ch, timeout).await {
+                Ok(()) => fabric::control_channel(ch, proof),
+                Err(e) => Err(e),
+            },
         };
         {
             let mut st = ioc.borrow_mut();
@@ -89,13 +127,7 @@ pub async fn admit(
                     return;
                 }
             };
-            let waiting = Waiting {
-                ch,
-                session,
-                node_id: hello.node_id,
-                queue: hello.queue,
-                first: hello.session,
-            };
+            let waiting = Waiting { ch, session, who };
             st.pending.insert(token, waiting);
             st.publish_load();
         }
@@ -116,20 +148,22 @@ pub async fn admit(
     // A data channel over shared memory needs the local socket.
     let shm = hello.channel == fabric::shm::SHM_CHANNEL;
     if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
-        return refuse(ch, ErrorCode::Refused, "shared memory asked for over TCP").await;
+        refuse!(ch, ErrorCode::Refused, "shared memory asked for over TCP");
     }
     // A data channel joins the control channel whose token it names, from the same node.
     let joined = {
         let mut st = ioc.borrow_mut();
         let w = match st.pending.get(&hello.session) {
-            Some(w) if w.node_id == hello.node_id => st.pending.remove(&hello.session),
+            Some(w) if w.who.node_id == who.node_id && w.who.key == who.key => {
+                st.pending.remove(&hello.session)
+            }
             _ => None,
         };
         st.publish_load();
         w
     };
     let Some(w) = joined else {
-        return refuse(ch, ErrorCode::UnknownSession, "unknown session").await;
+        refuse!(ch, ErrorCode::UnknownSession, "unknown session");
     };
     let (session, token) = (w.session, hello.session);
     let domain = DomainId(session);
@@ -142,7 +176,7 @@ pub async fn admit(
                 Ok(a) => Some(a),
                 Err(e) => {
                     warn!(%peer, "cannot make a pool arena for a new host: {e}");
-                    return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+                    refuse!(ch, ErrorCode::ResourceLimit, "out of pool memory");
                 }
             }
         }
@@ -153,7 +187,7 @@ pub async fn admit(
         let attached = ioc.borrow_mut().reg.attach_arena(domain, a.region());
         if let Err(e) = attached {
             warn!(%peer, "cannot lay out pools for a new host: {e}");
-            return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+            refuse!(ch, ErrorCode::ResourceLimit, "out of pool memory");
         }
     }
     let mut s = Session::new(domain, ioc.borrow().cfg.pools.session_config());
@@ -161,10 +195,17 @@ pub async fn admit(
     if let Err(e) = started {
         warn!(%peer, "cannot register pools for a new host: {e}");
         ioc.borrow_mut().free_domain(domain);
-        return refuse(ch, ErrorCode::ResourceLimit, "out of pool memory").await;
+        refuse!(ch, ErrorCode::ResourceLimit, "out of pool memory");
     }
     // The reply goes first on the data channel, ahead of anything posted to the host later.
-    fabric::post_reply(&mut ch, version, ErrorCode::Ok, token);
+    // The data channel's messages travel in the clear (docs/protocol.md 5.1): its handshake
+    // proved the key and named the session.
+    if let Err(e) = fabric::post_reply(&mut ch, proof.as_deref_mut(), version, ErrorCode::Ok, token)
+    {
+        warn!(%peer, "cannot answer a data channel: {e}");
+        ioc.borrow_mut().free_domain(domain);
+        return;
+    }
     let data = if let Some(arena) = arena {
         match shm_channel(ch, domain, Some(arena), timeout).await {
             Ok(t) => FabricChannel::Shm(Box::new(t)),
@@ -195,15 +236,9 @@ pub async fn admit(
     } else {
         peer
     };
-    let added = ioc.borrow_mut().add_host(
-        session,
-        token,
-        w.node_id,
-        w.queue,
-        w.first,
-        link,
-        peer.clone(),
-    );
+    let added = ioc
+        .borrow_mut()
+        .add_host(session, token, w.who, link, peer.clone());
     match added {
         Some(wake) => session_task::serve(ioc, session, ready, wake).await,
         None => {

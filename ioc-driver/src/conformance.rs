@@ -300,8 +300,10 @@ impl Session {
 }
 
 fn ioc_config(extra: &str) -> splitnet_config::IocConfig {
-    let text =
-        format!("[fabric]\nlisten = \"127.0.0.1:7400\"\n{extra}\n[lan]\ninterface = \"lan0\"\n");
+    // The document's plain handshake: open admission (section 5.1 has the authenticated one).
+    let text = format!(
+        "[fabric]\nlisten = \"127.0.0.1:7400\"\n{extra}\n[lan]\ninterface = \"lan0\"\n[auth]\nadmission = \"open\"\n"
+    );
     splitnet_config::parse_ioc(&text, Path::new("test.toml")).unwrap()
 }
 
@@ -333,7 +335,7 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut WorkerState)) -> SocketAddr {
             let fake = |_| -> NicFactory {
                 Box::new(|| Ok((Box::new(FakeNic::default()) as Box<dyn Nic>, None)))
             };
-            let cluster = Cluster::start(cfg, 1500, true, None, fake, prepare).unwrap();
+            let cluster = Cluster::start(cfg, None, 1500, true, None, fake, prepare).unwrap();
             let acceptor = Acceptor::new(Rc::new(RefCell::new(cluster)));
             tx.send(listener.local_addr().unwrap()).unwrap();
             loop {
@@ -765,6 +767,7 @@ fn host_connect(
         splitnet_messaging::wire::Queue::SINGLE,
         0,
         Duration::from_secs(2),
+        None,
     ))
     .map(|_| ())
 }

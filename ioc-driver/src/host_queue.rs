@@ -47,8 +47,12 @@ pub struct HostQueue {
     pub session: u64,
     /// The unguessable token its channels name in their Hellos.
     pub token: u64,
-    /// Identity it announced.
+    /// Its identity (see [`crate::state::Who`]).
     pub node_id: u64,
+    /// The key its handshake proved, if it was authenticated.
+    pub key: Option<splitnet_fabric::auth::Key>,
+    /// Its name in `[[auth.hosts]]` (empty unless admitted by key).
+    pub name: String,
     /// Which of the host's queues this session serves.
     pub queue: Queue,
     /// Session of the host's first queue (its own id on the first queue), which carries
@@ -126,6 +130,8 @@ impl HostQueue {
             session,
             token,
             node_id,
+            key: None,
+            name: String::new(),
             queue,
             first,
             queues: if queue.is_first() {

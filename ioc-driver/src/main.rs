@@ -22,6 +22,7 @@ mod counters;
 mod deliver;
 mod from_host;
 mod from_lan;
+mod gate;
 mod host_frame;
 mod host_queue;
 mod lan_tx;
@@ -100,7 +101,7 @@ fn main() -> ExitCode {
     let control = cfg
         .control
         .socket_path(cli.control_socket, splitnet_control::IOC_SOCKET);
-    match local.block_on(&rt, supervisor::run(cfg, control)) {
+    match local.block_on(&rt, supervisor::run(cfg, cli.config.clone(), control)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

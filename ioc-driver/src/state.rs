@@ -15,6 +15,7 @@ use crate::own_queue::{OwnQueue, OwnQueueRetry, FRAME_MAX};
 use crate::rate::RateLimit;
 use crate::shard::{self, Shard};
 use splitnet_config::IocConfig;
+use splitnet_fabric::auth::Key;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError};
 use splitnet_messaging::memory::{Registry, SendBufCache};
@@ -53,6 +54,39 @@ fn session_token() -> u64 {
         .unwrap_or_else(|_| std::hash::BuildHasher::hash_one(&RandomState::new(), Instant::now()))
 }
 
+/// Who a connecting session is, as its control channel's handshake established.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Who {
+    /// The host's identity: the node id its key gives, or (open admission, no key) the one
+    /// its Hello announced.
+    pub node_id: u64,
+    /// The key its handshake proved, if it was authenticated.
+    pub key: Option<Key>,
+    /// Which queue of the host it opens.
+    pub queue: Queue,
+    /// For a further queue, the token of the host's first queue.
+    pub first: u64,
+    /// The MAC the host's policy gives it, if any.
+    pub mac: Option<[u8; 6]>,
+    /// Its name in `[[auth.hosts]]`, if admitted by key.
+    pub name: Option<String>,
+}
+
+#[cfg(test)]
+impl Who {
+    /// A single-queue host of identity `node_id`, no key (tests and open admission).
+    pub fn node(node_id: u64) -> Who {
+        Who {
+            node_id,
+            key: None,
+            queue: Queue::SINGLE,
+            first: 0,
+            mac: None,
+            name: None,
+        }
+    }
+}
+
 /// A control channel waiting for its data channel.
 #[derive(Debug)]
 pub struct Waiting {
@@ -60,12 +94,8 @@ pub struct Waiting {
     pub ch: FabricChannel,
     /// Its session.
     pub session: u64,
-    /// The identity its Hello announced.
-    pub node_id: u64,
-    /// Which queue of the host it opens.
-    pub queue: Queue,
-    /// For a further queue, the token of the host's first queue.
-    pub first: u64,
+    /// Who it is.
+    pub who: Who,
 }
 
 /// One worker's state: its share of the IOC's hosts, their pools, its NIC socket.
@@ -206,6 +236,26 @@ impl WorkerState {
             .unwrap_or(first)
     }
 
+    /// The MAC of a new host: the one its policy gives it, or else one derived from its
+    /// identity ([`WorkerState::assign_mac`]). A policy's MAC still in use (the host's
+    /// previous session not yet timed out) gives way to a derived one for this session.
+    fn claim_mac(&self, node_id: u64, fixed: Option<[u8; 6]>) -> [u8; 6] {
+        if let Some(mac) = fixed {
+            if self
+                .shard
+                .claim_mac(&*self.nic, std::iter::once(mac))
+                .is_some()
+            {
+                return mac;
+            }
+            warn!(
+                mac = %fmt_mac(&mac),
+                "the host's configured MAC is still in use; it gets another for this session"
+            );
+        }
+        self.assign_mac(node_id)
+    }
+
     /// A new session id (unique among the workers, never reused while the IOC runs, so
     /// nothing that outlives a session can act on a later one) and the unguessable token
     /// its channels name, which also names this worker.
@@ -240,40 +290,44 @@ impl WorkerState {
         }
     }
 
-    /// The connected first queue of host `node_id`, named by its token `first`, that a
-    /// session for `queue` joins: same node, same number of queues, and that queue not
+    /// The connected first queue, named by its token `who.first`, that a session for
+    /// `who.queue` joins: same node and key, same number of queues, and that queue not
     /// taken yet.
-    pub fn first_queue(&self, first: u64, node_id: u64, queue: Queue) -> Option<&HostQueue> {
-        self.hosts.values().find(|h| h.token == first).filter(|h| {
-            h.node_id == node_id
-                && h.queue.is_first()
-                && h.queue.count == queue.count
-                && !h
-                    .queues
-                    .iter()
-                    .any(|s| self.hosts.get(s).is_some_and(|q| q.queue == queue))
-        })
+    pub fn first_queue(&self, who: &Who) -> Option<&HostQueue> {
+        let queue = who.queue;
+        self.hosts
+            .values()
+            .find(|h| h.token == who.first)
+            .filter(|h| {
+                h.node_id == who.node_id
+                    && h.key == who.key
+                    && h.queue.is_first()
+                    && h.queue.count == queue.count
+                    && !h
+                        .queues
+                        .iter()
+                        .any(|s| self.hosts.get(s).is_some_and(|q| q.queue == queue))
+            })
     }
 
     /// Admits a host whose handshake completed: tells it the NIC's state and sends what its
     /// link has queued (the HelloReply and the pool advertisements). Returns the notifier
     /// that wakes its task, or `None` (the session closed and its pools freed) for a further
     /// queue whose first queue has left meanwhile.
-    #[allow(clippy::too_many_arguments)]
     pub fn add_host(
         &mut self,
         session: u64,
         token: u64,
-        node_id: u64,
-        queue: Queue,
-        first_token: u64,
+        who: Who,
         mut link: Link<FabricChannel>,
         peer: String,
     ) -> Option<Rc<Notify>> {
+        let (node_id, queue) = (who.node_id, who.queue);
+        let name = who.name.clone().unwrap_or_default();
         let (first, mac, mtu, features) = if queue.is_first() {
-            (session, self.assign_mac(node_id), self.mtu, 0)
+            (session, self.claim_mac(node_id, who.mac), self.mtu, 0)
         } else {
-            match self.first_queue(first_token, node_id, queue) {
+            match self.first_queue(&who) {
                 Some(f) => (f.session, f.mac, f.mtu, f.features),
                 None => {
                     link.close(&mut self.reg, &mut self.cache);
@@ -314,6 +368,8 @@ impl WorkerState {
             peer.clone(),
         );
         host.mac = mac;
+        host.key = who.key;
+        host.name = name.clone();
         host.mtu = mtu;
         host.features = features;
         let pps = u64::from(self.cfg.lan.storm_control_pps);
@@ -328,6 +384,7 @@ impl WorkerState {
         self.connects += 1;
         info!(
             %peer,
+            name,
             session,
             node_id,
             queue = queue.index,
@@ -480,6 +537,31 @@ impl WorkerState {
         for s in siblings {
             self.remove_session(s, &format!("another queue of the host ended ({why})"), None);
         }
+    }
+
+    /// Ends every session, and drops every control channel waiting for its data channel,
+    /// whose key `admitted` no longer holds (a reload took it out of `[[auth.hosts]]`): the
+    /// host is told Unauthenticated. Sessions without a key (open admission) stay.
+    pub fn revoke(&mut self, admitted: impl Fn(&Key) -> bool) {
+        let gone = |who: Option<Key>| who.is_some_and(|k| !admitted(&k));
+        let revoked: Vec<u64> = self
+            .hosts
+            .values()
+            .filter(|h| gone(h.key))
+            .map(|h| h.session)
+            .collect();
+        for session in revoked {
+            if let Some(link) = self.hosts.get_mut(&session).and_then(|h| h.link.as_mut()) {
+                link.goodbye(ErrorCode::Unauthenticated);
+            }
+            info!(
+                session,
+                "the host's key is no longer admitted; disconnecting it"
+            );
+            self.remove_host(session, "its key is no longer admitted", None);
+        }
+        self.pending.retain(|_, w| !gone(w.who.key));
+        self.publish_load();
     }
 
     /// Removes a host that exceeded a resource limit: told with ResourceLimit (as far as

@@ -3,14 +3,17 @@
 //! and watchdog, the operators' endpoints (answers merged over the workers), and graceful
 //! shutdown.
 
+use crate::admission::Incoming;
+use crate::gate::Gate;
 use crate::nic::Nic;
 use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
 use crate::state::WorkerState;
 use crate::worker::{Cmd, NicFactory, Spec, Worker};
-use splitnet_config::{IocConfig, Promiscuous};
-use splitnet_fabric::{self as fabric, Ready, Stream, StreamConn};
-use splitnet_messaging::wire::{fmt_mac, ErrorCode, Hello, Role};
+use splitnet_config::{Admission, IocConfig, Promiscuous};
+use splitnet_fabric::auth::{Key, Responder};
+use splitnet_fabric::{self as fabric, Ready, Stream};
+use splitnet_messaging::wire::{fmt_mac, ErrorCode, Role};
 use splitnet_netif::{netdev, packet::PacketSocket};
 use splitnet_service::loglimit::LogLimit;
 use splitnet_service::{self as service, notify, Answer, Introspect};
@@ -21,6 +24,7 @@ use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -61,6 +65,9 @@ pub enum StartError {
     /// The metrics listener or the control socket could not be opened.
     #[error(transparent)]
     Endpoint(#[from] service::EndpointError),
+    /// This IOC's private key could not be read.
+    #[error("{0}")]
+    Key(String),
     /// Signal handlers or reactor registration failed.
     #[error("cannot set up the event loop: {0}")]
     Runtime(#[from] io::Error),
@@ -90,13 +97,17 @@ pub struct Cluster {
     report_timeout: Duration,
     /// Rate of the log lines refused connections cause.
     refusals: LogLimit,
+    /// Who may become a host.
+    gate: Gate,
 }
 
 impl Cluster {
     /// Starts `cfg.fabric.worker_count()` workers, each over the NIC `nic(i)` opens (whose
-    /// own address is `nic_mac`).
+    /// own address is `nic_mac`); `key` is this IOC's private key.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         cfg: IocConfig,
+        key: Option<Key>,
         mtu: u32,
         nic_up: bool,
         nic_mac: Option<[u8; 6]>,
@@ -122,6 +133,7 @@ impl Cluster {
             })?);
         }
         Ok(Cluster {
+            gate: Gate::new(cfg.auth.clone(), key),
             cfg,
             workers,
             observer,
@@ -168,44 +180,88 @@ impl Cluster {
         }
     }
 
-    /// Sends a connection to the worker its Hello names, or refuses it.
-    fn dispatch(&mut self, ch: StreamConn, hello: Hello, version: u16, peer: String) {
+    /// Sends a connection to the worker its Hello names, or refuses it (admission first:
+    /// [`Gate`]).
+    fn dispatch(&mut self, accepted: fabric::Accepted, peer: String) {
+        let fabric::Accepted {
+            ch,
+            mut hello,
+            version,
+            auth,
+        } = accepted;
         let timeout = self.cfg.fabric.handshake_timeout();
         let refusals = &mut self.refusals;
-        let mut refuse = |ch, status: ErrorCode, why: &'static str| {
+        let failures = &mut self.failures;
+        let mut refuse = |ch, auth: Option<Box<Responder>>, status: ErrorCode, why: &str| {
+            *failures += 1;
             if let Some(held) = refusals.allow(Instant::now()) {
                 warn!(%peer, ?status, "connection refused: {why} ({held} more refused since the last report)");
             }
-            tokio::task::spawn_local(fabric::refuse(ch, version, status, timeout));
+            tokio::task::spawn_local(async move {
+                let mut auth = auth;
+                fabric::refuse(ch, auth.as_deref_mut(), version, status, timeout).await
+            });
         };
         if hello.role != Role::Host {
-            self.failures += 1;
-            return refuse(ch, ErrorCode::Refused, "peer is not a host");
+            return refuse(ch, auth, ErrorCode::Refused, "peer is not a host");
         }
         if self.stopping {
-            self.failures += 1;
-            return refuse(ch, ErrorCode::ShuttingDown, "shutting down");
+            return refuse(ch, auth, ErrorCode::ShuttingDown, "shutting down");
         }
+        let control = fabric::is_control(hello.channel);
+        let admitted = match self.gate.admit(&mut hello, control, auth.as_deref()) {
+            Ok(a) => a,
+            Err((status, why)) => return refuse(ch, auth, status, &why),
+        };
         // A host's first queue goes where the fewest sessions are; its other queues and
         // every data channel go to the worker their token names.
-        let to = if fabric::is_control(hello.channel) && hello.queue.is_first() {
+        let to = if control && hello.queue.is_first() {
             self.observer.least_loaded()
         } else {
             shard::worker_of(hello.session)
         };
         let Some(w) = self.workers.get(to) else {
-            self.failures += 1;
-            return refuse(ch, ErrorCode::UnknownSession, "unknown session");
+            return refuse(ch, auth, ErrorCode::UnknownSession, "unknown session");
         };
-        let cmd = Cmd::Connection {
-            ch: Box::new(ch),
-            hello,
-            version,
+        let incoming = Incoming {
+            accepted: fabric::Accepted {
+                ch,
+                hello,
+                version,
+                auth,
+            },
             peer: peer.clone(),
+            mac: admitted.mac,
+            name: admitted.name,
         };
-        if let Err(mpsc::error::SendError(Cmd::Connection { ch, .. })) = w.cmds.send(cmd) {
-            self.failures += 1;
-            refuse(*ch, ErrorCode::ShuttingDown, "shutting down");
+        if let Err(mpsc::error::SendError(Cmd::Connection(i))) =
+            w.cmds.send(Cmd::Connection(Box::new(incoming)))
+        {
+            let fabric::Accepted { ch, auth, .. } = i.accepted;
+            refuse(ch, auth, ErrorCode::ShuttingDown, "shutting down");
+        }
+    }
+
+    /// Takes `cfg`'s `[auth]` (a reload): new hosts are admitted from now on, and the
+    /// sessions of keys no longer admitted end. Every other section needs a restart, and a
+    /// reload that changes one says so.
+    fn reload(&mut self, cfg: IocConfig) {
+        let mut rest = cfg.clone();
+        rest.auth = self.cfg.auth.clone();
+        if rest != self.cfg {
+            warn!("reload: only [auth] is read again; restart ioc-driver for the other changes");
+        }
+        if cfg.auth.private_key_file != self.cfg.auth.private_key_file {
+            warn!(
+                "reload: auth.private_key_file changed; this IOC's key changes on a restart only"
+            );
+        }
+        let hosts = cfg.auth.hosts.len();
+        let admitted = self.gate.reload(cfg.auth.clone()).map(Arc::new);
+        self.cfg.auth = cfg.auth;
+        info!(hosts, admission = ?self.cfg.auth.admission, "reloaded [auth]");
+        for w in &self.workers {
+            let _ = w.cmds.send(Cmd::Admitted(admitted.clone()));
         }
     }
 
@@ -305,8 +361,13 @@ async fn bind_listen(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
     }
 }
 
-/// Runs the IOC until SIGTERM/SIGINT.
-pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), StartError> {
+/// Runs until SIGTERM/SIGINT; SIGHUP reads `[auth]` of the file at `config` again.
+pub async fn run(
+    cfg: IocConfig,
+    config: PathBuf,
+    control_socket: Option<PathBuf>,
+) -> Result<(), StartError> {
+    let key = private_key(&cfg)?;
     let name = cfg.lan.interface.clone();
     let lan_err = |source| StartError::Lan {
         name: name.clone(),
@@ -346,6 +407,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     let metrics_addr = cfg.metrics.listen;
     let cluster = Cluster::start(
         cfg,
+        key,
         mtu,
         nic_up,
         netdev::mac(&name).ok(),
@@ -363,6 +425,7 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     let cluster = Rc::new(RefCell::new(cluster));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     service::serve_operators(cluster.clone(), metrics_addr, control_socket).await?;
     notify::ready(&format!("listening on {listen}, LAN {name}"));
     let link_task = tokio::task::spawn_local(link_monitor(cluster.clone(), name));
@@ -384,6 +447,10 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
                 }
                 Err(e) => warn!("accept failed on the local fabric socket: {e}"),
             },
+            _ = hup.recv() => match splitnet_config::load_ioc(&config) {
+                Ok(cfg) => cluster.borrow_mut().reload(cfg),
+                Err(e) => warn!("reload refused, the admission stays as it was: {e}"),
+            },
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
@@ -401,6 +468,34 @@ pub async fn run(cfg: IocConfig, control_socket: Option<PathBuf>) -> Result<(), 
     }
     info!("stopped");
     Ok(())
+}
+
+/// This IOC's private key ([`splitnet_config::key::private_key_path`]): required with
+/// `auth.admission = "keys"`; with "open", read if there is one, and the open door is
+/// logged loudly.
+fn private_key(cfg: &IocConfig) -> Result<Option<Key>, StartError> {
+    use splitnet_config::key;
+    let path = key::private_key_path(cfg.auth.private_key_file.as_deref());
+    let key = match (&path, cfg.auth.admission) {
+        (Some(p), Admission::Keys) => Some(key::read_private_key(p).map_err(StartError::Key)?),
+        (Some(p), Admission::Open) if p.exists() => {
+            Some(key::read_private_key(p).map_err(StartError::Key)?)
+        }
+        (_, Admission::Open) => None,
+        (None, Admission::Keys) => return Err(StartError::Key(
+            "auth.admission = \"keys\" needs this IOC's private key: set auth.private_key_file, or give the credential splitnet.key (systemd LoadCredential=)".into(),
+        )),
+    };
+    match cfg.auth.admission {
+        Admission::Open => warn!(
+            "auth.admission = \"open\": ANY peer that reaches the fabric becomes a host, with or without a key; for a lab only"
+        ),
+        Admission::Keys if cfg.auth.hosts.is_empty() => {
+            warn!("no host is admitted: [[auth.hosts]] is empty")
+        }
+        Admission::Keys => info!(hosts = cfg.auth.hosts.len(), "admitting the hosts of [[auth.hosts]] by key"),
+    }
+    Ok(key.map(|k| k.0))
 }
 
 /// Who may connect to the local fabric socket: root, the IOC's own user, and the members of
@@ -584,10 +679,11 @@ impl Acceptor {
         };
         let (cluster, refusals) = (self.cluster.clone(), self.refusals.clone());
         tokio::task::spawn_local(async move {
-            let accepted = fabric::accept_hello(sock, timeout).await;
+            let key = cluster.borrow().gate.key().copied();
+            let accepted = fabric::accept_hello(sock, timeout, key.as_ref()).await;
             drop(guard);
             match accepted {
-                Ok((ch, hello, version)) => cluster.borrow_mut().dispatch(ch, hello, version, peer),
+                Ok(a) => cluster.borrow_mut().dispatch(a, peer),
                 Err(e) => {
                     cluster.borrow_mut().failures += 1;
                     if let Some(held) = refusals.borrow_mut().allow(Instant::now()) {
@@ -668,6 +764,7 @@ mod tests {
         .unwrap();
         let observer = Shard::set(1).remove(0).0.observer();
         Cluster {
+            gate: Gate::new(cfg.auth.clone(), None),
             cfg,
             workers,
             observer,

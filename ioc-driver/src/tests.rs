@@ -6,14 +6,14 @@ use crate::from_lan::{self, LanProgress};
 use crate::host_queue::{HostQueue, CFG_COSTLY_RATE};
 use crate::nic::fake::FakeNic;
 use crate::own_queue::{OwnQueueProgress, OWN_QUEUE_RETRY, OWN_QUEUE_RETRY_MAX};
-use crate::state::WorkerState;
+use crate::state::{Who, WorkerState};
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
 use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBufCache};
 use splitnet_messaging::testing;
 use splitnet_messaging::vnet::{VnetHdr, VNET_HDR_LEN};
-use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Queue};
+use splitnet_messaging::wire::{self, CfgCode, ErrorCode};
 use std::future::Future;
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -131,7 +131,7 @@ fn connect_with(
         channel(idata, session as u32),
     );
     let peer_addr = "127.0.0.1:1".to_string();
-    ioc.add_host(session, token, node_id, Queue::SINGLE, 0, link, peer_addr)
+    ioc.add_host(session, token, Who::node(node_id), link, peer_addr)
         .unwrap();
     let mut reg = Registry::new(64 << 20);
     let mut hs = Session::new(DomainId(1), config);
@@ -192,7 +192,7 @@ fn connect_shm_with(ioc: &mut WorkerState, node_id: u64, config: SessionConfig) 
     s.start(&mut ioc.reg).unwrap();
     let link = Link::new(s, ic, id);
     let peer_addr = "local".to_string();
-    ioc.add_host(session, token, node_id, Queue::SINGLE, 0, link, peer_addr)
+    ioc.add_host(session, token, Who::node(node_id), link, peer_addr)
         .unwrap();
     let mut reg = Registry::new(64 << 20);
     reg.attach_arena(DomainId(1), hd.pools().unwrap()).unwrap();

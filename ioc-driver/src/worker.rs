@@ -11,9 +11,11 @@ use crate::report::Snapshot;
 use crate::shard::{Crossing, InboxRx, Shard};
 use crate::state::WorkerState;
 use splitnet_config::IocConfig;
-use splitnet_fabric::{Ready, StreamConn};
-use splitnet_messaging::wire::{self, CfgCode, ErrorCode, Hello};
+use splitnet_fabric::auth::Key;
+use splitnet_fabric::Ready;
+use splitnet_messaging::wire::{self, CfgCode, ErrorCode};
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,20 +36,14 @@ const INBOX_BATCH: usize = 64;
 pub enum Cmd {
     /// A connection whose Hello was read, for this worker: a host's control channel, or a
     /// data channel or further queue naming a session of this worker.
-    Connection {
-        /// The channel, its Hello taken.
-        ch: Box<StreamConn>,
-        /// The Hello.
-        hello: Hello,
-        /// The protocol version agreed.
-        version: u16,
-        /// The peer's address (`ADDRESS:PORT`, or `unix:PATH (pid N)`).
-        peer: String,
-    },
+    Connection(Box<admission::Incoming>),
     /// The NIC's link state changed.
     Link(bool),
     /// A snapshot for the operators (the main thread waits for it within a deadline).
     Report(tokio::sync::oneshot::Sender<Snapshot>),
+    /// The admitted keys changed (a reload): end the sessions whose key is not one of these
+    /// (`None`: open admission, every session stays).
+    Admitted(Option<Arc<HashSet<Key>>>),
     /// Flush every host's pools, say goodbye, stop.
     Stop,
 }
@@ -182,19 +178,19 @@ async fn run(
     let _ = started.send(Ok(()));
     while let Some(cmd) = cmds.recv().await {
         match cmd {
-            Cmd::Connection {
-                ch,
-                hello,
-                version,
-                peer,
-            } => {
-                tokio::task::spawn_local(admission::admit(ioc.clone(), *ch, hello, version, peer));
+            Cmd::Connection(incoming) => {
+                tokio::task::spawn_local(admission::admit(ioc.clone(), *incoming));
             }
             Cmd::Link(up) => link_change(&mut ioc.borrow_mut(), up),
             Cmd::Report(reply) => {
                 let mut st = ioc.borrow_mut();
                 from_lan::count_nic_drops(&mut st);
                 let _ = reply.send(st.snapshot());
+            }
+            Cmd::Admitted(keys) => {
+                if let Some(keys) = keys {
+                    ioc.borrow_mut().revoke(|k| keys.contains(k));
+                }
             }
             Cmd::Stop => break,
         }

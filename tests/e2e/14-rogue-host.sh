@@ -6,6 +6,8 @@
 need_root; need_tool ip iperf3 python3; need_daemons
 # Every attack, and frames from a source MAC that is not the host's (counted, not passed on).
 need_rogue
+# The hostile peer speaks the plain handshake of an admitted host (e2e 32 tests admission).
+open_admission
 topo_up 2; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2

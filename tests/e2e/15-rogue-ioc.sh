@@ -1,10 +1,29 @@
 #!/usr/bin/env bash
-# The mirror: a rogue IOC attacks host-driver. host-driver refuses each attack (closes the
-# connection, logs why), reconnects, and never crashes.
+# The mirror: a rogue IOC attacks host-driver. First an impostor, a real ioc-driver with a key
+# of its own: it cannot prove the key the host expects, and sd0 never comes up. Then a rogue
+# that the host does not authenticate (no auth.ioc_public_key: as a compromised IOC would be)
+# attacks the protocol: host-driver refuses each attack (closes the connection, logs why),
+# reconnects, and never crashes.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip; need_daemons
 need_rogue
 topo_up 1
+
+(umask 077 && "$BIN/splitnetctl" genkey >"$T/keys/impostor.key") || fail "splitnetctl genkey failed"
+sed -e "s|^private_key_file = .*|private_key_file = \"$T/keys/impostor.key\"|" \
+    -e 's/^admission = "keys"/admission = "open"/' "$IOC_CONF" >"$T/impostor.toml"
+IOC_CONF=$T/impostor.toml start_ioc
+start_host 1
+sleep 2
+[ "$(carrier sd-host)" = down ] || fail "sd0 came up with an IOC that did not prove the key the host expects"
+assert_grep "$T/host1.log" 'refused the connection: Unauthenticated' "the host's log of the impostor"
+assert_grep "$T/ioc.log" 'authentication failed' "the impostor's log"
+log "impostor IOC: sd0 stays down; host: $(grep -m1 -o 'IOC [^ ]* unreachable: .*' "$T/host1.log")"
+stop_host 1
+stop_ioc
+
+sed 's/^ioc_public_key = /# ioc_public_key = /' "$HOST_CONF" >"$T/host-plain.toml"
+HOST_CONF=$T/host-plain.toml
 ip netns exec sd-ioc "$ROGUE" ioc 10.200.0.2:7400 >"$T/rogue.out" 2>&1 & rogue=$!
 PIDS+=("$rogue")
 sleep 0.3

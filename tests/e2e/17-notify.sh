@@ -14,7 +14,7 @@ ip netns exec sd-ioc env NOTIFY_SOCKET="$T/ioc.sock" WATCHDOG_USEC=1000000 \
 IOC_PID=$!; PIDS+=("$IOC_PID")
 sleep 0.5
 ip netns exec sd-host env NOTIFY_SOCKET="$T/host.sock" WATCHDOG_USEC=1000000 \
-    sh -c 'WATCHDOG_PID=$$ exec "$0" --config "$1" --control-socket "$2"' "$BIN/host-driver" "$HOST_CONF" "$T/host1.ctl" >>"$T/host1.log" 2>&1 &
+    CREDENTIALS_DIRECTORY=$T/cred/host1 sh -c 'WATCHDOG_PID=$$ exec "$0" --config "$1" --control-socket "$2"' "$BIN/host-driver" "$HOST_CONF" "$T/host1.ctl" >>"$T/host1.log" 2>&1 &
 HP=$!; PIDS+=("$HP")
 sleep 0.5
 grep -q "^READY=1" "$T/ioc.notify" || fail "ioc-driver sent no READY=1"

@@ -315,7 +315,19 @@ for m in "${MACHINES[@]}"; do
     assert_eq "$(in_m "$m" systemctl is-active host-driver ioc-driver | tr '\n' ' ')" "inactive inactive " \
         "units started by the package on the $m machine"
 done
-# The operator's edits: the IOC logs at debug, the host keeps info.
+# The package made each machine's keys, root's alone.
+for m in "${MACHINES[@]}"; do
+    assert_eq "$(in_m "$m" stat -c '%a %U' /etc/splitnet/host.key /etc/splitnet/ioc.key | tr '\n' ' ')" \
+        "600 root 600 root " "the keys the package made on the $m machine"
+done
+# The operator's edits (README: admitting a host): the IOC admits the host's public key, the
+# host names the IOC's; the IOC logs at debug, the host keeps info.
+iocpub=$(in_m ioc sh -c 'splitnetctl pubkey </etc/splitnet/ioc.key') || fail "no public key of the IOC"
+hostpub=$(in_m host sh -c 'splitnetctl pubkey </etc/splitnet/host.key') || fail "no public key of the host"
+in_m ioc sh -c "printf '\n[[auth.hosts]]\nname = \"host\"\npublic_key = \"%s\"\n' '$hostpub' >>/etc/splitnet/ioc.toml" ||
+    fail "cannot admit the host in the IOC's ioc.toml"
+on host sed -i "s|^# ioc_public_key = .*|ioc_public_key = \"$iocpub\"|" /etc/splitnet/host.toml
+on host grep -q "^ioc_public_key = \"$iocpub\"" /etc/splitnet/host.toml
 on ioc sed -i 's/^level = "info"/level = "debug"/' /etc/splitnet/ioc.toml
 on ioc grep -q '^level = "debug"' /etc/splitnet/ioc.toml
 on ioc ioc-driver --check-config --config /etc/splitnet/ioc.toml

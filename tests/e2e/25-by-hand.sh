@@ -24,6 +24,10 @@ cleanup_by_hand() {
 trap cleanup_by_hand EXIT
 
 topo_up 1
+# By hand there is no credential: host.toml names its key file, as an operator's would.
+sed "s|^# private_key_file = .*|private_key_file = \"$T/cred/host1/splitnet.key\"|" "$HOST_CONF" >"$T/host-by-hand.toml"
+grep -q '^private_key_file = ' "$T/host-by-hand.toml" || fail "no '# private_key_file =' line in $HOST_CONF"
+HOST_CONF=$T/host-by-hand.toml
 ip netns exec sd-ioc "$BIN/ioc-driver" --config "$IOC_CONF" >>"$T/ioc.log" 2>&1 &
 IOC_PID=$!; PIDS+=("$IOC_PID")
 ip netns exec sd-host "$BIN/host-driver" --config "$HOST_CONF" >>"$T/host1.log" 2>&1 &

@@ -10,6 +10,8 @@
 # (0660, that group) and, past a mode loosened by hand, by the peer's credentials.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip ping iperf3 python3 ss setpriv; need_daemons; need_rogue
+# The hostile peers speak the plain handshake of an admitted host (e2e 32 tests admission).
+open_admission
 [ -x /usr/bin/python3 ] || fail "missing /usr/bin/python3 (apt install python3): the unprivileged user of the local-socket checks runs it"
 sock=$T/run/fabric.sock
 sed "s|^listen = .*|&\nlisten_local = \"$sock\"\nlisten_local_group = \"4242\"|" "$IOC_CONF" >"$T/ioc.toml"

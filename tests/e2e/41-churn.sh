@@ -6,6 +6,8 @@
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip iperf3 python3 ping; need_daemons
 need_rogue
+# The hostile peer speaks the plain handshake of an admitted host (e2e 32 tests admission).
+open_admission
 json() { ctl_json "$T/ioc.sock" "$@"; }
 topo_up 2; start_ioc; start_host 1
 wait_carrier sd-host up 10

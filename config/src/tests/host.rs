@@ -244,3 +244,16 @@ fn control_socket_is_on_by_default_and_checked() {
     assert!(why.contains("longer than 107"), "{why}");
     parse_error(host("[control]\nport = 1"), &["port"]);
 }
+
+#[test]
+fn auth_is_optional_and_takes_the_iocs_key() {
+    let h = host("").unwrap();
+    assert_eq!(h.auth.ioc_public_key, None);
+    let h = host("[auth]\nioc_public_key = \"U0QzgGvlzWUEpnsepcHjRzxBZ/1eH8rZyHMjEYOA4BI=\"\nprivate_key_file = \"/k\"").unwrap();
+    assert!(h.auth.ioc_public_key.is_some());
+    assert_eq!(
+        h.auth.private_key_file.as_deref(),
+        Some(std::path::Path::new("/k"))
+    );
+    parse_error(host("[auth]\nioc_public_key = \"short\""), &["not a key"]);
+}

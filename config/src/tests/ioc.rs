@@ -248,3 +248,52 @@ fn source_macs_and_set_mac_policy() {
     assert!(!crate::SetMacPolicy::Any.allows([0; 6], base));
     assert!(!crate::SetMacPolicy::Off.allows([0x02, 0x5d, 0, 1, 2, 3], base));
 }
+
+const KEY_A: &str = "U0QzgGvlzWUEpnsepcHjRzxBZ/1eH8rZyHMjEYOA4BI=";
+const KEY_B: &str = "cGAmDL/g05qnxWUt8LXpFm20s0iHIzo2xnn5d69XWxE=";
+
+#[test]
+fn auth_admits_by_key_by_default_and_lists_hosts() {
+    let i = ioc("", "", "").unwrap();
+    assert_eq!(i.auth.admission, crate::Admission::Keys);
+    assert!(i.auth.hosts.is_empty());
+    assert_eq!(i.auth.private_key_file, None);
+    let rest = format!(
+        "[auth]\nprivate_key_file = \"/etc/splitnet/ioc.key\"\n\
+         [[auth.hosts]]\nname = \"a\"\npublic_key = \"{KEY_A}\"\nmac = \"02:5d:00:00:00:01\"\n\
+         [[auth.hosts]]\nname = \"b\"\npublic_key = \"{KEY_B}\"\n"
+    );
+    let i = ioc("", "", &rest).unwrap();
+    assert_eq!(i.auth.hosts.len(), 2);
+    let a: crate::key::Key = KEY_A.parse().unwrap();
+    let found = i.auth.host(&a.0).unwrap();
+    assert_eq!(found.name, "a");
+    assert_eq!(found.mac, Some(MacAddr([2, 0x5d, 0, 0, 0, 1])));
+    assert_eq!(i.auth.hosts[1].mac, None);
+    let open = ioc("", "", "[auth]\nadmission = \"open\"").unwrap();
+    assert_eq!(open.auth.admission, crate::Admission::Open);
+}
+
+#[test]
+fn auth_refuses_bad_keys_duplicates_and_bad_names() {
+    let host = |name: &str, key: &str, mac: &str| {
+        format!("[[auth.hosts]]\nname = \"{name}\"\npublic_key = \"{key}\"\n{mac}\n")
+    };
+    parse_error(
+        ioc("", "", &host("a", "AAAA", "")),
+        &["not a key", "genkey"],
+    );
+    parse_error(ioc("", "", "[auth]\nadmission = \"maybe\""), &["maybe"]);
+    let twice = format!("{}{}", host("a", KEY_A, ""), host("b", KEY_A, ""));
+    assert!(invalid(ioc("", "", &twice), "auth.hosts").contains("same public key"));
+    let twice = format!("{}{}", host("a", KEY_A, ""), host("a", KEY_B, ""));
+    assert!(invalid(ioc("", "", &twice), "auth.hosts").contains("same name"));
+    let m = "mac = \"02:00:00:00:00:09\"";
+    let twice = format!("{}{}", host("a", KEY_A, m), host("b", KEY_B, m));
+    assert!(invalid(ioc("", "", &twice), "auth.hosts").contains("same mac"));
+    invalid(ioc("", "", &host("", KEY_A, "")), "auth.hosts.name");
+    invalid(
+        ioc("", "", &host("a", KEY_A, "mac = \"01:00:5e:00:00:01\"")),
+        "auth.hosts.mac",
+    );
+}

@@ -96,7 +96,8 @@ impl ProtocolError {
             ProtocolError::Wire(WireError::UnsupportedVersion(_)) => "E6",
             ProtocolError::Wire(_) => "E7",
             ProtocolError::Unexpected {
-                function: Function::Hello | Function::HelloReply,
+                function:
+                    Function::Hello | Function::HelloReply | Function::AuthHello | Function::AuthReply,
                 ..
             } => "E8",
             ProtocolError::Unexpected { .. } => "E15",

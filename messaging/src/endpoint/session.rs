@@ -175,7 +175,10 @@ impl Session {
         let (header, msg) = Message::parse(bytes)?;
         let txn = header.txn;
         Ok(match msg {
-            Message::Hello(_) | Message::HelloReply(_) => {
+            Message::Hello(_)
+            | Message::HelloReply(_)
+            | Message::AuthHello(_)
+            | Message::AuthReply(_) => {
                 return Err(ProtocolError::Unexpected {
                     function: header.function,
                     why: "handshake already complete",

@@ -31,6 +31,8 @@ pub enum ErrorCode {
     Timeout,
     /// The listener is at capacity.
     Busy,
+    /// The handshake did not prove an admitted key (docs/protocol.md 5.1).
+    Unauthenticated,
     /// A code this implementation does not know (kept so it can be logged).
     Other(u16),
 }
@@ -52,6 +54,7 @@ impl ErrorCode {
             ErrorCode::Refused => 10,
             ErrorCode::Timeout => 11,
             ErrorCode::Busy => 12,
+            ErrorCode::Unauthenticated => 13,
             ErrorCode::Other(v) => v,
         }
     }
@@ -72,6 +75,7 @@ impl ErrorCode {
             10 => ErrorCode::Refused,
             11 => ErrorCode::Timeout,
             12 => ErrorCode::Busy,
+            13 => ErrorCode::Unauthenticated,
             v => ErrorCode::Other(v),
         }
     }

@@ -17,6 +17,11 @@ pub enum Function {
     Keepalive = 0x0003,
     /// The sender is closing the connection.
     Goodbye = 0x0004,
+    /// Authenticated connection set-up request: a Noise handshake message carrying a Hello.
+    AuthHello = 0x0005,
+    /// Authenticated connection set-up answer: a Noise handshake message carrying a
+    /// HelloReply.
+    AuthReply = 0x0006,
     /// Target advertises pools.
     BufferRecvPool = 0x0101,
     /// Initiator asks for a pool.
@@ -46,6 +51,8 @@ impl TryFrom<u16> for Function {
             0x0002 => Function::HelloReply,
             0x0003 => Function::Keepalive,
             0x0004 => Function::Goodbye,
+            0x0005 => Function::AuthHello,
+            0x0006 => Function::AuthReply,
             0x0101 => Function::BufferRecvPool,
             0x0102 => Function::BufferRecvPoolGet,
             0x0103 => Function::BufferRecvPoolUpdate,

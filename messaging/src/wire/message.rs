@@ -165,6 +165,10 @@ pub enum Message<'a> {
     Hello(Hello),
     /// Channel set-up answer.
     HelloReply(HelloReply),
+    /// Authenticated channel set-up: a Noise handshake message (docs/protocol.md 5.1).
+    AuthHello(&'a [u8]),
+    /// Authenticated channel set-up answer: a Noise handshake message.
+    AuthReply(&'a [u8]),
     /// Liveness probe.
     Keepalive,
     /// Closing.
@@ -218,6 +222,8 @@ impl<'a> Message<'a> {
         match self {
             Message::Hello(_) => Function::Hello,
             Message::HelloReply(_) => Function::HelloReply,
+            Message::AuthHello(_) => Function::AuthHello,
+            Message::AuthReply(_) => Function::AuthReply,
             Message::Keepalive => Function::Keepalive,
             Message::Goodbye(_) => Function::Goodbye,
             Message::BufferRecvPool(_) => Function::BufferRecvPool,
@@ -234,15 +240,15 @@ impl<'a> Message<'a> {
 
     /// Parses one whole message: `buf` holds exactly one header and body.
     ///
-    /// Any version is accepted on a Hello (negotiation happens in its body); every other
-    /// message must carry a version in `MIN_VERSION..=VERSION`.
+    /// Any version is accepted on a Hello or AuthHello (negotiation happens in the Hello);
+    /// every other message must carry a version in `MIN_VERSION..=VERSION`.
     pub fn parse(buf: &'a [u8]) -> Result<(Header, Message<'a>), WireError> {
         if buf.len() > MAX_MESSAGE_LEN {
             return Err(WireError::TooLong(buf.len()));
         }
         let header = Header::parse(buf)?;
-        if header.function != Function::Hello && !(MIN_VERSION..=VERSION).contains(&header.version)
-        {
+        let negotiates = matches!(header.function, Function::Hello | Function::AuthHello);
+        if !negotiates && !(MIN_VERSION..=VERSION).contains(&header.version) {
             return Err(WireError::UnsupportedVersion(header.version));
         }
         let mut r = Reader::new(buf);
@@ -290,6 +296,8 @@ impl<'a> Message<'a> {
                     max_message: r.u32()?,
                 })
             }
+            Function::AuthHello => Message::AuthHello(r.bytes(r.remaining())?),
+            Function::AuthReply => Message::AuthReply(r.bytes(r.remaining())?),
             Function::Keepalive => Message::Keepalive,
             Function::Goodbye => {
                 let code = ErrorCode::from_u16(r.u16()?);
@@ -394,6 +402,7 @@ impl<'a> Message<'a> {
             + match self {
                 Message::Hello(_) => 28,
                 Message::HelloReply(_) => 20,
+                Message::AuthHello(b) | Message::AuthReply(b) => b.len(),
                 Message::Keepalive | Message::BufferPoolFlushReply => 0,
                 Message::Goodbye(_) => 4,
                 Message::BufferRecvPool(v) => 4 + POOL_ENTRY_LEN * v.len(),
@@ -446,6 +455,7 @@ impl<'a> Message<'a> {
                 u64b(out, m.session);
                 u32b(out, m.max_message);
             }
+            Message::AuthHello(b) | Message::AuthReply(b) => out.extend_from_slice(b),
             Message::Keepalive | Message::BufferPoolFlushReply => {}
             Message::Goodbye(m) => {
                 u16b(out, m.code.to_u16());

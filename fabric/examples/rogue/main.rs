@@ -13,6 +13,8 @@
 //!
 //! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
 
+mod admission;
+
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
 };
@@ -962,6 +964,30 @@ fn number(arg: Option<&String>, default: u64) -> u64 {
     arg.and_then(|a| a.parse().ok()).unwrap_or(default)
 }
 
+/// The keys of `rogue auth`: an admitted host's private key file, the IOC's public key, and
+/// the node id to claim (another host's).
+fn admission_keys(args: &[String]) -> Result<(admission::Keys, u64), String> {
+    let [file, ioc, claimed] = args else {
+        return Err("needs HOST_KEY_FILE IOC_PUBLIC_KEY CLAIMED_NODE_ID".into());
+    };
+    let key = |text: &str| {
+        use base64::Engine;
+        let b = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|e| e.to_string())?;
+        <[u8; 32]>::try_from(b).map_err(|_| "not a 32-byte key".to_string())
+    };
+    let host = key(&std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?)?;
+    let claimed = claimed.parse().map_err(|e| format!("{claimed}: {e}"))?;
+    Ok((
+        admission::Keys {
+            host,
+            ioc: key(ioc)?,
+        },
+        claimed,
+    ))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let missed = match (args.get(1).map(String::as_str), args.get(2)) {
@@ -970,9 +996,16 @@ fn main() {
         (Some("slow"), Some(addr)) => slow_host(addr, number(args.get(3), 20)),
         (Some("churn"), Some(addr)) => churn(addr, number(args.get(3), 100) as usize),
         (Some("shm"), Some(path)) => shm_attacks(path),
+        (Some("auth"), Some(addr)) => match admission_keys(&args[3..]) {
+            Ok((keys, claimed)) => admission::attack(addr, &keys, claimed),
+            Err(e) => {
+                eprintln!("rogue auth: {e}");
+                std::process::exit(2);
+            }
+        },
         _ => {
             eprintln!(
-                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET"
+                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET | rogue auth IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY CLAIMED_NODE_ID"
             );
             std::process::exit(2);
         }

@@ -1,0 +1,184 @@
+//! A control channel on its socket after an authenticated handshake: every SEND carries its
+//! message sealed ([`Sealer`]), so nothing on the path can forge, alter, replay, reorder or
+//! drop a control message (CfgUtil among them) unnoticed. A SEND that does not open ends the
+//! channel. Control travels in SENDs only (channel 0 carries no RDMA writes).
+
+use crate::auth::{self, Sealer};
+use crate::Stream;
+use splitnet_messaging::adapter::{
+    Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
+};
+use splitnet_messaging::memory::{Registry, SendBuf, SendBufCache};
+use splitnet_messaging::wire;
+use std::io::{self, Read, Write};
+
+/// A stream channel whose SENDs are sealed.
+#[derive(Debug)]
+pub struct SealedConn<S = Stream> {
+    conn: StreamChannel<S>,
+    sealer: Sealer,
+    /// The last SEND received, opened.
+    plain: Vec<u8>,
+    /// Send buffers whose bytes went out sealed in a copy: returned on reclaim.
+    copied: Vec<SendBuf>,
+}
+
+impl<S: Read + Write> SealedConn<S> {
+    /// Seals `conn`'s SENDs from now on with `sealer`.
+    pub fn new(mut conn: StreamChannel<S>, sealer: Sealer) -> SealedConn<S> {
+        conn.set_max_send(auth::sealed_len(wire::MAX_MESSAGE_LEN));
+        SealedConn {
+            conn,
+            sealer,
+            plain: Vec::new(),
+            copied: Vec::new(),
+        }
+    }
+
+    /// The channel underneath, for its socket.
+    pub fn conn(&self) -> &StreamChannel<S> {
+        &self.conn
+    }
+
+    /// The channel underneath.
+    pub fn conn_mut(&mut self) -> &mut StreamChannel<S> {
+        &mut self.conn
+    }
+}
+
+impl<S: Read + Write> Channel for SealedConn<S> {
+    fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
+        if !matches!(op, Op::Send) {
+            // Not a message: nothing to seal (the peer refuses writes on a control channel).
+            return self.conn.post(op, prefix, payload);
+        }
+        let mut plain = prefix.to_vec();
+        match payload {
+            Payload::Empty => {}
+            Payload::Bytes(b) => plain.extend_from_slice(&b),
+            Payload::Buf(b) => {
+                plain.extend_from_slice(b.as_slice());
+                self.copied.push(b);
+            }
+        }
+        match self.sealer.seal(&plain) {
+            Ok(sealed) => self.conn.post(Op::Send, &[], Payload::Bytes(sealed)),
+            // Only a nonce run out after 2^64 messages: the channel cannot go on.
+            Err(e) => tracing::error!("cannot seal a control message: {e}"),
+        }
+    }
+
+    fn flush(&mut self) -> Result<bool, ChannelError> {
+        self.conn.flush()
+    }
+
+    fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
+        match self.conn.poll_recv(reg)? {
+            Some(RxCompletion::Recv { .. }) => {
+                self.sealer
+                    .open(self.conn.received(), &mut self.plain)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                Ok(Some(RxCompletion::Recv {
+                    len: self.plain.len(),
+                }))
+            }
+            other => Ok(other),
+        }
+    }
+
+    fn received(&self) -> &[u8] {
+        &self.plain
+    }
+
+    fn reclaim(&mut self, cache: &mut SendBufCache) {
+        for b in self.copied.drain(..) {
+            cache.put(b);
+        }
+        self.conn.reclaim(cache)
+    }
+
+    fn pending(&self) -> usize {
+        self.conn.pending()
+    }
+
+    fn held_buffers(&self) -> usize {
+        self.conn.held_buffers() + self.copied.len()
+    }
+
+    fn set_writes_allowed(&mut self, allowed: bool) {
+        self.conn.set_writes_allowed(allowed)
+    }
+
+    fn close(&mut self, reg: &mut Registry) {
+        self.conn.close(reg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{generate, public_key, Initiator, Responder};
+    use splitnet_messaging::adapter::{pipe, PipeEnd};
+    use splitnet_messaging::endpoint::handshake;
+    use splitnet_messaging::memory::DomainId;
+    use splitnet_messaging::wire::{ErrorCode, Queue, Role};
+
+    fn sealers() -> (Sealer, Sealer) {
+        let (host, ioc) = (generate().unwrap(), generate().unwrap());
+        let mut i = Initiator::new(&host, &public_key(&ioc)).unwrap();
+        let hello = handshake::hello(Role::Host, 0, Queue { index: 0, count: 1 }, 0, 1, 70_000);
+        let m1 = i.hello(&hello, 1).unwrap();
+        let (mut r, _) = Responder::accept(&ioc, auth::hello_body(&m1).unwrap()).unwrap();
+        let m2 = r
+            .reply(&handshake::reply(1, ErrorCode::Ok, 5, 70_000))
+            .unwrap();
+        let (_, h) = i.reply(auth::reply_body(&m2).unwrap()).unwrap();
+        (h, r.into_sealer().unwrap())
+    }
+
+    /// The next message on `ch`, which the pipe already holds.
+    fn recv(ch: &mut impl Channel, reg: &mut Registry) -> Result<Vec<u8>, ChannelError> {
+        match ch.poll_recv(reg)? {
+            Some(RxCompletion::Recv { len }) => {
+                assert_eq!(len, ch.received().len());
+                Ok(ch.received().to_vec())
+            }
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn messages_cross_sealed_and_open_in_order() {
+        let (a, b) = pipe(1 << 20);
+        let (sa, sb) = sealers();
+        let mut x = SealedConn::new(StreamChannel::new(a, DomainId(1), 0), sa);
+        let mut y = SealedConn::new(StreamChannel::new(b, DomainId(2), 0), sb);
+        let mut reg = Registry::new(0);
+        for n in [0usize, 12, 4000, wire::MAX_MESSAGE_LEN] {
+            let m = vec![n as u8; n];
+            x.post(
+                Op::Send,
+                &m[..n.min(3)],
+                Payload::Bytes(m[n.min(3)..].to_vec()),
+            );
+            assert!(x.flush().unwrap());
+            assert_eq!(recv(&mut y, &mut reg).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn a_forged_message_ends_the_channel() {
+        let (a, b) = pipe(1 << 20);
+        let (_, sb) = sealers();
+        // The peer sends a plain (unsealed) message, as an attacker without the keys would.
+        let mut x: StreamChannel<PipeEnd> = StreamChannel::new(a, DomainId(1), 0);
+        let mut y = SealedConn::new(StreamChannel::new(b, DomainId(2), 0), sb);
+        let mut reg = Registry::new(0);
+        let mut goodbye = Vec::new();
+        wire::Message::Keepalive.emit(0, &mut goodbye);
+        goodbye.extend_from_slice(&[0; auth::TAG_LEN]);
+        x.post(Op::Send, &[], Payload::Bytes(goodbye));
+        assert!(x.flush().unwrap());
+        assert!(recv(&mut y, &mut reg).is_err());
+    }
+}

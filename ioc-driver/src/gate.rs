@@ -1,0 +1,252 @@
+//! Who becomes a host: the admission policy of `[auth]` applied to each Hello the main
+//! thread reads, before any worker, slot, MAC or pool is spent on it.
+//!
+//! With `admission = "keys"` (the default) a Hello must come in an authenticated handshake
+//! (docs/protocol.md 5.1) proving a key of `[[auth.hosts]]`, and its timestamp must be above
+//! the last one taken from that key for that queue and channel, so a recorded handshake
+//! cannot be played again. The host's identity (and so its derived MAC) is then its key, not
+//! the node id it claims. With `admission = "open"` (a lab) anyone gets in.
+
+use splitnet_config::{Admission, IocAuth};
+use splitnet_fabric::auth::{Key, Responder};
+use splitnet_messaging::wire::{ErrorCode, Hello};
+use std::collections::{HashMap, HashSet};
+
+/// The admission policy and what it remembers.
+#[derive(Debug)]
+pub struct Gate {
+    cfg: IocAuth,
+    /// This IOC's private key, if it has one (always, with `admission = "keys"`).
+    key: Option<Key>,
+    /// The last timestamp taken per host key, queue index and channel kind (control or
+    /// data): at most 1,024 keys x 16 queues x 2 entries.
+    last: HashMap<(Key, u8, bool), u64>,
+}
+
+/// Why a Hello is refused: its status and the log line's reason.
+pub type Refusal = (ErrorCode, String);
+
+/// What admission gives a host: its policy's MAC and its name, for an admitted key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Admitted {
+    /// The MAC its policy gives it.
+    pub mac: Option<[u8; 6]>,
+    /// Its name in `[[auth.hosts]]`.
+    pub name: Option<String>,
+}
+
+impl Gate {
+    /// The policy of `cfg`, with this IOC's private `key`.
+    pub fn new(cfg: IocAuth, key: Option<Key>) -> Gate {
+        Gate {
+            cfg,
+            key,
+            last: HashMap::new(),
+        }
+    }
+
+    /// This IOC's private key.
+    pub fn key(&self) -> Option<&Key> {
+        self.key.as_ref()
+    }
+
+    /// Takes a new `[auth]` (a reload; this IOC's key stays): returns the keys now admitted,
+    /// or `None` with open admission. What the old policy remembers of admitted keys'
+    /// timestamps stays, so a handshake recorded before the reload stays refused.
+    pub fn reload(&mut self, cfg: IocAuth) -> Option<HashSet<Key>> {
+        self.cfg = cfg;
+        let admitted: HashSet<Key> = self.cfg.hosts.iter().map(|h| h.public_key.0).collect();
+        self.last.retain(|(k, _, _), _| admitted.contains(k));
+        (self.cfg.admission == Admission::Keys).then_some(admitted)
+    }
+
+    /// Lets a Hello in, authenticated by `proof` if it came in an AuthHello, or refuses it.
+    /// An authenticated Hello gets the node id of its key.
+    pub fn admit(
+        &mut self,
+        hello: &mut Hello,
+        control: bool,
+        proof: Option<&Responder>,
+    ) -> Result<Admitted, Refusal> {
+        let Some(r) = proof else {
+            return match self.cfg.admission {
+                Admission::Open => Ok(Admitted::default()),
+                Admission::Keys => Err((
+                    ErrorCode::Unauthenticated,
+                    "a Hello without a key (auth.admission = \"keys\" admits only the hosts of [[auth.hosts]])".into(),
+                )),
+            };
+        };
+        hello.node_id = identity(&r.peer);
+        if self.cfg.admission == Admission::Open {
+            return Ok(Admitted::default());
+        }
+        let Some(host) = self.cfg.host(&r.peer) else {
+            return Err((
+                ErrorCode::Unauthenticated,
+                format!(
+                    "host key {} is not admitted (add it to [[auth.hosts]])",
+                    splitnet_config::key::Key(r.peer)
+                ),
+            ));
+        };
+        let last = self
+            .last
+            .entry((r.peer, hello.queue.index, control))
+            .or_default();
+        if r.timestamp <= *last {
+            return Err((
+                ErrorCode::Unauthenticated,
+                format!(
+                    "host {:?}: handshake replayed, or the host's clock went back",
+                    host.name
+                ),
+            ));
+        }
+        *last = r.timestamp;
+        Ok(Admitted {
+            mac: host.mac.map(|m| m.0),
+            name: Some(host.name.clone()),
+        })
+    }
+}
+
+/// The node id of a host key: its first eight bytes (X25519 public keys are uniform, and the
+/// admitted keys are distinct).
+pub fn identity(key: &Key) -> u64 {
+    let mut b = [0; 8];
+    b.copy_from_slice(&key[..8]);
+    u64::from_be_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use splitnet_config::key::Key as TextKey;
+    use splitnet_config::{AdmittedHost, MacAddr};
+    use splitnet_fabric::auth::{generate, public_key, Initiator};
+    use splitnet_messaging::endpoint::handshake;
+    use splitnet_messaging::wire::{Message, Queue, Role};
+
+    /// The Hello and proof the IOC with key `ioc` reads from a host with key `host`.
+    fn hello_from(host: &Key, ioc: &Key, channel: u8, ts: u64) -> (Hello, Responder) {
+        let bytes = handshake::hello(
+            Role::Host,
+            channel,
+            Queue { index: 0, count: 1 },
+            0,
+            99,
+            70_000,
+        );
+        let mut i = Initiator::new(host, &public_key(ioc)).unwrap();
+        let m = i.hello(&bytes, ts).unwrap();
+        let body = splitnet_fabric::auth::hello_body(&m).unwrap();
+        let (r, inner) = Responder::accept(ioc, body).unwrap();
+        let Ok((_, Message::Hello(h))) = Message::parse(&inner) else {
+            panic!("not a Hello");
+        };
+        (h, r)
+    }
+
+    fn gate(admission: Admission, hosts: &[(&str, Key, Option<[u8; 6]>)], ioc: Key) -> Gate {
+        let cfg = IocAuth {
+            admission,
+            private_key_file: None,
+            hosts: hosts
+                .iter()
+                .map(|(name, k, mac)| AdmittedHost {
+                    name: name.to_string(),
+                    public_key: TextKey(public_key(k)),
+                    mac: mac.map(MacAddr),
+                })
+                .collect(),
+        };
+        Gate::new(cfg, Some(ioc))
+    }
+
+    #[test]
+    fn only_admitted_keys_get_in_with_their_identity_and_mac() {
+        let (ioc, a, b, stranger) = (
+            generate().unwrap(),
+            generate().unwrap(),
+            generate().unwrap(),
+            generate().unwrap(),
+        );
+        let mac = [2, 0x5d, 0, 0, 0, 0x42];
+        let mut g = gate(Admission::Keys, &[("a", a, Some(mac)), ("b", b, None)], ioc);
+        let (mut h, r) = hello_from(&a, &ioc, 0, 10);
+        let got = g.admit(&mut h, true, Some(&r)).unwrap();
+        assert_eq!((got.mac, got.name.as_deref()), (Some(mac), Some("a")));
+        assert_eq!(
+            h.node_id,
+            identity(&public_key(&a)),
+            "the key decides, not the claim (99)"
+        );
+        let (mut h, r) = hello_from(&b, &ioc, 0, 10);
+        assert_eq!(g.admit(&mut h, true, Some(&r)).unwrap().mac, None);
+        let (mut h, r) = hello_from(&stranger, &ioc, 0, 10);
+        let (code, why) = g.admit(&mut h, true, Some(&r)).unwrap_err();
+        assert_eq!(code, ErrorCode::Unauthenticated);
+        assert!(
+            why.contains(&TextKey(public_key(&stranger)).to_string()),
+            "{why}"
+        );
+        let (mut h, _) = hello_from(&a, &ioc, 0, 11);
+        assert_eq!(
+            g.admit(&mut h, true, None).unwrap_err().0,
+            ErrorCode::Unauthenticated
+        );
+    }
+
+    #[test]
+    fn a_replayed_or_older_handshake_is_refused_per_queue_and_channel() {
+        let (ioc, a) = (generate().unwrap(), generate().unwrap());
+        let mut g = gate(Admission::Keys, &[("a", a, None)], ioc);
+        let (mut h, r) = hello_from(&a, &ioc, 0, 100);
+        assert!(g.admit(&mut h.clone(), true, Some(&r)).is_ok());
+        // The same message again (a replay), and an older one.
+        assert!(g
+            .admit(&mut h, true, Some(&r))
+            .unwrap_err()
+            .1
+            .contains("replayed"));
+        let (mut h, r) = hello_from(&a, &ioc, 0, 99);
+        assert!(g.admit(&mut h, true, Some(&r)).is_err());
+        // The data channel counts on its own, and a later control handshake gets in.
+        let (mut h, r) = hello_from(&a, &ioc, 1, 50);
+        assert!(g.admit(&mut h, false, Some(&r)).is_ok());
+        let (mut h, r) = hello_from(&a, &ioc, 0, 101);
+        assert!(g.admit(&mut h, true, Some(&r)).is_ok());
+    }
+
+    #[test]
+    fn a_reload_admits_new_keys_and_drops_removed_ones() {
+        let (ioc, a, b) = (
+            generate().unwrap(),
+            generate().unwrap(),
+            generate().unwrap(),
+        );
+        let mut g = gate(Admission::Keys, &[("a", a, None)], ioc);
+        let (mut h, r) = hello_from(&b, &ioc, 0, 5);
+        assert!(g.admit(&mut h.clone(), true, Some(&r)).is_err());
+        let next = gate(Admission::Keys, &[("b", b, None)], ioc).cfg;
+        let admitted = g.reload(next).unwrap();
+        assert_eq!(admitted, HashSet::from([public_key(&b)]));
+        assert!(g.admit(&mut h, true, Some(&r)).is_ok());
+        let (mut h, r) = hello_from(&a, &ioc, 0, 6);
+        assert!(g.admit(&mut h, true, Some(&r)).is_err());
+        let open = gate(Admission::Open, &[], ioc).cfg;
+        assert_eq!(g.reload(open), None);
+    }
+
+    #[test]
+    fn open_admission_takes_anyone() {
+        let (ioc, a) = (generate().unwrap(), generate().unwrap());
+        let mut g = gate(Admission::Open, &[], ioc);
+        let (mut h, r) = hello_from(&a, &ioc, 0, 1);
+        assert_eq!(h.node_id, 99);
+        assert_eq!(g.admit(&mut h.clone(), true, None), Ok(Admitted::default()));
+        assert_eq!(g.admit(&mut h, true, Some(&r)), Ok(Admitted::default()));
+        assert_eq!(h.node_id, identity(&public_key(&a)));
+    }
+}
