@@ -44,7 +44,7 @@ deb_package() {
 step "Debian package (cargo deb)" deb_package
 step "rust-version (tests/msrv.sh)" as_user tests/msrv.sh
 step "systemd units (tests/units.sh)" tests/units.sh
-step "shellcheck (tests, .ci/run)" shellcheck -S warning tests/*.sh tests/e2e/*.sh .ci/run debian/post* debian/pre*
+step "shellcheck (tests, .ci/run)" shellcheck -S warning tests/*.sh tests/e2e/*.sh tests/vm/*.sh .ci/run debian/post* debian/pre*
 step "fuzz smoke (${FUZZ_SECONDS:-10} s per target)" as_user fuzz/run.sh "${FUZZ_SECONDS:-10}"
 # e2e TEST: runs one end-to-end test (20 min at most); a test that leaves a namespace of the
 # reference topology behind (killed before its trap ran) fails, and the leftovers are removed so

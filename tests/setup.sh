@@ -21,7 +21,8 @@ SETUP_DEMO_PKGS=(ip:iproute2 ss:iproute2 ping:iputils-ping iperf3:iperf3 python3
 SETUP_ALL_PKGS=("${SETUP_DEMO_PKGS[@]}" dnsmasq:dnsmasq-base dhclient:isc-dhcp-client
     ethtool:ethtool systemd-analyze:systemd shellcheck:shellcheck tshark:tshark
     mmdebstrap:mmdebstrap systemd-nspawn:systemd-container runuser:util-linux
-    nsenter:util-linux setpriv:util-linux findmnt:util-linux dpkg-deb:dpkg c++:g++)
+    nsenter:util-linux setpriv:util-linux findmnt:util-linux dpkg-deb:dpkg c++:g++
+    qemu-system-x86_64:qemu-system-x86 busybox:busybox-static)
 
 reexec_as_root() {
     [ "$(id -u)" = 0 ] && return 0
