@@ -71,6 +71,13 @@ pub struct AdmittedHost {
     /// The host's MAC; absent: derived from its key under `lan.mac_base`.
     #[serde(default)]
     pub mac: Option<MacAddr>,
+    /// MACs of machines bridged behind the host (containers, VMs): it may send from them,
+    /// and frames to them reach it without promiscuous mode (at most 64).
+    #[serde(default)]
+    pub extra_macs: Vec<MacAddr>,
+    /// Whether it may turn promiscuous (then it also gets the LAN's frames for no host).
+    #[serde(default)]
+    pub promiscuous: bool,
 }
 
 impl IocAuth {
@@ -94,15 +101,35 @@ impl IocAuth {
             if let Some(mac) = h.mac {
                 unicast("auth.hosts.mac", mac)?;
             }
+            range("auth.hosts.extra_macs", h.extra_macs.len() as u64, 0, 64)?;
+            for mac in &h.extra_macs {
+                unicast("auth.hosts.extra_macs", *mac)?;
+            }
+            let macs = |h: &AdmittedHost| {
+                h.mac
+                    .into_iter()
+                    .chain(h.extra_macs.iter().copied())
+                    .collect::<Vec<_>>()
+            };
+            let mine = macs(h);
+            if let Some(m) = mine
+                .iter()
+                .enumerate()
+                .find(|(j, m)| mine[..*j].contains(m))
+            {
+                return Err(Invalid::new(
+                    "auth.hosts",
+                    format!("host {:?} lists mac {} twice", h.name, m.1),
+                ));
+            }
             for other in &self.hosts[..i] {
+                let shared = macs(other).into_iter().find(|m| mine.contains(m));
                 let clash = if other.name == h.name {
                     Some(format!("name {:?}", h.name))
                 } else if other.public_key == h.public_key {
                     Some(format!("public key {}", h.public_key))
-                } else if other.mac.is_some() && other.mac == h.mac {
-                    Some(format!("mac {}", h.mac.unwrap_or(MacAddr([0; 6]))))
                 } else {
-                    None
+                    shared.map(|m| format!("mac {m}"))
                 };
                 if let Some(what) = clash {
                     return Err(Invalid::new(

@@ -9,7 +9,7 @@
 //! then carries every message sealed ([`Sealer`]): encrypted and authenticated, in order.
 
 use snow::{Builder, HandshakeState, TransportState};
-use splitnet_messaging::wire::Message;
+use splitnet_messaging::wire::{self, Message};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use thiserror::Error;
@@ -79,9 +79,27 @@ pub fn timestamp() -> u64 {
     now.max(prev.saturating_add(1))
 }
 
+/// The prologue of a handshake for `channel`: [`PROLOGUE`] and the channel number, which
+/// the AuthHello also carries in the clear (its transaction context) so that a capture can
+/// tell the channels apart; a changed number fails the handshake.
+fn prologue(channel: u8) -> Vec<u8> {
+    let mut p = PROLOGUE.to_vec();
+    p.push(channel);
+    p
+}
+
+/// Offset of the channel number in an encoded Hello message (header, then min_version,
+/// max_version, role).
+const HELLO_CHANNEL_AT: usize = wire::HEADER_LEN + 5;
+
 /// The connecting side (the host) of one channel's handshake.
 pub struct Initiator {
-    hs: HandshakeState,
+    local: Key,
+    ioc: Key,
+    /// A fixed ephemeral key (tests and attack tools only).
+    ephemeral: Option<Key>,
+    /// The handshake, once the first message is written.
+    hs: Option<HandshakeState>,
 }
 
 impl std::fmt::Debug for Initiator {
@@ -93,44 +111,56 @@ impl std::fmt::Debug for Initiator {
 impl Initiator {
     /// A handshake of this host's key `local` with the IOC whose public key is `ioc`.
     pub fn new(local: &Key, ioc: &Key) -> Result<Initiator, AuthError> {
-        let hs = Builder::new(params())
-            .local_private_key(local)?
-            .remote_public_key(ioc)?
-            .prologue(PROLOGUE)?
-            .build_initiator()?;
-        Ok(Initiator { hs })
+        Ok(Initiator {
+            local: *local,
+            ioc: *ioc,
+            ephemeral: None,
+            hs: None,
+        })
     }
 
     /// An initiator whose ephemeral key is `ephemeral` instead of a fresh random one, for
     /// tests and attack tools only: two such initiators write identical first messages, so
     /// one can read the answer to the other's message replayed. Never for a real handshake.
     pub fn with_ephemeral(local: &Key, ioc: &Key, ephemeral: &Key) -> Result<Initiator, AuthError> {
-        let hs = Builder::new(params())
-            .local_private_key(local)?
-            .remote_public_key(ioc)?
-            .prologue(PROLOGUE)?
-            .fixed_ephemeral_key_for_testing_only(ephemeral)
-            .build_initiator()?;
-        Ok(Initiator { hs })
+        let mut i = Initiator::new(local, ioc)?;
+        i.ephemeral = Some(*ephemeral);
+        Ok(i)
     }
 
-    /// The AuthHello message carrying `hello` (a whole encoded Hello message) and
-    /// `timestamp`.
+    /// The AuthHello message carrying `hello` (a whole encoded Hello message, whose channel
+    /// it names in the clear) and `timestamp`.
     pub fn hello(&mut self, hello: &[u8], timestamp: u64) -> Result<Vec<u8>, AuthError> {
+        let channel = *hello
+            .get(HELLO_CHANNEL_AT)
+            .ok_or(AuthError::Payload("not a Hello"))?;
+        let prologue = prologue(channel);
+        let b = Builder::new(params())
+            .local_private_key(&self.local)?
+            .remote_public_key(&self.ioc)?
+            .prologue(&prologue)?;
+        let b = match &self.ephemeral {
+            Some(e) => b.fixed_ephemeral_key_for_testing_only(e),
+            None => b,
+        };
+        let hs = self.hs.insert(b.build_initiator()?);
         let mut payload = hello.to_vec();
         payload.extend_from_slice(&timestamp.to_be_bytes());
         let mut noise = vec![0; NOISE_MAX];
-        let n = self.hs.write_message(&payload, &mut noise)?;
-        Ok(encode(&Message::AuthHello(&noise[..n])))
+        let n = hs.write_message(&payload, &mut noise)?;
+        let mut out = Vec::with_capacity(wire::HEADER_LEN + n);
+        Message::AuthHello(&noise[..n]).emit(u64::from(channel), &mut out);
+        Ok(out)
     }
 
     /// Reads the IOC's AuthReply body `noise`: returns the HelloReply it carries (a whole
     /// encoded message) and the sealer of the channel's later messages.
-    pub fn reply(mut self, noise: &[u8]) -> Result<(Vec<u8>, Sealer), AuthError> {
+    pub fn reply(self, noise: &[u8]) -> Result<(Vec<u8>, Sealer), AuthError> {
+        let mut hs = self.hs.ok_or(AuthError::Payload("no AuthHello was sent"))?;
         let mut reply = vec![0; noise.len()];
-        let n = self.hs.read_message(noise, &mut reply)?;
+        let n = hs.read_message(noise, &mut reply)?;
         reply.truncate(n);
-        Ok((reply, Sealer::new(self.hs.into_transport_mode()?)))
+        Ok((reply, Sealer::new(hs.into_transport_mode()?)))
     }
 }
 
@@ -153,18 +183,32 @@ impl std::fmt::Debug for Responder {
 }
 
 impl Responder {
-    /// Reads the AuthHello body `noise` with this IOC's key `local`: returns the responder
-    /// and the Hello it carries (a whole encoded message).
-    pub fn accept(local: &Key, noise: &[u8]) -> Result<(Responder, Vec<u8>), AuthError> {
+    /// Reads an AuthHello message (`message`: header and body) with this IOC's key `local`:
+    /// returns the responder and the Hello it carries (a whole encoded message), whose
+    /// channel is the one the AuthHello names in the clear.
+    pub fn accept(local: &Key, message: &[u8]) -> Result<(Responder, Vec<u8>), AuthError> {
+        let (header, noise) = match Message::parse(message) {
+            Ok((h, Message::AuthHello(b))) => (h, b),
+            _ => return Err(AuthError::Payload("not an AuthHello")),
+        };
+        let channel = u8::try_from(header.txn)
+            .ok()
+            .filter(|&c| c <= wire::MAX_DATA_CHANNELS)
+            .ok_or(AuthError::Payload(
+                "the channel named in the clear is out of range",
+            ))?;
         let mut hs = Builder::new(params())
             .local_private_key(local)?
-            .prologue(PROLOGUE)?
+            .prologue(&prologue(channel))?
             .build_responder()?;
         let mut payload = vec![0; noise.len()];
         let n = hs.read_message(noise, &mut payload)?;
         let Some(split) = n.checked_sub(TIMESTAMP_LEN) else {
             return Err(AuthError::Payload("no room for the timestamp"));
         };
+        if payload.get(HELLO_CHANNEL_AT) != Some(&channel) {
+            return Err(AuthError::Payload("the Hello names another channel"));
+        }
         let mut ts = [0; TIMESTAMP_LEN];
         ts.copy_from_slice(&payload[split..n]);
         payload.truncate(split);
@@ -254,12 +298,9 @@ fn encode(msg: &Message<'_>) -> Vec<u8> {
     out
 }
 
-/// The body of an AuthHello message, if `bytes` is one.
-pub fn hello_body(bytes: &[u8]) -> Option<&[u8]> {
-    match Message::parse(bytes) {
-        Ok((_, Message::AuthHello(b))) => Some(b),
-        _ => None,
-    }
+/// Whether `bytes` is an AuthHello message.
+pub fn is_hello(bytes: &[u8]) -> bool {
+    matches!(Message::parse(bytes), Ok((_, Message::AuthHello(_))))
 }
 
 /// The body of an AuthReply message, if `bytes` is one.
@@ -284,12 +325,12 @@ mod tests {
         handshake::hello(Role::Host, 0, Queue { index: 0, count: 1 }, 0, 7, 70_000)
     }
 
-    /// The host's AuthHello body for `ioc_pub`.
+    /// The host's AuthHello for `ioc_pub`.
     fn first(host: &Key, ioc_pub: &Key, ts: u64) -> (Initiator, Vec<u8>) {
         let mut i = Initiator::new(host, ioc_pub).unwrap();
         let msg = i.hello(&hello(), ts).unwrap();
-        let body = hello_body(&msg).unwrap().to_vec();
-        (i, body)
+        assert!(is_hello(&msg));
+        (i, msg)
     }
 
     #[test]
@@ -376,6 +417,27 @@ mod tests {
         let mut altered = h.seal(b"first").unwrap();
         altered[0] ^= 1;
         assert!(o.open(&altered, &mut out).is_err(), "altered");
+    }
+
+    #[test]
+    fn the_channel_in_the_clear_is_bound_to_the_handshake() {
+        let (host, ioc) = pair();
+        let (_, mut msg) = first(&host, &public_key(&ioc), 1);
+        assert_eq!(
+            &msg[4..12],
+            &[0, 0, 0, 0, 0, 0, 0, 0],
+            "channel 0 in the clear"
+        );
+        msg[11] = 1;
+        assert!(
+            Responder::accept(&ioc, &msg).is_err(),
+            "another channel named"
+        );
+        msg[11] = 200;
+        assert!(
+            Responder::accept(&ioc, &msg).is_err(),
+            "a channel out of range"
+        );
     }
 
     #[test]

@@ -585,19 +585,19 @@ pub async fn accept_hello(
         }
         Err(e) => return Err(e),
     };
-    let (hello, mut responder) = match (auth::hello_body(&bytes), key) {
-        (Some(body), Some(key)) => match auth::Responder::accept(key, body) {
+    let (hello, mut responder) = match (auth::is_hello(&bytes), key) {
+        (true, Some(key)) => match auth::Responder::accept(key, &bytes) {
             Ok((r, hello)) => (hello, Some(Box::new(r))),
             Err(e) => {
                 refuse(ch, None, wire::VERSION, ErrorCode::Unauthenticated, timeout).await;
                 return Err(e.into());
             }
         },
-        (Some(_), None) => {
+        (true, None) => {
             refuse(ch, None, wire::VERSION, ErrorCode::Unauthenticated, timeout).await;
             return Err(FabricError::Unauthenticated);
         }
-        (None, _) => (bytes, None),
+        (false, _) => (bytes, None),
     };
     match handshake::accept_hello(&hello) {
         Ok((hello, version)) => {

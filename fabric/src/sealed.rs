@@ -128,7 +128,7 @@ mod tests {
         let mut i = Initiator::new(&host, &public_key(&ioc)).unwrap();
         let hello = handshake::hello(Role::Host, 0, Queue { index: 0, count: 1 }, 0, 1, 70_000);
         let m1 = i.hello(&hello, 1).unwrap();
-        let (mut r, _) = Responder::accept(&ioc, auth::hello_body(&m1).unwrap()).unwrap();
+        let (mut r, _) = Responder::accept(&ioc, &m1).unwrap();
         let m2 = r
             .reply(&handshake::reply(1, ErrorCode::Ok, 5, 70_000))
             .unwrap();

@@ -4,6 +4,7 @@
 //! which must name its token; the session's pools are registered, shared memory set up
 //! where asked, and the host admitted to the worker's state, whose task then serves it.
 
+use crate::gate::Policy;
 use crate::session_task;
 use crate::state::{Waiting, Who, WorkerState};
 use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink, StreamConn};
@@ -24,10 +25,8 @@ pub struct Incoming {
     pub accepted: fabric::Accepted,
     /// The peer's address (`ADDRESS:PORT`, or `unix:PATH (pid N)`).
     pub peer: String,
-    /// The MAC the host's policy gives it, if any.
-    pub mac: Option<[u8; 6]>,
-    /// Its name in `[[auth.hosts]]`, if admitted by key.
-    pub name: Option<String>,
+    /// What admission gives the host.
+    pub policy: Policy,
 }
 
 /// Completes the handshake of a connection the main thread read the Hello of, and serves
@@ -36,8 +35,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     let Incoming {
         accepted,
         peer,
-        mac,
-        name,
+        policy,
     } = incoming;
     let fabric::Accepted {
         mut ch,
@@ -51,8 +49,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         key: proof.as_ref().map(|r| r.peer),
         queue: hello.queue,
         first: hello.session,
-        mac,
-        name,
+        policy,
     };
     let note = |status: ErrorCode, why: &str| {
         let mut st = ioc.borrow_mut();

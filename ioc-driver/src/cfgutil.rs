@@ -114,6 +114,8 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
             ErrorCode::Ok
         }
         CfgCode::SetPromisc => match wire::parse_u8(data) {
+            // Only where the host's policy allows it (`[[auth.hosts]] promiscuous`).
+            Ok(1) if !host.policy.promiscuous => ErrorCode::Refused,
             Ok(v @ (0 | 1)) => {
                 host.promisc = v == 1;
                 ErrorCode::Ok

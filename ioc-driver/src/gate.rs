@@ -26,13 +26,31 @@ pub struct Gate {
 /// Why a Hello is refused: its status and the log line's reason.
 pub type Refusal = (ErrorCode, String);
 
-/// What admission gives a host: its policy's MAC and its name, for an admitted key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Admitted {
-    /// The MAC its policy gives it.
-    pub mac: Option<[u8; 6]>,
+/// What admission gives a host: its `[[auth.hosts]]` entry's policy, or open admission's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
     /// Its name in `[[auth.hosts]]`.
     pub name: Option<String>,
+    /// The MAC its policy gives it.
+    pub mac: Option<[u8; 6]>,
+    /// MACs of machines bridged behind it: it may send from them, and frames to them reach
+    /// it (entered in the forwarding table).
+    pub extra_macs: Vec<[u8; 6]>,
+    /// Whether it may turn promiscuous.
+    pub promiscuous: bool,
+}
+
+impl Policy {
+    /// Open admission's policy (and a host without a key's): no name or fixed MAC, no
+    /// bridged machines, promiscuous mode allowed.
+    pub fn open() -> Policy {
+        Policy {
+            name: None,
+            mac: None,
+            extra_macs: Vec::new(),
+            promiscuous: true,
+        }
+    }
 }
 
 impl Gate {
@@ -67,10 +85,10 @@ impl Gate {
         hello: &mut Hello,
         control: bool,
         proof: Option<&Responder>,
-    ) -> Result<Admitted, Refusal> {
+    ) -> Result<Policy, Refusal> {
         let Some(r) = proof else {
             return match self.cfg.admission {
-                Admission::Open => Ok(Admitted::default()),
+                Admission::Open => Ok(Policy::open()),
                 Admission::Keys => Err((
                     ErrorCode::Unauthenticated,
                     "a Hello without a key (auth.admission = \"keys\" admits only the hosts of [[auth.hosts]])".into(),
@@ -79,7 +97,7 @@ impl Gate {
         };
         hello.node_id = identity(&r.peer);
         if self.cfg.admission == Admission::Open {
-            return Ok(Admitted::default());
+            return Ok(Policy::open());
         }
         let Some(host) = self.cfg.host(&r.peer) else {
             return Err((
@@ -104,9 +122,11 @@ impl Gate {
             ));
         }
         *last = r.timestamp;
-        Ok(Admitted {
-            mac: host.mac.map(|m| m.0),
+        Ok(Policy {
             name: Some(host.name.clone()),
+            mac: host.mac.map(|m| m.0),
+            extra_macs: host.extra_macs.iter().map(|m| m.0).collect(),
+            promiscuous: host.promiscuous,
         })
     }
 }
@@ -140,8 +160,7 @@ mod tests {
         );
         let mut i = Initiator::new(host, &public_key(ioc)).unwrap();
         let m = i.hello(&bytes, ts).unwrap();
-        let body = splitnet_fabric::auth::hello_body(&m).unwrap();
-        let (r, inner) = Responder::accept(ioc, body).unwrap();
+        let (r, inner) = Responder::accept(ioc, &m).unwrap();
         let Ok((_, Message::Hello(h))) = Message::parse(&inner) else {
             panic!("not a Hello");
         };
@@ -158,6 +177,8 @@ mod tests {
                     name: name.to_string(),
                     public_key: TextKey(public_key(k)),
                     mac: mac.map(MacAddr),
+                    extra_macs: vec![MacAddr([2, 0xaa, 0, 0, 0, 1])],
+                    promiscuous: false,
                 })
                 .collect(),
         };
@@ -177,6 +198,8 @@ mod tests {
         let (mut h, r) = hello_from(&a, &ioc, 0, 10);
         let got = g.admit(&mut h, true, Some(&r)).unwrap();
         assert_eq!((got.mac, got.name.as_deref()), (Some(mac), Some("a")));
+        assert_eq!(got.extra_macs, vec![[2, 0xaa, 0, 0, 0, 1]]);
+        assert!(!got.promiscuous);
         assert_eq!(
             h.node_id,
             identity(&public_key(&a)),
@@ -245,8 +268,8 @@ mod tests {
         let mut g = gate(Admission::Open, &[], ioc);
         let (mut h, r) = hello_from(&a, &ioc, 0, 1);
         assert_eq!(h.node_id, 99);
-        assert_eq!(g.admit(&mut h.clone(), true, None), Ok(Admitted::default()));
-        assert_eq!(g.admit(&mut h, true, Some(&r)), Ok(Admitted::default()));
+        assert_eq!(g.admit(&mut h.clone(), true, None), Ok(Policy::open()));
+        assert_eq!(g.admit(&mut h, true, Some(&r)), Ok(Policy::open()));
         assert_eq!(h.node_id, identity(&public_key(&a)));
     }
 }

@@ -8,6 +8,7 @@
 //! a full socket of its own is waited on by its own task only.
 
 use crate::counters::{Drops, RxDrop, TxDrop};
+use crate::gate::Policy;
 use crate::own_queue::{OwnQueue, OwnQueueRetry};
 use crate::rate::RateLimit;
 use splitnet_fabric::FabricChannel;
@@ -53,6 +54,10 @@ pub struct HostQueue {
     pub key: Option<splitnet_fabric::auth::Key>,
     /// Its name in `[[auth.hosts]]` (empty unless admitted by key).
     pub name: String,
+    /// What admission gave it: bridged machines' MACs, whether it may be promiscuous.
+    pub policy: Policy,
+    /// The bridged MACs entered in the forwarding table for it (first queue only).
+    pub bridged: Vec<[u8; 6]>,
     /// Which of the host's queues this session serves.
     pub queue: Queue,
     /// Session of the host's first queue (its own id on the first queue), which carries
@@ -132,6 +137,8 @@ impl HostQueue {
             node_id,
             key: None,
             name: String::new(),
+            policy: Policy::open(),
+            bridged: Vec::new(),
             queue,
             first,
             queues: if queue.is_first() {
@@ -241,7 +248,7 @@ impl HostQueue {
     ) -> Result<(), (TxDrop, String)> {
         let h = vnet::check_head(head, len).map_err(|e| (TxDrop::BadOffload, e.to_string()))?;
         let src = vnet::src_mac(head);
-        if src != self.mac && !extra_macs.contains(&src) {
+        if src != self.mac && !extra_macs.contains(&src) && !self.policy.extra_macs.contains(&src) {
             return Err((
                 TxDrop::Spoofed,
                 format!("source MAC {} is not the host's", wire::fmt_mac(&src)),

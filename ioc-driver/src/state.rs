@@ -8,6 +8,7 @@
 //! without crossing threads.
 
 use crate::counters::{Drops, IocStats, RxDrop};
+use crate::gate::Policy;
 use crate::host_queue::HostQueue;
 use crate::lan_tx::LanTx;
 use crate::nic::Nic;
@@ -66,10 +67,8 @@ pub struct Who {
     pub queue: Queue,
     /// For a further queue, the token of the host's first queue.
     pub first: u64,
-    /// The MAC the host's policy gives it, if any.
-    pub mac: Option<[u8; 6]>,
-    /// Its name in `[[auth.hosts]]`, if admitted by key.
-    pub name: Option<String>,
+    /// What admission gives it.
+    pub policy: Policy,
 }
 
 #[cfg(test)]
@@ -81,8 +80,7 @@ impl Who {
             key: None,
             queue: Queue::SINGLE,
             first: 0,
-            mac: None,
-            name: None,
+            policy: Policy::open(),
         }
     }
 }
@@ -256,6 +254,26 @@ impl WorkerState {
         self.assign_mac(node_id)
     }
 
+    /// Enters the MACs of the machines bridged behind host `session` in the forwarding table
+    /// (this worker's and the directory every worker steers by), so frames to them reach it;
+    /// returns those entered. A MAC another host holds stays with it, logged.
+    fn claim_bridged(&mut self, session: u64, macs: &[[u8; 6]]) -> Vec<[u8; 6]> {
+        let mut claimed = Vec::new();
+        for &mac in macs {
+            if self
+                .shard
+                .claim_mac(&*self.nic, std::iter::once(mac))
+                .is_some()
+            {
+                self.by_mac.insert(mac, session);
+                claimed.push(mac);
+            } else {
+                warn!(session, mac = %fmt_mac(&mac), "a bridged MAC of the host's policy is another host's; frames to it do not reach this host");
+            }
+        }
+        claimed
+    }
+
     /// A new session id (unique among the workers, never reused while the IOC runs, so
     /// nothing that outlives a session can act on a later one) and the unguessable token
     /// its channels name, which also names this worker.
@@ -323,9 +341,14 @@ impl WorkerState {
         peer: String,
     ) -> Option<Rc<Notify>> {
         let (node_id, queue) = (who.node_id, who.queue);
-        let name = who.name.clone().unwrap_or_default();
+        let name = who.policy.name.clone().unwrap_or_default();
         let (first, mac, mtu, features) = if queue.is_first() {
-            (session, self.claim_mac(node_id, who.mac), self.mtu, 0)
+            (
+                session,
+                self.claim_mac(node_id, who.policy.mac),
+                self.mtu,
+                0,
+            )
         } else {
             match self.first_queue(&who) {
                 Some(f) => (f.session, f.mac, f.mtu, f.features),
@@ -370,6 +393,10 @@ impl WorkerState {
         host.mac = mac;
         host.key = who.key;
         host.name = name.clone();
+        if queue.is_first() {
+            host.bridged = self.claim_bridged(session, &who.policy.extra_macs);
+        }
+        host.policy = who.policy;
         host.mtu = mtu;
         host.features = features;
         let pps = u64::from(self.cfg.lan.storm_control_pps);
@@ -582,9 +609,11 @@ impl WorkerState {
         let Some(mut host) = self.hosts.remove(&session) else {
             return;
         };
-        if self.by_mac.get(&host.mac) == Some(&session) {
-            self.by_mac.remove(&host.mac);
-            self.shard.release_mac(&*self.nic, host.mac);
+        for mac in std::iter::once(host.mac).chain(host.bridged.iter().copied()) {
+            if self.by_mac.get(&mac) == Some(&session) {
+                self.by_mac.remove(&mac);
+                self.shard.release_mac(&*self.nic, mac);
+            }
         }
         self.publish_load();
         if host.promisc {

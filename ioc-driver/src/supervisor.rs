@@ -209,7 +209,7 @@ impl Cluster {
             return refuse(ch, auth, ErrorCode::ShuttingDown, "shutting down");
         }
         let control = fabric::is_control(hello.channel);
-        let admitted = match self.gate.admit(&mut hello, control, auth.as_deref()) {
+        let policy = match self.gate.admit(&mut hello, control, auth.as_deref()) {
             Ok(a) => a,
             Err((status, why)) => return refuse(ch, auth, status, &why),
         };
@@ -231,8 +231,7 @@ impl Cluster {
                 auth,
             },
             peer: peer.clone(),
-            mac: admitted.mac,
-            name: admitted.name,
+            policy,
         };
         if let Err(mpsc::error::SendError(Cmd::Connection(i))) =
             w.cmds.send(Cmd::Connection(Box::new(incoming)))

@@ -110,13 +110,13 @@ fn host_config(send_data_max: usize) -> SessionConfig {
 /// Connects a host over loopback (tiny socket buffers when `small`), admits it, and lets
 /// both sides exchange their pools. Returns its session id.
 fn connect(ioc: &mut WorkerState, node_id: u64, small: bool, send_data_max: usize) -> (u64, Peer) {
-    connect_with(ioc, node_id, small, host_config(send_data_max))
+    connect_with(ioc, Who::node(node_id), small, host_config(send_data_max))
 }
 
 /// [`connect`] with the host's own session configuration.
 fn connect_with(
     ioc: &mut WorkerState,
-    node_id: u64,
+    who: Who,
     small: bool,
     config: SessionConfig,
 ) -> (u64, Peer) {
@@ -131,8 +131,7 @@ fn connect_with(
         channel(idata, session as u32),
     );
     let peer_addr = "127.0.0.1:1".to_string();
-    ioc.add_host(session, token, Who::node(node_id), link, peer_addr)
-        .unwrap();
+    ioc.add_host(session, token, who, link, peer_addr).unwrap();
     let mut reg = Registry::new(64 << 20);
     let mut hs = Session::new(DomainId(1), config);
     hs.start(&mut reg).unwrap();
@@ -372,7 +371,7 @@ fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_old
         element_count: 4,
     }];
     // The host never reads: four frames take its credits, the rest wait in its ring.
-    let (s, _peer) = connect_with(&mut ioc, 9, false, config);
+    let (s, _peer) = connect_with(&mut ioc, Who::node(9), false, config);
     let to = mac(&ioc, s);
     from_lan(&mut ioc, &nic, to, 200);
     let h = host(&ioc, s);
@@ -1405,4 +1404,59 @@ fn a_lan_frame_with_a_bad_header_is_counted_and_dropped() {
     assert!(ioc
         .metrics_text()
         .contains("\nsplitnet_ioc_lan_rx_bad_frame_total 1\n"));
+}
+
+/// A host whose policy (`[[auth.hosts]]`) lists bridged machines and forbids promiscuous
+/// mode: it sends from them, frames to them reach it (and no promiscuous host), another host
+/// cannot send from them, and its SetPromisc is refused.
+#[test]
+fn a_hosts_policy_bridges_its_machines_and_decides_promiscuity() {
+    let (mut ioc, nic) = ioc_with("");
+    let vm = [0x02, 0xaa, 0, 0, 0, 1];
+    let mut who = Who::node(1);
+    who.policy = crate::gate::Policy {
+        name: Some("a".into()),
+        mac: None,
+        extra_macs: vec![vm],
+        promiscuous: false,
+    };
+    let (a, mut pa) = connect_with(&mut ioc, who, false, host_config(128));
+    let (b, mut pb) = connect(&mut ioc, 2, false, 128);
+    // B may be promiscuous (open policy), A may not.
+    pb.link.session_mut().cfg_request(CfgCode::SetPromisc, &[1]);
+    pump(&mut ioc, &mut pb, b, true);
+    assert!(host(&ioc, b).promisc);
+    pa.link.session_mut().cfg_request(CfgCode::SetPromisc, &[1]);
+    pump(&mut ioc, &mut pa, a, true);
+    assert!(
+        !host(&ioc, a).promisc,
+        "A's policy forbids promiscuous mode"
+    );
+    // A frame for the bridged machine reaches A, not the promiscuous B.
+    let b_before = pb.frames;
+    assert_eq!(lan_to(&mut ioc, &nic, &mut pa, a, vm), (3, 0));
+    pump(&mut ioc, &mut pb, b, true);
+    assert_eq!(
+        pb.frames, b_before,
+        "a bridged machine's frames are A's alone"
+    );
+    // A sends from it; B cannot.
+    host_sends(&mut ioc, &mut pa, a, vec![frame(LAN_PEER, vm, 100)]);
+    assert_eq!(nic.tx.borrow().len(), 1);
+    host_sends(&mut ioc, &mut pb, b, vec![frame(LAN_PEER, vm, 100)]);
+    assert_eq!(
+        nic.tx.borrow().len(),
+        1,
+        "B may not send as A's bridged machine"
+    );
+    assert_eq!(host(&ioc, b).drops.spoofed, 1);
+    assert_eq!(
+        ioc.shard.claim_mac(&nic, std::iter::once(vm)),
+        None,
+        "A's while A is here"
+    );
+    // When A leaves, its bridged MAC leaves the forwarding table with it: free to claim.
+    ioc.remove_host(a, "test", None);
+    assert_eq!(ioc.by_mac.get(&vm), None);
+    assert_eq!(ioc.shard.claim_mac(&nic, std::iter::once(vm)), Some(vm));
 }

@@ -7,7 +7,10 @@
 # and segments holding several operations included.
 # Scenario: capture on fab0, start both daemons, ping v4 (inline SendData) and v6, a 1000-byte
 # ping (into a pool element), a 2 s iperf3 capped at 40 Mb/s (bounds the capture), SetMtu 1400,
-# promiscuous on, then SIGTERM on host-driver (flush both ways, Goodbye).
+# promiscuous on, then SIGTERM on host-driver (flush both ways, Goodbye): all of it with the
+# plain handshake (open admission, a host without keys), so every control message shows. Then
+# the host again with its keys (docs/protocol.md 5.1): AuthHello and AuthReply decode, and its
+# control channel's messages show as sealed.
 . "$(dirname "$0")/../lib.sh"
 need_root
 command -v tshark >/dev/null 2>&1 || fail "missing tool: tshark (apt install tshark; it brings dumpcap)"
@@ -46,7 +49,10 @@ for _ in $(seq 100); do
 done
 grep -q "Capturing on" "$T/capture.log" || fail "dumpcap did not start capturing within 5 s"
 
-start_ioc; start_host 1
+open_admission
+KEYED_HOST_CONF=$HOST_CONF
+sed 's/^ioc_public_key = /# ioc_public_key = /' "$HOST_CONF" >"$T/host-plain.toml"
+start_ioc; HOST_CONF=$T/host-plain.toml start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
 ping_ok sd-host fd50::2 -6
@@ -61,6 +67,12 @@ grep -q "promiscuous mode changed.*promisc=true" "$T/host1.log" || fail "promisc
 sleep 0.5 # idle: keepalives both ways
 stop_host 1 TERM
 [ "$STOP_RC" = 0 ] || fail "host-driver exited $STOP_RC on SIGTERM"
+# The same host with its keys: an authenticated handshake, a sealed control channel.
+HOST_CONF=$KEYED_HOST_CONF start_host 1
+wait_carrier sd-host up 10
+ping_ok sd-host 10.50.0.2
+stop_host 1 TERM
+[ "$STOP_RC" = 0 ] || fail "host-driver with keys exited $STOP_RC on SIGTERM"
 sleep 0.3 # the last ACKs and FINs
 kill -TERM "$CAP_PID" 2>/dev/null
 wait "$CAP_PID" 2>/dev/null
@@ -93,6 +105,9 @@ REQUIRED = {
                    "hello_reply.max_message"],
     "Keepalive": [],
     "Goodbye": ["goodbye.code"],
+    "AuthHello": ["auth.noise"],
+    "AuthReply": ["auth.noise"],
+    "SEND": ["sealed"],  # a SEND without a message: sealed (5.1)
     "BufferRecvPool": ["count", "pool.ref", "pool.element_count", "pool.element_size",
                        "pool.address", "pool.handle", "pool.context"],
     "BufferRecvPoolGet": ["pool_get.element_size", "pool_get.element_count"],
@@ -118,7 +133,7 @@ CFG_REQUIRED = {  # by code: typed data
 WANT = ["Hello", "HelloReply", "BufferRecvPool", "BufferRecvPoolUpdate", "BufferPoolFlushRequest",
         "BufferPoolFlushReply", "CfgUtilRequest", "CfgUtilReply", "Keepalive", "Goodbye", "SendData",
         "RDMA WRITE WITH IMMEDIATE", "ICMP in an RDMA write", "CfgUtil SetMtu", "CfgUtil SetPromisc",
-        "CfgUtil LinkChange"]
+        "CfgUtil LinkChange", "AuthHello", "AuthReply", "sealed control message"]
 
 def shown(el):  # "Function: Hello (0x0001)" -> "Hello"
     m = re.match(r"[^:]*: (.*) \((?:0x)?[0-9a-f]+\)$", el.get("showname", ""))
@@ -177,6 +192,8 @@ for _, pkt in ET.iterparse(sys.argv[2]):
             name = shown(opcode)
             named["opcode " + opcode.get("show")] = name
             have, need = names(op), [S + f for f in REQUIRED.get(name, [])]
+            if S + "sealed" in have:
+                count["sealed control message"] += 1
             if op.find("proto[@name='icmp']") is not None:
                 count["ICMP in an RDMA write"] += 1
         lacking = [f for f in need if f not in have]

@@ -10,7 +10,7 @@
 -- (WITH IMMEDIATE) carries a frame: a 10-byte little-endian virtio-net header and an Ethernet
 -- frame without FCS, which is handed to Wireshark's Ethernet dissector (so the ICMP, TCP...
 -- inside shows). Operations split over TCP segments are reassembled, and every operation in a
--- segment is decoded. The channel of a connection is learnt from its Hello.
+-- segment is decoded. The channel of a connection is learnt from its Hello (or AuthHello).
 --
 -- Use:
 --   tshark -X lua_script:tools/wireshark/splitnet.lua -r cap.pcapng
@@ -52,6 +52,8 @@ local FUNCTIONS = {
     [0x0002] = "HelloReply",
     [0x0003] = "Keepalive",
     [0x0004] = "Goodbye",
+    [0x0005] = "AuthHello",
+    [0x0006] = "AuthReply",
     [0x0101] = "BufferRecvPool",
     [0x0102] = "BufferRecvPoolGet",
     [0x0103] = "BufferRecvPoolUpdate",
@@ -111,6 +113,8 @@ local pf = {
     write_element = ProtoField.uint32("splitnet.write.element", "Element (from the address)", base.DEC),
     write_adv_in = ProtoField.framenum("splitnet.write.advertised_in", "Pool advertised in", base.NONE),
     payload = ProtoField.bytes("splitnet.payload", "Payload"),
+    noise = ProtoField.bytes("splitnet.auth.noise", "Noise handshake message"),
+    sealed = ProtoField.bytes("splitnet.sealed", "Sealed control message"),
     -- common message header
     message = ProtoField.none("splitnet.message", "Message"),
     func = ProtoField.uint16("splitnet.function", "Function", base.HEX, FUNCTIONS),
@@ -243,7 +247,7 @@ local eth_dissector = Dissector.get("eth_withoutfcs")
 local f_tcp_stream = Field.new("tcp.stream")
 
 -- Per capture (cleared by init): what the first pass learnt.
-local streams    -- tcp.stream -> { channel = n, host = "addr:port" } (from the Hello)
+local streams    -- tcp.stream -> { channel = n, host = "addr:port", sealed } (from the Hello)
 local pools      -- "owner addr/handle" -> { ref, size, count, address, frame }
 local requests   -- "requester addr/kind/txn" -> frame of the request
 local replies    -- "frame/kind/txn" -> frame of the request (for replies)
@@ -571,6 +575,25 @@ body[0x0002] = function(c, t, ctx) -- HelloReply
         and string.format(" %s session=%s", name_of(ERROR_CODES, status, "code"), u64hex(session)) or ""
 end
 
+-- AuthHello (docs/protocol.md 5.1): the Hello and the host's key travel encrypted; the
+-- channel is in the clear (the transaction context). A control channel on its socket seals
+-- every later message.
+body[0x0005] = function(c, t, ctx)
+    local n = c:left()
+    c:add(t, pf.noise, n)
+    local ch = ctx.txn:tonumber()
+    if ctx.stream and not ctx.pinfo.visited then
+        streams[ctx.stream] = { channel = ch, host = ctx.src, sealed = (ch == 0) }
+    end
+    return string.format(" ch=%d (Noise IK, %d bytes: key and Hello encrypted)", ch, n)
+end
+
+body[0x0006] = function(c, t) -- AuthReply: the HelloReply travels encrypted
+    local n = c:left()
+    c:add(t, pf.noise, n)
+    return string.format(" (Noise IK, %d bytes: status and session encrypted)", n)
+end
+
 body[0x0003] = function() return "" end -- Keepalive
 
 body[0x0004] = function(c, t) -- Goodbye
@@ -702,6 +725,15 @@ local function dissect_send(tvb, pinfo, tree, ctx)
     end
     local off = OP_HEADER_LEN
     local fcode = tvb(off, 2):uint()
+    -- After an authenticated handshake on channel 0, every message is sealed: no function,
+    -- no fields, only its length (AuthHello and AuthReply excepted).
+    local st = ctx.stream and streams[ctx.stream]
+    if st and st.sealed and fcode ~= 0x0005 and fcode ~= 0x0006 then
+        tree:add(pf.sealed, tvb(off, len))
+        tree:append_text(", sealed")
+        info(pinfo, string.format("Sealed control message (%d bytes)", len))
+        return
+    end
     local fname = FUNCTIONS[fcode] or string.format("Unknown function 0x%04x", fcode)
     local m = tree:add(pf.message, tvb(off, len))
     m:set_text("Message: " .. fname)
@@ -711,8 +743,8 @@ local function dissect_send(tvb, pinfo, tree, ctx)
     ctx.txn = tvb(off + 4, 8):uint64()
     m:add(pf.txn, tvb(off + 4, 8))
     tree:append_text(", " .. fname)
-    if ver ~= 1 and fcode ~= 0x0001 then
-        vi:add_proto_expert_info(ef.version, "Version " .. ver .. " (only 1 exists; Hello excepted)")
+    if ver ~= 1 and fcode ~= 0x0001 and fcode ~= 0x0005 then
+        vi:add_proto_expert_info(ef.version, "Version " .. ver .. " (only 1 exists; Hello and AuthHello excepted)")
     end
     local fn = body[fcode]
     if not fn then
@@ -824,6 +856,8 @@ local function dissect_op(tvb, pinfo, tree)
         generated(t, pf.channel, st.channel)
     elseif opcode == 1 and total >= OP_HEADER_LEN + MSG_HEADER_LEN + 6 and tvb(OP_HEADER_LEN, 2):uint() == 0x0001 then
         generated(t, pf.channel, tvb(OP_HEADER_LEN + MSG_HEADER_LEN + 5, 1):uint()) -- this Hello's
+    elseif opcode == 1 and total >= OP_HEADER_LEN + MSG_HEADER_LEN and tvb(OP_HEADER_LEN, 2):uint() == 0x0005 then
+        generated(t, pf.channel, tvb(OP_HEADER_LEN + 11, 1):uint()) -- this AuthHello's, in the clear
     end
     local to_ioc
     if st and st.host then to_ioc = (st.host == ctx.src) else to_ioc = (seg.dst_port == seg.port) end
@@ -909,7 +943,8 @@ local function heuristic(tvb, pinfo, tree)
     if len < MSG_HEADER_LEN or len > MAX_MESSAGE_LEN then return false end
     if not FUNCTIONS[tvb(OP_HEADER_LEN, 2):uint()] then return false end
     local ver = tvb(OP_HEADER_LEN + 2, 2):uint()
-    if ver ~= 1 and tvb(OP_HEADER_LEN, 2):uint() ~= 0x0001 then return false end
+    local fcode = tvb(OP_HEADER_LEN, 2):uint()
+    if ver ~= 1 and fcode ~= 0x0001 and fcode ~= 0x0005 then return false end
     pinfo.conversation = splitnet
     splitnet.dissector(tvb, pinfo, tree)
     return true

@@ -270,6 +270,11 @@ fn auth_admits_by_key_by_default_and_lists_hosts() {
     assert_eq!(found.name, "a");
     assert_eq!(found.mac, Some(MacAddr([2, 0x5d, 0, 0, 0, 1])));
     assert_eq!(i.auth.hosts[1].mac, None);
+    assert!(
+        !i.auth.hosts[1].promiscuous,
+        "promiscuous only when the policy says so"
+    );
+    assert!(i.auth.hosts[1].extra_macs.is_empty());
     let open = ioc("", "", "[auth]\nadmission = \"open\"").unwrap();
     assert_eq!(open.auth.admission, crate::Admission::Open);
 }
@@ -292,6 +297,39 @@ fn auth_refuses_bad_keys_duplicates_and_bad_names() {
     let twice = format!("{}{}", host("a", KEY_A, m), host("b", KEY_B, m));
     assert!(invalid(ioc("", "", &twice), "auth.hosts").contains("same mac"));
     invalid(ioc("", "", &host("", KEY_A, "")), "auth.hosts.name");
+    // Bridged machines' MACs: unicast, no more than 64, never another host's.
+    let extra = |list: &str| format!("extra_macs = [{list}]");
+    let i = ioc("", "", &host("a", KEY_A, &extra("\"02:aa:00:00:00:01\"")));
+    assert_eq!(
+        i.unwrap().auth.hosts[0].extra_macs,
+        vec![MacAddr([2, 0xaa, 0, 0, 0, 1])]
+    );
+    invalid(
+        ioc("", "", &host("a", KEY_A, &extra("\"01:aa:00:00:00:01\""))),
+        "auth.hosts.extra_macs",
+    );
+    let many: Vec<String> = (0..65)
+        .map(|n| format!("\"02:aa:00:00:00:{n:02x}\""))
+        .collect();
+    invalid(
+        ioc("", "", &host("a", KEY_A, &extra(&many.join(",")))),
+        "auth.hosts.extra_macs",
+    );
+    let twice = format!(
+        "{}{}",
+        host("a", KEY_A, "mac = \"02:aa:00:00:00:01\""),
+        host("b", KEY_B, &extra("\"02:aa:00:00:00:01\""))
+    );
+    assert!(invalid(ioc("", "", &twice), "auth.hosts").contains("same mac 02:aa:00:00:00:01"));
+    let own = host(
+        "a",
+        KEY_A,
+        &format!(
+            "mac = \"02:aa:00:00:00:01\"\n{}",
+            extra("\"02:aa:00:00:00:01\"")
+        ),
+    );
+    assert!(invalid(ioc("", "", &own), "auth.hosts").contains("twice"));
     invalid(
         ioc("", "", &host("a", KEY_A, "mac = \"01:00:5e:00:00:01\"")),
         "auth.hosts.mac",
