@@ -43,6 +43,8 @@ pub struct Settings {
     pub mtu_pending: Option<u32>,
     /// Promiscuous mode last reported to the IOC.
     pub promisc: bool,
+    /// sd0 takes every multicast frame (IFF_ALLMULTI, not promiscuous): SetPromisc 2.
+    pub allmulti: bool,
     /// Multicast groups of the TAP last reported to the IOC.
     pub multicast: Vec<[u8; 6]>,
     /// The link of the IOC's NIC is up.
@@ -66,6 +68,7 @@ impl Settings {
             mtu_max: 0,
             mtu_pending: None,
             promisc: false,
+            allmulti: false,
             multicast: Vec::new(),
             ioc_nic_up: false,
             features,
@@ -175,7 +178,11 @@ impl Settings {
                 }
             }
             CfgCode::SetPromisc => {
-                debug!(promisc = self.promisc, "promiscuous mode set on the IOC")
+                debug!(
+                    promisc = self.promisc,
+                    allmulti = self.allmulti,
+                    "promiscuous and all-multicast modes set on the IOC"
+                )
             }
             CfgCode::GetLink => {
                 if let Ok(v) = wire::parse_u8(data) {

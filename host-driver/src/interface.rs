@@ -26,7 +26,7 @@ impl Watch {
 
     /// Maps what Linux tools did to the TAP onto CfgUtil (requests on `session`):
     /// `ip link set sd0 mtu N` becomes SetMtu (refused at once beyond the IOC's maximum, and
-    /// reverted if the IOC refuses), `ip link set sd0 promisc on|off` becomes SetPromisc.
+    /// reverted if the IOC refuses), `ip link set sd0 promisc on|off` (and allmulticast) becomes SetPromisc.
     /// Looks every watch period once the MTU is agreed, and returns whether it looked.
     pub fn poll(&mut self, now: Instant, s: &mut Settings, session: &mut Session) -> bool {
         if now < self.next || !s.mtu_known {
@@ -54,10 +54,14 @@ impl Watch {
         }
         if let Ok(flags) = netdev::flags(&s.name) {
             let promisc = flags & libc::IFF_PROMISC != 0;
-            if promisc != s.promisc {
+            let allmulti = !promisc && flags & libc::IFF_ALLMULTI != 0;
+            if (promisc, allmulti) != (s.promisc, s.allmulti) {
                 s.promisc = promisc;
-                info!(promisc, "promiscuous mode changed on {}", s.name);
-                session.cfg_request(CfgCode::SetPromisc, &[u8::from(promisc)]);
+                s.allmulti = allmulti;
+                info!(promisc, allmulti, "promiscuous mode changed on {}", s.name);
+                // 0 off, 1 promiscuous, 2 every multicast frame (docs/protocol.md 3.2).
+                let mode = if promisc { 1 } else { u8::from(allmulti) * 2 };
+                session.cfg_request(CfgCode::SetPromisc, &[mode]);
             }
         }
         match netdev::multicast(&s.name) {

@@ -114,18 +114,23 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
             ErrorCode::Ok
         }
         CfgCode::SetPromisc => match wire::parse_u8(data) {
-            // Only where the host's policy allows it (`[[auth.hosts]] promiscuous`).
+            // Promiscuous only where the host's policy allows it (`[[auth.hosts]]
+            // promiscuous`); all-multicast (2) always.
             Ok(1) if !host.policy.promiscuous => ErrorCode::Refused,
-            Ok(v @ (0 | 1)) => {
+            Ok(v @ (0..=2)) => {
                 host.promisc = v == 1;
+                host.allmulti = v == 2;
                 ErrorCode::Ok
             }
             _ => ErrorCode::Malformed,
         },
         CfgCode::SetMulticast => match wire::parse_multicast(data) {
-            Ok(list) if list.len() > MAX_HOST_GROUPS => ErrorCode::ResourceLimit,
+            // More groups than the IOC keeps for a host: it gets every multicast frame, as
+            // behind a NIC whose filter overflows, and none is joined on the NIC for it.
             Ok(list) if list.iter().all(|m| m[0] & 1 == 1) => {
-                host.multicast = list;
+                let overflow = list.len() > MAX_HOST_GROUPS;
+                host.multicast = if overflow { Vec::new() } else { list };
+                host.allmulti_overflow = overflow;
                 ErrorCode::Ok
             }
             Ok(_) => ErrorCode::Refused,

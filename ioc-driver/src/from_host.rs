@@ -85,7 +85,9 @@ pub fn from_host(
             }
             return;
         }
-        let to = targets(hosts, head, keys, |h| h.session != sender);
+        let to = targets(hosts, head, keys, |h| {
+            h.session != sender && h.wants_group(&dst)
+        });
         deliver_all(&to, hosts, frame, cache);
         cross(policy.shard, policy.shard.others(), frame, stats);
         lan.send(from, frame, nic, hosts, stats);

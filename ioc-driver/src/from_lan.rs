@@ -103,10 +103,11 @@ pub fn drive_lan(st: &mut WorkerState) -> LanProgress {
             cache.put(buf);
             continue;
         }
-        // Group frames go to every host, frames for no host to the promiscuous ones: here,
-        // and on the other workers that have such hosts.
+        // Broadcast frames go to every host, multicast frames to the hosts that joined the
+        // group (or take them all), frames for no host to the promiscuous ones: here, and on
+        // the other workers that have such hosts.
         let to = if group {
-            targets(hosts, frame, flow_keys, |_| true)
+            targets(hosts, frame, flow_keys, |h| h.wants_group(&dst))
         } else {
             targets(hosts, frame, flow_keys, |h| h.promisc)
         };
@@ -160,7 +161,7 @@ pub fn deliver_crossed(st: &mut WorkerState, frames: &[Crossing]) {
         stats.crossed_in += 1;
         let dst = vnet::dst_mac(frame);
         let to = if vnet::is_group(&dst) {
-            targets(hosts, frame, flow_keys, |_| true)
+            targets(hosts, frame, flow_keys, |h| h.wants_group(&dst))
         } else {
             match by_mac.get(&dst).and_then(|s| hosts.get(s)) {
                 Some(h) => vec![h.steer(frame, flow_keys)],

@@ -72,8 +72,13 @@ pub struct HostQueue {
     pub mtu: u32,
     /// Receives every LAN frame.
     pub promisc: bool,
-    /// Multicast groups it joined (the NIC filters on their union; group frames still go
-    /// to every host, whose kernel filters them as it does behind an imperfect NIC filter).
+    /// Its interface is in all-multicast mode: it receives every multicast frame.
+    pub allmulti: bool,
+    /// It joined more groups than the IOC keeps for a host ([`MAX_HOST_GROUPS`]): it
+    /// receives every multicast frame, as behind a NIC whose filter overflows.
+    pub allmulti_overflow: bool,
+    /// Multicast groups it joined: the multicast frames it receives (besides all of them
+    /// when promiscuous or all-multicast), and the NIC's filter holds their union.
     pub multicast: Vec<[u8; 6]>,
     /// Offload features it uses.
     pub features: u64,
@@ -149,6 +154,8 @@ impl HostQueue {
             mac: [0; 6],
             mtu: 0,
             promisc: false,
+            allmulti: false,
+            allmulti_overflow: false,
             multicast: Vec::new(),
             features: 0,
             link: Some(link),
@@ -182,6 +189,16 @@ impl HostQueue {
             cfg_costly_rate: RateLimit::new(CFG_COSTLY_RATE.0, CFG_COSTLY_RATE.1, Instant::now()),
             storm: None,
         }
+    }
+
+    /// Whether a frame to group address `dst` is for this host: every broadcast; a
+    /// multicast frame only where it joined the group, or takes every multicast frame.
+    pub fn wants_group(&self, dst: &[u8; 6]) -> bool {
+        *dst == [0xff; 6]
+            || self.promisc
+            || self.allmulti
+            || self.allmulti_overflow
+            || self.multicast.contains(dst)
     }
 
     /// The session of this host's queues that carries `frame`'s flow (call on the first

@@ -1255,21 +1255,94 @@ fn a_set_multicast_storm_costs_the_nic_only_what_the_hosts_rate_allows() {
         cfg_replies(&mut pb),
         vec![(CfgCode::GetStats, ErrorCode::Ok)]
     );
-    // A list of more groups than a host may join: refused.
+    // A list of more groups than the IOC keeps for a host: the host takes every multicast
+    // frame instead, and the NIC joins none of them for it.
     let (c, mut pc) = connect(&mut ioc, 3, false, 128);
     pump(&mut ioc, &mut pc, c, true);
     cfg_replies(&mut pc);
     let long: Vec<u8> = (0..65u8)
         .flat_map(|i| [0x01, 0x00, 0x5e, 9, 0, i])
         .collect();
+    let before = nic.memberships.get();
     pc.link
         .session_mut()
         .cfg_request(CfgCode::SetMulticast, &long);
     pump(&mut ioc, &mut pc, c, true);
     assert_eq!(
         cfg_replies(&mut pc),
-        vec![(CfgCode::SetMulticast, ErrorCode::ResourceLimit)]
+        vec![(CfgCode::SetMulticast, ErrorCode::Ok)]
     );
+    assert!(host(&ioc, c).allmulti_overflow && host(&ioc, c).multicast.is_empty());
+    assert_eq!(
+        nic.memberships.get(),
+        before,
+        "no membership for an overflowing list"
+    );
+}
+
+/// Frames each of `peers` (with their sessions) gets when one frame to `to` comes from the LAN.
+fn from_lan_to_each(
+    ioc: &mut WorkerState,
+    nic: &FakeNic,
+    peers: &mut [(&mut Peer, u64)],
+    to: [u8; 6],
+) -> Vec<u64> {
+    from_lan(ioc, nic, to, 1);
+    peers
+        .iter_mut()
+        .map(|(p, s)| {
+            let before = p.frames;
+            pump(ioc, p, *s, true);
+            p.frames - before
+        })
+        .collect()
+}
+
+/// Multicast frames reach the hosts that joined their group (or take every one: all-multicast
+/// mode, promiscuous), broadcast frames every host; a host's own multicast reaches the others
+/// on the same terms.
+#[test]
+fn multicast_reaches_only_the_hosts_that_joined() {
+    let (mut ioc, nic) = ioc_with("");
+    let group = [0x01, 0x00, 0x5e, 0, 0, 0xfb];
+    let (a, mut pa) = connect(&mut ioc, 1, false, 128);
+    let (b, mut pb) = connect(&mut ioc, 2, false, 128);
+    let (c, mut pc) = connect(&mut ioc, 3, false, 128);
+    pa.link
+        .session_mut()
+        .cfg_request(CfgCode::SetMulticast, &group);
+    pump(&mut ioc, &mut pa, a, true);
+    let each = |ioc: &mut WorkerState, pa: &mut Peer, pb: &mut Peer, pc: &mut Peer, to| {
+        from_lan_to_each(ioc, &nic, &mut [(pa, a), (pb, b), (pc, c)], to)
+    };
+    assert_eq!(
+        each(&mut ioc, &mut pa, &mut pb, &mut pc, group),
+        [1, 0, 0],
+        "only A joined"
+    );
+    assert_eq!(
+        each(&mut ioc, &mut pa, &mut pb, &mut pc, [0xff; 6]),
+        [1, 1, 1],
+        "broadcast"
+    );
+    let nobody = [0x01, 0x00, 0x5e, 0, 0, 9];
+    assert_eq!(
+        each(&mut ioc, &mut pa, &mut pb, &mut pc, nobody),
+        [0, 0, 0],
+        "a group nobody joined"
+    );
+    // B in all-multicast mode (SetPromisc 2) gets every group.
+    pb.link.session_mut().cfg_request(CfgCode::SetPromisc, &[2]);
+    pump(&mut ioc, &mut pb, b, true);
+    assert!(host(&ioc, b).allmulti && !host(&ioc, b).promisc);
+    assert_eq!(each(&mut ioc, &mut pa, &mut pb, &mut pc, group), [1, 1, 0]);
+    // C's own multicast reaches A (joined) and B (all-multicast) only.
+    let (fa, fb) = (pa.frames, pb.frames);
+    let src = mac(&ioc, c);
+    host_sends(&mut ioc, &mut pc, c, vec![frame(group, src, 100)]);
+    pump(&mut ioc, &mut pa, a, true);
+    pump(&mut ioc, &mut pb, b, true);
+    assert_eq!((pa.frames - fa, pb.frames - fb), (1, 1));
 }
 
 /// Issue 27, item 3: a SetMac the policy refuses, or for another host's MAC, leaves the

@@ -83,6 +83,7 @@ for i = 1, 16 do CHANNELS[i] = "data" end
 local GSO_TYPES = { [0] = "none", [1] = "TCPv4", [3] = "UDP", [4] = "TCPv6", [5] = "UDP_L4" }
 local LINK_STATES = { [0] = "down", [1] = "up" }
 local ONOFF = { [0] = "off", [1] = "on" }
+local PROMISC_MODES = { [0] = "off", [1] = "promiscuous", [2] = "all multicast" }
 
 local function name_of(t, v, what)
     return t[v] or string.format("Unknown %s %d", what, v)
@@ -169,7 +170,7 @@ local pf = {
     cfg_mtu = ProtoField.uint32("splitnet.cfg.mtu", "MTU", base.DEC),
     cfg_mtu_max = ProtoField.uint32("splitnet.cfg.mtu_max", "Largest MTU", base.DEC),
     cfg_link = ProtoField.uint8("splitnet.cfg.link", "Link", base.DEC, LINK_STATES),
-    cfg_promisc = ProtoField.uint8("splitnet.cfg.promisc", "Promiscuous", base.DEC, ONOFF),
+    cfg_promisc = ProtoField.uint8("splitnet.cfg.promisc", "Promiscuous", base.DEC, PROMISC_MODES),
     cfg_multicast = ProtoField.ether("splitnet.cfg.multicast", "Multicast address"),
     cfg_features = ProtoField.uint64("splitnet.cfg.features", "Features", base.HEX),
     feat_vnet = ProtoField.bool("splitnet.cfg.features.vnet_hdr", "VNET_HDR", 8, nil, 0x01),
@@ -446,7 +447,7 @@ local function cfg_u32(field) return function(c, t) return tostring(c:uint(t, fi
 local function cfg_u8(field, names)
     return function(c, t)
         local v = c:uint(t, field, 1)
-        if v and not names[v] then t:add_proto_expert_info(ef.value, "Value must be 0 or 1") end
+        if v and not names[v] then t:add_proto_expert_info(ef.value, "Value out of range") end
         return v and name_of(names, v, "value")
     end
 end
@@ -486,7 +487,7 @@ local CFG_REQUEST_DATA = {
     [1] = { 0 }, [3] = { 0 }, [5] = { 0 }, [6] = { 0 }, [9] = { 0 },
     [2] = { 6, cfg_mac },
     [4] = { 4, cfg_u32(pf.cfg_mtu) },
-    [7] = { 1, cfg_u8(pf.cfg_promisc, ONOFF) },
+    [7] = { 1, cfg_u8(pf.cfg_promisc, PROMISC_MODES) },
     [8] = { nil, cfg_multicast },
     [10] = { 8, cfg_features },
     [11] = { 5, cfg_link_change },
