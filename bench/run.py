@@ -135,15 +135,40 @@ def wait_carrier(ns, timeout=10):
     raise RuntimeError(f"sd0 in {ns} has no carrier")
 
 
-def host_config(queues, local=None):
-    """The shipped host configuration, with `queues` TAP queues; `local`: over the IOC's
+KEYS = "/tmp/sd-bench-keys"
+KEY_HOSTS = 8
+
+
+def keys():
+    """The keys an operator makes (README, "Admitting a host"): the IOC's in KEYS/ioc.key,
+    host K's in KEYS/hostK/splitnet.key (its credential directory); returns the IOC's public
+    key and the hosts' public keys. Made once per invocation."""
+    ctl = os.path.join(BIN, "splitnetctl")
+    if not os.path.exists(os.path.join(KEYS, "ioc.pub")):
+        os.makedirs(KEYS, mode=0o700, exist_ok=True)
+        old = os.umask(0o077)
+        try:
+            for name in ["ioc"] + [f"host{k}/splitnet" for k in range(1, KEY_HOSTS + 1)]:
+                key = os.path.join(KEYS, name + ".key")
+                os.makedirs(os.path.dirname(key), exist_ok=True)
+                sh(f"{ctl} genkey >{key} && {ctl} pubkey <{key} >{key[:-4]}.pub")
+        finally:
+            os.umask(old)
+    read = lambda name: open(os.path.join(KEYS, name + ".pub")).read().strip()
+    return read("ioc"), [read(f"host{k}/splitnet") for k in range(1, KEY_HOSTS + 1)]
+
+
+def host_config(queues, local=None, plain=False):
+    """The shipped host configuration with the IOC's public key (none when `plain`: the
+    unauthenticated handshake of open admission), `queues` TAP queues; `local`: over the IOC's
     local socket, the data channel in shared memory ("shm") or on the socket ("unix")."""
     src = os.path.join(ROOT, "systemd", "host.toml")
-    if queues == 1 and not local and SPIN_MAX_US is None:
-        return src
-    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}.toml"
+    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{int(plain)}.toml"
+    ioc_pub, _ = keys()
     with open(src) as f, open(path, "w") as out:
         text = f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n")
+        if not plain:
+            text = text.replace("\n# ioc_public_key = ", f'\nioc_public_key = "{ioc_pub}"\n# was: ')
         if local:
             shm = "true" if local == "shm" else "false"
             text = text.replace('\nioc = "10.200.0.2:7400"\n', f'\nioc = "unix:{LOCAL_SOCKET}"\n')
@@ -157,34 +182,41 @@ def host_config(queues, local=None):
 LOCAL_SOCKET = "/tmp/sd-bench-fabric.sock"
 
 
-def ioc_config(local=False):
-    """The shipped IOC configuration, with `--workers` workers when given, and listening on
-    LOCAL_SOCKET too when `local`."""
+def ioc_config(local=False, plain=False):
+    """The shipped IOC configuration with its key and the bench's hosts admitted (`plain`:
+    open admission), with `--workers` workers when given, and listening on LOCAL_SOCKET too
+    when `local`."""
     src = os.path.join(ROOT, "systemd", "ioc.toml")
-    if WORKERS is None and not local:
-        return src
-    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{int(local)}.toml"
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{int(local)}-{int(plain)}.toml"
+    _, host_pubs = keys()
     with open(src) as f, open(path, "w") as out:
         text = f.read()
         if WORKERS is not None:
             text = text.replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n")
         if local:
             text = text.replace("\n[lan]\n", f'\nlisten_local = "{LOCAL_SOCKET}"\n\n[lan]\n', 1)
+        text = text.replace("\n# private_key_file = ", f'\nprivate_key_file = "{KEYS}/ioc.key"\n# was: ')
+        if plain:
+            text = text.replace('\nadmission = "keys"\n', '\nadmission = "open"\n')
+        for k, pub in enumerate(host_pubs, 1):
+            text += f'\n[[auth.hosts]]\nname = "host{k}"\npublic_key = "{pub}"\n'
         out.write(text)
     return path
 
 
-def setup_splitnet(hosts=1, queues=1, drivers=None, local=None):
+def setup_splitnet(hosts=1, queues=1, drivers=None, local=None, plain=False):
     """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver;
-    `local` ("shm", "unix"): over the IOC's local Unix socket (daemons on one machine)."""
+    `local` ("shm", "unix"): over the IOC's local Unix socket (daemons on one machine);
+    `plain`: open admission and hosts without keys (no handshake proof, control unsealed)."""
     base(hosts, bridge_fabric=hosts > 1)
-    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config(local is not None)}"
+    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config(local is not None, plain)}"
        " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
     time.sleep(0.5)
     drivers = hosts if drivers is None else drivers
     for k in range(1, drivers + 1):
         ns = host_ns(k)
-        bg(f"ip netns exec {ns} {BIN}/host-driver --config {host_config(queues, local)}"
+        bg(f"CREDENTIALS_DIRECTORY={KEYS}/host{k} ip netns exec {ns} {BIN}/host-driver"
+           f" --config {host_config(queues, local, plain)}"
            f" --control-socket /tmp/sd-bench-host{k}.sock", f"/tmp/sd-bench-host{k}.log")
         for _ in range(100):
             if sh(f"ip -n {ns} link show sd0", check=False):
@@ -360,7 +392,8 @@ def slow_consumer(secs):
     if not os.access(rogue, os.X_OK):
         print("  skipped: no examples/rogue (cargo build --release --examples)", flush=True)
         return None
-    setup_splitnet(2, drivers=1)
+    # The rogue speaks the plain handshake: open admission.
+    setup_splitnet(2, drivers=1, plain=True)
     before, _, _, _ = iperf(["sd-host"], secs, reverse=True)
     slow = bg(f"ip netns exec sd-host2 {rogue} slow 10.200.0.2:7400 {secs * 3 + 10}",
               "/tmp/sd-bench-slow.log")
@@ -478,6 +511,7 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn,
               "splitnet": setup_splitnet,
+              "splitnet-plain": lambda: setup_splitnet(plain=True),
               "splitnet-shm": lambda: setup_splitnet(local="shm"),
               "splitnet-unix": lambda: setup_splitnet(local="unix")}
     results = []
@@ -511,7 +545,7 @@ def main():
     # the IOC's local socket ("unix_").
     for mode, pre in (("splitnet", ""), ("splitnet-shm", "shm_"), ("splitnet-unix", "unix_")):
         s = by.get(mode)
-        for peer in ("direct", "vxlan", "openvpn", "splitnet"):
+        for peer in ("direct", "vxlan", "openvpn", "splitnet", "splitnet-plain"):
             p = by.get(peer)
             if not s or peer == mode or not (p and p["tx_gbps"] and p["rx_gbps"]):
                 continue

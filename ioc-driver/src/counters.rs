@@ -23,6 +23,8 @@ pub struct IocStats {
     pub protection_errors: u64,
     /// Connections refused during the handshake.
     pub handshake_failures: u64,
+    /// Watchdog ticks (every 250 ms) withheld because a worker's loop had not run for 2 s.
+    pub watchdog_withheld: u64,
     /// Frames handed to another worker for its hosts.
     pub crossed_out: u64,
     /// Frames another worker handed to this one.

@@ -185,6 +185,7 @@ impl IocStats {
         self.protocol_errors += o.protocol_errors;
         self.protection_errors += o.protection_errors;
         self.handshake_failures += o.handshake_failures;
+        self.watchdog_withheld += o.watchdog_withheld;
         self.crossed_out += o.crossed_out;
         self.crossed_in += o.crossed_in;
         self.cross_dropped += o.cross_dropped;
@@ -310,7 +311,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 19] = [
+    let totals: [(&str, &str, &str, u64); 20] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
@@ -376,6 +377,12 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "counter",
             "Connections refused or timed out in the handshake.",
             s.handshake_failures,
+        ),
+        (
+            "splitnet_ioc_watchdog_withheld_total",
+            "counter",
+            "Watchdog ticks withheld because a worker's loop had not run for 2 s.",
+            s.watchdog_withheld,
         ),
         (
             "splitnet_ioc_pool_regions",

@@ -93,6 +93,8 @@ pub struct Cluster {
     stopping: bool,
     /// Connections refused before a worker saw them.
     failures: u64,
+    /// Watchdog ticks withheld for a stuck worker.
+    watchdog_withheld: u64,
     /// How long a snapshot waits for the workers ([`REPORT_TIMEOUT`]).
     report_timeout: Duration,
     /// Rate of the log lines refused connections cause.
@@ -142,6 +144,7 @@ impl Cluster {
             nic_up,
             stopping: false,
             failures: 0,
+            watchdog_withheld: 0,
             report_timeout: REPORT_TIMEOUT,
             refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
         })
@@ -155,6 +158,7 @@ impl Cluster {
         let mut sum = Snapshot::empty(self.started, self.mtu, self.nic_up, offered(&self.cfg));
         sum.stopping = self.stopping;
         sum.stats.handshake_failures = self.failures;
+        sum.stats.watchdog_withheld = self.watchdog_withheld;
         let asked: Vec<_> = self
             .workers
             .iter()
@@ -720,12 +724,22 @@ async fn link_monitor(cluster: Rc<RefCell<Cluster>>, name: String) {
     let mut tick = tokio::time::interval(LINK_POLL);
     let mut watchdog = notify::Watchdog::from_env();
     let mut status_at = Instant::now();
+    // Whether the last tick found a worker stuck.
+    let mut stuck = false;
     loop {
         tick.tick().await;
         let now = Instant::now();
         let mut c = cluster.borrow_mut();
         if c.alive() {
             watchdog.kick(now);
+            stuck = false;
+        } else {
+            // Counted, and said once per episode: systemd restarts the IOC if it lasts.
+            if !stuck {
+                warn!("a worker's loop has not run for {STUCK:?}: the watchdog is not fed");
+            }
+            stuck = true;
+            c.watchdog_withheld += 1;
         }
         if now.duration_since(status_at) >= Duration::from_secs(5) {
             status_at = now;
@@ -772,6 +786,7 @@ mod tests {
             nic_up: true,
             stopping: false,
             failures: 0,
+            watchdog_withheld: 0,
             report_timeout: Duration::from_millis(200),
             refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
         }

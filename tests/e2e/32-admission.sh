@@ -13,12 +13,13 @@ need_root; need_tool ip ping iperf3 python3; need_daemons; need_rogue
 sed 's/^# listen = "127.0.0.1:9702"/listen = "127.0.0.1:9702"/' "$IOC_CONF" >"$T/ioc.toml"
 grep -q '^listen = "127.0.0.1:9702"' "$T/ioc.toml" || fail "could not set the IOC's metrics listener"
 IOC_CONF=$T/ioc.toml
-# failures: the IOC's count of refused handshakes (its metrics).
-failures() {
-    ip netns exec sd-ioc python3 -c "import urllib.request as u
+# metric NAME: a counter of the IOC's metrics.
+metric() {
+    ip netns exec sd-ioc python3 -c "import sys, urllib.request as u
 for l in u.urlopen('http://127.0.0.1:9702/metrics', timeout=2).read().decode().splitlines():
-    if l.startswith('splitnet_ioc_handshake_failures_total '): print(l.split()[1])"
+    if l.startswith(sys.argv[1] + ' '): print(l.split()[1])" "$1"
 }
+failures() { metric splitnet_ioc_handshake_failures_total; }
 topo_up 2; start_ioc; start_host 1
 wait_carrier sd-host up 10
 json() { ctl_json "$T/ioc.sock" "$@"; }
@@ -70,6 +71,8 @@ assert_eq "$(carrier sd-host)" up "host 1's carrier"
 assert_eq "$(link_mac sd-host sd0)" "$mac1" "host 1's MAC"
 failures=$(failures)
 assert_ge "$((failures - failures_before))" 1600 "handshake failures counted"
+# No worker's loop stalled meanwhile: the watchdog was fed on every tick.
+assert_eq "$(metric splitnet_ioc_watchdog_withheld_total)" 0 "watchdog ticks withheld during the attacks"
 eventually 3 test "$(json hosts "len(d['hosts']['hosts'])")" = 1 || fail "sessions left by the attacks: $(json hosts "[h['address'] for h in d['hosts']['hosts']]")"
 # The first refusal is logged; the later ones at a limited rate, each line counting those it
 # held back: far fewer lines than refusals.
