@@ -48,7 +48,7 @@ pub struct HostQueue {
     pub session: u64,
     /// The unguessable token its channels name in their Hellos.
     pub token: u64,
-    /// Its identity (see [`crate::state::Who`]).
+    /// Its identity: the node id its key gives, or (open admission) the one it announced.
     pub node_id: u64,
     /// The key its handshake proved, if it was authenticated.
     pub key: Option<splitnet_fabric::auth::Key>,

@@ -2,15 +2,15 @@
 //! (docs/protocol.md 5.1). Each attack must end in a refusal that grants nothing: no slot,
 //! no MAC, no session.
 
-use crate::{chan, msg, recv, send, Ch, WAIT};
+use crate::{chan, closed, msg, recv, send, Ch};
 use splitnet_fabric::auth::{self, Initiator, Key};
 use splitnet_fabric::SealedConn;
-use splitnet_messaging::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
+use splitnet_messaging::adapter::{Channel, Op, Payload};
 use splitnet_messaging::endpoint::handshake;
 use splitnet_messaging::memory::Registry;
 use splitnet_messaging::wire::{self, CfgCode, CfgRequest, ErrorCode, Message, Queue, Role};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What an attacker holds: an admitted host's private key (a host that went rogue), and
 /// the IOC's public key (public anyway).
@@ -182,25 +182,7 @@ fn forged_control(addr: &str, keys: &Keys) -> Result<bool, String> {
     let raw = ctrl.conn_mut();
     raw.post(Op::Send, &[], Payload::Bytes(forged));
     let _ = raw.flush();
-    Ok(closed_within(raw, Duration::from_secs(2)))
-}
-
-/// Whether the peer closes `ch` within `within`.
-fn closed_within(ch: &mut Ch, within: Duration) -> bool {
-    let mut reg = Registry::new(0);
-    let end = Instant::now() + within;
-    while Instant::now() < end {
-        match ch.poll_recv(&mut reg) {
-            Ok(_) => {}
-            Err(ChannelError::Io(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return true,
-        }
-    }
-    false
+    Ok(closed(raw, &mut Registry::new(0), Duration::from_secs(2)))
 }
 
 /// A whole authenticated session claiming `node_id`: its sealed control channel and its
@@ -232,24 +214,12 @@ fn mac_of(addr: &str, keys: &Keys, claimed: u64) -> Result<[u8; 6], String> {
         }))),
     );
     let _ = ctrl.flush();
-    let end = Instant::now() + WAIT;
-    while Instant::now() < end {
-        match ctrl.poll_recv(&mut reg) {
-            Ok(Some(RxCompletion::Recv { .. })) => {
-                if let Ok((_, Message::CfgUtilReply(r))) = Message::parse(ctrl.received()) {
-                    if r.code == CfgCode::GetMac {
-                        return <[u8; 6]>::try_from(r.data).map_err(|_| "a short MAC".to_string());
-                    }
-                }
+    while let Some(m) = recv(&mut ctrl, &mut reg) {
+        if let Ok((_, Message::CfgUtilReply(r))) = Message::parse(&m) {
+            if r.code == CfgCode::GetMac {
+                return <[u8; 6]>::try_from(r.data).map_err(|_| "a short MAC".to_string());
             }
-            Ok(_) => {}
-            Err(ChannelError::Io(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => return Err(format!("the session ended: {e}")),
         }
     }
-    Err("no GetMac reply".into())
+    Err("no GetMac reply (the session ended, or nothing within the wait)".into())
 }

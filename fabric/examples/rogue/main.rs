@@ -50,18 +50,22 @@ fn msg(m: &Message<'_>) -> Vec<u8> {
     v
 }
 
+/// Whether a poll's error only says nothing came yet (the sockets have read timeouts).
+fn idle(e: &ChannelError) -> bool {
+    matches!(e, ChannelError::Io(e) if matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    ))
+}
+
 /// Next message within `WAIT`, or None.
-fn recv<S: Read + Write>(ch: &mut StreamChannel<S>, reg: &mut Registry) -> Option<Vec<u8>> {
+fn recv(ch: &mut impl Channel, reg: &mut Registry) -> Option<Vec<u8>> {
     let end = Instant::now() + WAIT;
     while Instant::now() < end {
         match ch.poll_recv(reg) {
             Ok(Some(RxCompletion::Recv { .. })) => return Some(ch.received().to_vec()),
             Ok(_) => {}
-            Err(ChannelError::Io(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
+            Err(e) if idle(&e) => {}
             Err(_) => return None,
         }
     }
@@ -69,16 +73,12 @@ fn recv<S: Read + Write>(ch: &mut StreamChannel<S>, reg: &mut Registry) -> Optio
 }
 
 /// True if the peer closes the channel within `within` (whatever it sends first is read).
-fn closed(ch: &mut Ch, reg: &mut Registry, within: Duration) -> bool {
+fn closed(ch: &mut impl Channel, reg: &mut Registry, within: Duration) -> bool {
     let end = Instant::now() + within;
     while Instant::now() < end {
         match ch.poll_recv(reg) {
             Ok(_) => {}
-            Err(ChannelError::Io(e))
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
+            Err(e) if idle(&e) => {}
             Err(_) => return true,
         }
     }
