@@ -42,9 +42,19 @@ crossing() {
     log "$name: $# frames arrived intact, tags and TPIDs included"
 }
 
-# both_ways: the frames of every kind, LAN to host and host to LAN.
+# groups_agreed: the IOC holds as many multicast groups for the host as sd0 has joined.
+groups_agreed() {
+    [ "$(ctl_json "$T/ioc.sock" hosts "d['hosts']['hosts'][0]['multicast']")" = \
+        "$(ip -n sd-host maddr show dev sd0 | grep -c '^[[:space:]]*link ')" ]
+}
+
+# both_ways: the frames of every kind, LAN to host and host to LAN. The host joins the
+# multicast group first, as a receiving application would: the IOC hands a host only the
+# multicast frames of the groups it joined.
 both_ways() {
     local host lan bcast=ff:ff:ff:ff:ff:ff mcast=01:00:5e:00:00:fb
+    ip -n sd-host maddr show dev sd0 | grep -q "link  $mcast" || run ip -n sd-host maddr add "$mcast" dev sd0
+    eventually 5 groups_agreed || fail "the IOC did not take sd0's multicast groups"
     host=$(link_mac sd-host sd0); lan=$(link_mac sd-lan lan1)
     crossing lan-to-host sd-lan lan1 sd-host sd0 \
         "$(mkframe "$host" "$lan" 1 8100:0064)" \
