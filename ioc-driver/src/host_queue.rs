@@ -52,8 +52,6 @@ pub struct HostQueue {
     pub node_id: u64,
     /// The key its handshake proved, if it was authenticated.
     pub key: Option<splitnet_fabric::auth::Key>,
-    /// Its name in `[[auth.hosts]]` (empty unless admitted by key).
-    pub name: String,
     /// What admission gave it: bridged machines' MACs, whether it may be promiscuous.
     pub policy: Policy,
     /// The bridged MACs entered in the forwarding table for it (first queue only).
@@ -141,7 +139,6 @@ impl HostQueue {
             token,
             node_id,
             key: None,
-            name: String::new(),
             policy: Policy::open(),
             bridged: Vec::new(),
             queue,

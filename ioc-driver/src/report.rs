@@ -128,7 +128,7 @@ impl WorkerState {
                     queue: h.queue.index,
                     queues: h.queue.count,
                     address: h.peer.to_string(),
-                    name: h.name.clone(),
+                    name: h.policy.name.clone().unwrap_or_default(),
                     mac: fmt_mac(&h.mac),
                     domain: h.session,
                     mtu: h.mtu,

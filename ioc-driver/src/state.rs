@@ -392,7 +392,6 @@ impl WorkerState {
         );
         host.mac = mac;
         host.key = who.key;
-        host.name = name.clone();
         if queue.is_first() {
             host.bridged = self.claim_bridged(session, &who.policy.extra_macs);
         }

@@ -2,7 +2,7 @@
 //! (docs/protocol.md 5.1). Each attack must end in a refusal that grants nothing: no slot,
 //! no MAC, no session.
 
-use crate::{chan, closed, msg, recv, send, Ch};
+use crate::{chan, closed, msg, recv, send, verdict, Ch};
 use splitnet_fabric::auth::{self, Initiator, Key};
 use splitnet_fabric::SealedConn;
 use splitnet_messaging::adapter::{Channel, Op, Payload};
@@ -67,11 +67,7 @@ fn auth_channel(
 pub fn attack(addr: &str, keys: &Keys, claimed: u64) -> Vec<&'static str> {
     let mut missed = Vec::new();
     let mut check = |name: &'static str, refused: Result<bool, String>| match refused {
-        Ok(true) => println!("{name}: refused"),
-        Ok(false) => {
-            println!("{name}: NOT refused");
-            missed.push(name);
-        }
+        Ok(refused) => verdict(&mut missed, name, refused, "refused"),
         Err(e) => {
             println!("{name}: {e}");
             missed.push(name);

@@ -311,17 +311,7 @@ fn attack_ioc(addr: &str) -> Vec<&'static str> {
         };
         attack(&mut c);
         let ok = closed(&mut c.data, &mut c.reg, WAIT) || closed(&mut c.ctrl, &mut c.reg, WAIT);
-        println!(
-            "{name}: {}",
-            if ok {
-                "refused, connection closed"
-            } else {
-                "NOT refused"
-            }
-        );
-        if !ok {
-            missed.push(name);
-        }
+        verdict(&mut missed, name, ok, "refused, connection closed");
     }
     // A flood of pool requests: declined beyond the bound; the connection may stay.
     if let Ok(mut c) = connect_host(addr) {
@@ -643,17 +633,7 @@ fn attack_host(addr: &str, rounds: usize) -> Vec<&'static str> {
         }
         attack(&mut ctrl, &mut data, &pools);
         let ok = closed(&mut data, &mut reg, WAIT) || closed(&mut ctrl, &mut reg, WAIT);
-        println!(
-            "{name}: {}",
-            if ok {
-                "refused, connection closed"
-            } else {
-                "NOT refused"
-            }
-        );
-        if !ok {
-            missed.push(name);
-        }
+        verdict(&mut missed, name, ok, "refused, connection closed");
     }
     missed
 }
