@@ -16,8 +16,9 @@ use crate::report;
 use crate::shard::Shard;
 use crate::state::WorkerState;
 use splitnet_messaging::endpoint::{Lane, LinkEvent, PoolGetOutcome};
-use splitnet_messaging::memory::SendBufCache;
+use splitnet_messaging::memory::{Frame, SendBufCache};
 use splitnet_messaging::vnet;
+use std::cell::Cell;
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -25,6 +26,9 @@ use tracing::{debug, info, warn};
 
 /// Completions handled per channel per wake-up.
 pub const RX_BUDGET: usize = 256;
+/// What a frame costs its worker besides its bytes, in bytes of [`HostQueue::drr`]'s
+/// quantum: a host of small frames takes as much of the worker as one of large frames.
+pub const FRAME_COST: usize = 1500;
 
 /// What the IOC holds every host's frames to (see [`HostQueue::check_tx`]), and where it sends
 /// them.
@@ -143,21 +147,31 @@ pub fn drive_host(st: &mut WorkerState, session: u64, lane: Lane) -> Result<bool
     };
     let mut events = Vec::new();
     let mut head = [0u8; HEAD];
-    let r = link.poll(
-        reg,
-        lane,
-        RX_BUDGET,
-        &mut |frame| {
-            // A frame in a shared pool is checked from a private copy of its head
-            // (see [`HostFrame`]).
-            let frame = HostFrame::new(frame, &mut head);
-            from_host(
-                session, frame, hosts, &**nic, lan_tx, cache, stats, flow_keys, &policy,
-            )
-        },
-        &mut events,
-    );
+    let mut drr = hosts.get(&session).map(|h| h.drr);
+    let bytes = Cell::new(0);
+    let mut sink = |frame: Frame<'_>| {
+        // A frame in a shared pool is checked from a private copy of its head
+        // (see [`HostFrame`]).
+        let frame = HostFrame::new(frame, &mut head);
+        bytes.set(bytes.get() + frame.len() + FRAME_COST);
+        from_host(
+            session, frame, hosts, &**nic, lan_tx, cache, stats, flow_keys, &policy,
+        )
+    };
+    // Frames share the worker by deficit round robin among its hosts; messages of the
+    // control channel are few and small, and are read up to the budget.
+    let r = match (lane, drr.as_mut()) {
+        (Lane::Data, Some(drr)) => drr.serve(RX_BUDGET, || {
+            let before = bytes.get();
+            let more = link.poll(reg, lane, 1, &mut sink, &mut events)?;
+            Ok(more.then(|| bytes.get() - before))
+        }),
+        _ => link.poll(reg, lane, RX_BUDGET, &mut sink, &mut events),
+    };
     lan_tx.flush(&**nic, hosts, stats);
+    if let (Some(h), Some(drr)) = (hosts.get_mut(&session), drr) {
+        h.drr = drr;
+    }
     link.session_mut().flush_credits(reg);
     if let Some(h) = hosts.get_mut(&session) {
         h.link = Some(link);

@@ -80,8 +80,9 @@ pub async fn serve(
             Ok(s) => s,
             Err(e) => break Err(HostEnd::Closed(format!("socket error: {e}"))),
         };
-        // More waiting in its own LAN queue: the worker's other hosts run first.
-        let more_placed = {
+        // More waiting in its own LAN queue, or on the lane whose turn it had (its deficit
+        // spent, see `HostQueue::drr`): the worker's other hosts run first.
+        let more = {
             let mut st = ioc.borrow_mut();
             let now = Instant::now();
             let result = match lane {
@@ -102,6 +103,7 @@ pub async fn serve(
             // if this wake-up was the host's).
             let placed_progress = (result.is_ok() && (placed_woke || starved))
                 .then(|| from_lan::read_own_queue(&mut st, session));
+            let lane_more = lane.is_some() && matches!(result, Ok(false));
             match result {
                 Ok(drained) => {
                     let WorkerState { hosts, cache, .. } = &mut *st;
@@ -154,9 +156,9 @@ pub async fn serve(
                 }
                 Err(e) => break Err(e),
             }
-            placed_progress == Some(OwnQueueProgress::Budget)
+            placed_progress == Some(OwnQueueProgress::Budget) || lane_more
         };
-        if more_placed {
+        if more {
             tokio::task::yield_now().await;
         }
     };

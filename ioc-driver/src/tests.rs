@@ -11,6 +11,7 @@ use splitnet_fabric::FabricChannel;
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
 use splitnet_messaging::memory::{DomainId, Frame, Registry, SendBufCache};
+use splitnet_messaging::sched::Deficit;
 use splitnet_messaging::testing;
 use splitnet_messaging::vnet::{VnetHdr, VNET_HDR_LEN};
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode};
@@ -585,6 +586,81 @@ fn sendata_that_belongs_in_a_pool_is_refused_and_counted() {
     );
     assert_eq!(host(&ioc, s).drops.oversize_inline, 1);
     assert_eq!(host(&ioc, s).stats.tx_dropped, 1);
+}
+
+/// Posts `n` frames of `len` bytes from `src` to the LAN and writes them to the IOC's
+/// socket, without letting the IOC read them.
+fn post_unread(peer: &mut Peer, src: [u8; 6], len: usize, n: usize) {
+    let mut cache = SendBufCache::new(wire::MAX_SEND_DATA, 64);
+    for _ in 0..n {
+        let mut b = cache.get().unwrap();
+        assert!(b.fill_from(&frame(LAN_PEER, src, len)));
+        assert!(matches!(
+            peer.link.post_frame(b),
+            splitnet_messaging::endpoint::Posted::Rdma
+        ));
+    }
+    for _ in 0..100 {
+        if peer.link.flush().unwrap() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+}
+
+#[test]
+fn backlogged_hosts_share_the_worker_by_bytes_not_by_frames() {
+    let nic = FakeNic::default();
+    let mut ioc = WorkerState::new(config(""), Box::new(nic.clone()), 9000, true);
+    let (a, mut pa) = connect(&mut ioc, 3, false, 128);
+    let (b, mut pb) = connect(&mut ioc, 4, false, 128);
+    let (ma, mb) = (mac(&ioc, a), mac(&ioc, b));
+    // A small quantum, so that a few frames show a turn's end.
+    for s in [a, b] {
+        ioc.hosts.get_mut(&s).unwrap().drr = Deficit::new(20_000);
+    }
+    // Each frame is its payload, an Ethernet header and a virtio-net header; it costs its
+    // host its bytes and FRAME_COST.
+    let size = |len: usize| (len + 14 + VNET_HDR_LEN) as u64;
+    let cost = |len: usize| (len + 14 + VNET_HDR_LEN + from_host::FRAME_COST) as i64;
+    post_unread(&mut pa, ma, 5000, 12);
+    post_unread(&mut pb, mb, 500, 8);
+    let sent_by = |src: [u8; 6]| -> (usize, u64) {
+        let tx = nic.tx.borrow();
+        let of: Vec<_> = tx
+            .iter()
+            .filter(|f| f[VNET_HDR_LEN + 6..][..6] == src)
+            .collect();
+        (of.len(), of.iter().map(|f| f.len() as u64).sum())
+    };
+    // A's turn ends once its frames spend the quantum (the frame that overdraws it goes):
+    // 4 of its 12, where a budget of frames would have let all 12 go.
+    let drained = from_host::drive_host(&mut ioc, a, Lane::Data).unwrap();
+    assert!(!drained, "A still has frames");
+    assert_eq!(sent_by(ma), (4, 4 * size(5000)));
+    assert_eq!(host(&ioc, a).drr.balance(), 20_000 - 4 * cost(5000));
+    // B's 8 small frames fit in its quantum: all go, and B is drained.
+    let drained = from_host::drive_host(&mut ioc, b, Lane::Data).unwrap();
+    assert!(drained);
+    assert_eq!(sent_by(mb), (8, 8 * size(500)));
+    // A's next turns pay its overdraft first, then go on until it is drained.
+    let mut turns = 1;
+    loop {
+        turns += 1;
+        if from_host::drive_host(&mut ioc, a, Lane::Data).unwrap() {
+            break;
+        }
+        assert!(turns < 10, "A never drained");
+    }
+    assert_eq!(sent_by(ma).0, 12);
+    // 26,104 of cost in the first turn, then 3 frames (19,578) a turn while it pays the
+    // 6,104 it overdrew, the last 2 in the fourth.
+    assert_eq!(turns, 4);
+    // A debt carries over a drained turn; credit does not.
+    let balance = host(&ioc, a).drr.balance();
+    assert!(balance <= 0, "{balance}");
+    assert_eq!(host(&ioc, b).drr.balance(), 0);
 }
 
 #[test]

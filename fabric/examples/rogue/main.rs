@@ -8,12 +8,14 @@
 //! IOC kept it. `rogue churn ADDR N` connects and vanishes N times. `rogue shm PATH` connects
 //! to the IOC's local socket with its data channel in shared memory, then corrupts its ring
 //! and rings the IOC's doorbell, and (other sessions) floods that doorbell, and asks to be
-//! woken for every answer without ever reading its own doorbell. Exit status 0 when every
+//! woken for every answer without ever reading its own doorbell. `rogue noisy ADDR KIND
+//! SECONDS` is a host that storms its IOC (see `noisy`). Exit status 0 when every
 //! attack was refused (or, the last, survived) as expected.
 //!
 //! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
 
 mod admission;
+mod noisy;
 
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
@@ -976,6 +978,10 @@ fn main() {
         (Some("slow"), Some(addr)) => slow_host(addr, number(args.get(3), 20)),
         (Some("churn"), Some(addr)) => churn(addr, number(args.get(3), 100) as usize),
         (Some("shm"), Some(path)) => shm_attacks(path),
+        (Some("noisy"), Some(addr)) => match args.get(3) {
+            Some(kind) => noisy::storm(addr, kind, number(args.get(4), 5)),
+            None => vec!["a storm: setmac, setmulticast or broadcast"],
+        },
         (Some("auth"), Some(addr)) => match admission_keys(&args[3..]) {
             Ok((keys, claimed)) => admission::attack(addr, &keys, claimed),
             Err(e) => {
@@ -985,7 +991,7 @@ fn main() {
         },
         _ => {
             eprintln!(
-                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET | rogue auth IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY CLAIMED_NODE_ID"
+                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET | rogue noisy IOC_ADDR setmac|setmulticast|broadcast SECONDS | rogue auth IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY CLAIMED_NODE_ID"
             );
             std::process::exit(2);
         }

@@ -6,6 +6,7 @@
 //! keeps the path busy (after Linux's byte queue limits); frames beyond it wait in a
 //! [`FlowQueue`], one queue per flow with new flows served first (after fq_codel), so a ping
 //! or a keystroke passes a bulk transfer. [`Scheduler`] puts the two together for one sender.
+//! [`Deficit`] shares one server among several senders by bytes (deficit round robin).
 //! All are pure state machines; the daemons feed them and the clock.
 //!
 //! The scheduling lives in the daemons, not only in the kernel's qdisc of sd0, because the
@@ -13,10 +14,12 @@
 //! its ring is full, so a sender that stopped reading the TAP would queue in that ring
 //! (first in, first out) instead of in fq_codel.
 
+pub mod drr;
 pub mod fq;
 pub mod limit;
 pub mod scheduler;
 
+pub use drr::Deficit;
 pub use fq::{FlowQueue, FqConfig};
 pub use limit::{ByteLimit, LimitConfig, LimitStats};
 pub use scheduler::Scheduler;
