@@ -158,17 +158,20 @@ def keys():
     return read("ioc"), [read(f"host{k}/splitnet") for k in range(1, KEY_HOSTS + 1)]
 
 
-def host_config(queues, local=None, plain=False):
+def host_config(queues, local=None, plain=False, sealed=False):
     """The shipped host configuration with the IOC's public key (none when `plain`: the
     unauthenticated handshake of open admission), `queues` TAP queues; `local`: over the IOC's
-    local socket, the data channel in shared memory ("shm") or on the socket ("unix")."""
+    local socket, the data channel in shared memory ("shm") or on the socket ("unix");
+    `sealed`: the data channel encrypted (auth.encrypt_data)."""
     src = os.path.join(ROOT, "systemd", "host.toml")
-    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{int(plain)}.toml"
+    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{int(plain)}-{int(sealed)}.toml"
     ioc_pub, _ = keys()
     with open(src) as f, open(path, "w") as out:
         text = f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n")
         if not plain:
             text = text.replace("\n# ioc_public_key = ", f'\nioc_public_key = "{ioc_pub}"\n# was: ')
+        if sealed:
+            text = text.replace("\n# encrypt_data = false\n", "\nencrypt_data = true\n")
         if local:
             shm = "true" if local == "shm" else "false"
             text = text.replace('\nioc = "10.200.0.2:7400"\n', f'\nioc = "unix:{LOCAL_SOCKET}"\n')
@@ -204,10 +207,11 @@ def ioc_config(local=False, plain=False):
     return path
 
 
-def setup_splitnet(hosts=1, queues=1, drivers=None, local=None, plain=False):
+def setup_splitnet(hosts=1, queues=1, drivers=None, local=None, plain=False, sealed=False):
     """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver;
     `local` ("shm", "unix"): over the IOC's local Unix socket (daemons on one machine);
-    `plain`: open admission and hosts without keys (no handshake proof, control unsealed)."""
+    `plain`: open admission and hosts without keys (no handshake proof, control unsealed);
+    `sealed`: hosts that encrypt their data channel."""
     base(hosts, bridge_fabric=hosts > 1)
     bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config(local is not None, plain)}"
        " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
@@ -216,7 +220,7 @@ def setup_splitnet(hosts=1, queues=1, drivers=None, local=None, plain=False):
     for k in range(1, drivers + 1):
         ns = host_ns(k)
         bg(f"CREDENTIALS_DIRECTORY={KEYS}/host{k} ip netns exec {ns} {BIN}/host-driver"
-           f" --config {host_config(queues, local, plain)}"
+           f" --config {host_config(queues, local, plain, sealed)}"
            f" --control-socket /tmp/sd-bench-host{k}.sock", f"/tmp/sd-bench-host{k}.log")
         for _ in range(100):
             if sh(f"ip -n {ns} link show sd0", check=False):
@@ -512,6 +516,7 @@ def main():
     setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn,
               "splitnet": setup_splitnet,
               "splitnet-plain": lambda: setup_splitnet(plain=True),
+              "splitnet-encrypted": lambda: setup_splitnet(sealed=True),
               "splitnet-shm": lambda: setup_splitnet(local="shm"),
               "splitnet-unix": lambda: setup_splitnet(local="unix")}
     results = []
@@ -543,7 +548,8 @@ def main():
     ratios = {}
     # splitnet over TCP (two machines); on one machine over shared memory ("shm_") and over
     # the IOC's local socket ("unix_").
-    for mode, pre in (("splitnet", ""), ("splitnet-shm", "shm_"), ("splitnet-unix", "unix_")):
+    for mode, pre in (("splitnet", ""), ("splitnet-shm", "shm_"), ("splitnet-unix", "unix_"),
+                      ("splitnet-encrypted", "enc_")):
         s = by.get(mode)
         for peer in ("direct", "vxlan", "openvpn", "splitnet", "splitnet-plain"):
             p = by.get(peer)

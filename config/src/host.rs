@@ -46,6 +46,11 @@ pub struct HostAuth {
     /// `LoadCredential=`).
     #[serde(default)]
     pub private_key_file: Option<std::path::PathBuf>,
+    /// Ask that the data channel's bytes travel sealed (encrypted and authenticated) when it
+    /// runs over TCP; needs `ioc_public_key`. Off by default: on a fabric the operator
+    /// controls, frames go as they would on the wire.
+    #[serde(default)]
+    pub encrypt_data: bool,
 }
 
 /// The `[fabric]` section of host.toml.
@@ -180,6 +185,12 @@ impl HostConfig {
                     format!("{a} is not a connectable address"),
                 ));
             }
+        }
+        if self.auth.encrypt_data && self.auth.ioc_public_key.is_none() {
+            return Err(Invalid::new(
+                "auth.encrypt_data",
+                "needs auth.ioc_public_key: the keys of the handshake seal the data channel",
+            ));
         }
         ifname("interface.name", &self.interface.name)?;
         if let Some(mac) = self.interface.mac {

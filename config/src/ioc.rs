@@ -47,6 +47,10 @@ pub struct IocAuth {
     /// `[[auth.hosts]]`: the admitted hosts.
     #[serde(default)]
     pub hosts: Vec<AdmittedHost>,
+    /// Refuse a data channel over TCP whose host did not ask for it sealed (a host's
+    /// `auth.encrypt_data`). Off: each host decides; a host that asks is always agreed to.
+    #[serde(default)]
+    pub encrypt_data: bool,
 }
 
 /// Who may become a host.

@@ -24,6 +24,10 @@ pub const KEY_LEN: usize = 32;
 pub const TAG_LEN: usize = 16;
 /// Bytes of the timestamp that follows the Hello in the first handshake message.
 const TIMESTAMP_LEN: usize = 8;
+/// Bytes of the flags that may follow the timestamp (what the host asks for).
+const FLAGS_LEN: usize = 4;
+/// Bytes of an encoded Hello message.
+const HELLO_LEN: usize = wire::HEADER_LEN + 28;
 /// Largest Noise message: the protocol's limit.
 const NOISE_MAX: usize = 65_535;
 
@@ -131,6 +135,19 @@ impl Initiator {
     /// The AuthHello message carrying `hello` (a whole encoded Hello message, whose channel
     /// it names in the clear) and `timestamp`.
     pub fn hello(&mut self, hello: &[u8], timestamp: u64) -> Result<Vec<u8>, AuthError> {
+        self.hello_asking(hello, timestamp, 0)
+    }
+
+    /// [`Initiator::hello`] asking for `flags` ([`HelloReply::SEALED_DATA`]); no flags are
+    /// sent when there are none, as before flags existed.
+    ///
+    /// [`HelloReply::SEALED_DATA`]: wire::HelloReply::SEALED_DATA
+    pub fn hello_asking(
+        &mut self,
+        hello: &[u8],
+        timestamp: u64,
+        flags: u32,
+    ) -> Result<Vec<u8>, AuthError> {
         let channel = *hello
             .get(HELLO_CHANNEL_AT)
             .ok_or(AuthError::Payload("not a Hello"))?;
@@ -146,6 +163,9 @@ impl Initiator {
         let hs = self.hs.insert(b.build_initiator()?);
         let mut payload = hello.to_vec();
         payload.extend_from_slice(&timestamp.to_be_bytes());
+        if flags != 0 {
+            payload.extend_from_slice(&flags.to_be_bytes());
+        }
         let mut noise = vec![0; NOISE_MAX];
         let n = hs.write_message(&payload, &mut noise)?;
         let mut out = Vec::with_capacity(wire::HEADER_LEN + n);
@@ -172,6 +192,8 @@ pub struct Responder {
     pub peer: Key,
     /// The message's timestamp.
     pub timestamp: u64,
+    /// What the host asks for ([`wire::HelloReply::SEALED_DATA`]); 0 when it sent no flags.
+    pub flags: u32,
 }
 
 impl std::fmt::Debug for Responder {
@@ -203,15 +225,30 @@ impl Responder {
             .build_responder()?;
         let mut payload = vec![0; noise.len()];
         let n = hs.read_message(noise, &mut payload)?;
-        let Some(split) = n.checked_sub(TIMESTAMP_LEN) else {
-            return Err(AuthError::Payload("no room for the timestamp"));
+        // The Hello, its timestamp, and flags if the host asks for anything.
+        let flags = match n.checked_sub(HELLO_LEN + TIMESTAMP_LEN) {
+            Some(0) => 0,
+            Some(FLAGS_LEN) => {
+                let at = HELLO_LEN + TIMESTAMP_LEN;
+                u32::from_be_bytes([
+                    payload[at],
+                    payload[at + 1],
+                    payload[at + 2],
+                    payload[at + 3],
+                ])
+            }
+            _ => {
+                return Err(AuthError::Payload(
+                    "not a Hello, a timestamp and perhaps flags",
+                ))
+            }
         };
         if payload.get(HELLO_CHANNEL_AT) != Some(&channel) {
             return Err(AuthError::Payload("the Hello names another channel"));
         }
         let mut ts = [0; TIMESTAMP_LEN];
-        ts.copy_from_slice(&payload[split..n]);
-        payload.truncate(split);
+        ts.copy_from_slice(&payload[HELLO_LEN..HELLO_LEN + TIMESTAMP_LEN]);
+        payload.truncate(HELLO_LEN);
         let peer = hs
             .get_remote_static()
             .and_then(|k| Key::try_from(k).ok())
@@ -220,6 +257,7 @@ impl Responder {
             hs,
             peer,
             timestamp: u64::from_be_bytes(ts),
+            flags,
         };
         Ok((r, payload))
     }
@@ -263,6 +301,25 @@ impl Sealer {
             at += self.ts.write_message(chunk, &mut out[at..])?;
         }
         Ok(out)
+    }
+
+    /// Seals `plain` (at most [`CHUNK`] bytes) as one Noise message appended to `out`: one
+    /// record of a sealed stream, without an allocation once `out` has room.
+    pub fn seal_record(&mut self, plain: &[u8], out: &mut Vec<u8>) -> Result<(), AuthError> {
+        if plain.len() > CHUNK {
+            return Err(AuthError::Payload("a record longer than a Noise message"));
+        }
+        let at = out.len();
+        out.resize(at + plain.len() + TAG_LEN, 0);
+        let n = self.ts.write_message(plain, &mut out[at..])?;
+        out.truncate(at + n);
+        Ok(())
+    }
+
+    /// Opens one Noise message `sealed` (a record of a sealed stream) into `out`, which has
+    /// room for [`CHUNK`] bytes; returns the plaintext's length.
+    pub fn open_record(&mut self, sealed: &[u8], out: &mut [u8]) -> Result<usize, AuthError> {
+        Ok(self.ts.read_message(sealed, out)?)
     }
 
     /// Opens `sealed` into `out` (replacing its contents).
@@ -361,6 +418,52 @@ mod tests {
             host_seal.open(&s, &mut plain).unwrap();
             assert_eq!(plain, m);
         }
+    }
+
+    #[test]
+    fn flags_ride_after_the_timestamp_only_when_asked_for() {
+        let (host, ioc) = pair();
+        let (_, plain) = first(&host, &public_key(&ioc), 42);
+        let (r, _) = Responder::accept(&ioc, &plain).unwrap();
+        assert_eq!(r.flags, 0);
+        let mut i = Initiator::new(&host, &public_key(&ioc)).unwrap();
+        let asking = i
+            .hello_asking(&hello(), 43, wire::HelloReply::SEALED_DATA)
+            .unwrap();
+        assert_eq!(asking.len(), plain.len() + FLAGS_LEN, "four bytes more");
+        let (r, got) = Responder::accept(&ioc, &asking).unwrap();
+        assert_eq!((r.flags, r.timestamp), (wire::HelloReply::SEALED_DATA, 43));
+        assert_eq!(got, hello());
+        // A payload of any other length is not a Hello, a timestamp and flags.
+        for extra in [1, 2, 3, 5, 8] {
+            let mut i = Initiator::new(&host, &public_key(&ioc)).unwrap();
+            let mut odd = hello();
+            odd.extend(std::iter::repeat_n(0, extra));
+            let msg = i.hello(&odd, 44).unwrap();
+            assert!(matches!(
+                Responder::accept(&ioc, &msg),
+                Err(AuthError::Payload(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn records_seal_one_noise_message_each() {
+        let (host, ioc) = pair();
+        let (i, body) = first(&host, &public_key(&ioc), 1);
+        let (mut r, _) = Responder::accept(&ioc, &body).unwrap();
+        let msg = r
+            .reply(&handshake::reply(1, ErrorCode::Ok, 9, 70_000))
+            .unwrap();
+        let (_, mut h) = i.reply(reply_body(&msg).unwrap()).unwrap();
+        let mut o = r.into_sealer().unwrap();
+        let mut wire = vec![0xEE];
+        h.seal_record(&[1, 2, 3], &mut wire).unwrap();
+        assert_eq!(wire.len(), 1 + 3 + TAG_LEN, "appended");
+        let mut out = vec![0; CHUNK];
+        assert_eq!(o.open_record(&wire[1..], &mut out).unwrap(), 3);
+        assert_eq!(&out[..3], &[1, 2, 3]);
+        assert!(h.seal_record(&vec![0; CHUNK + 1], &mut wire).is_err());
     }
 
     #[test]

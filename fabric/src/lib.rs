@@ -22,9 +22,11 @@
 
 pub mod auth;
 mod sealed;
+pub mod sealed_stream;
 pub mod shm;
 
 pub use sealed::SealedConn;
+pub use sealed_stream::SealedStream;
 
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
@@ -44,13 +46,17 @@ use thiserror::Error;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 use tokio::io::Interest;
 
-/// A fabric connection's socket: TCP, or a Unix stream socket (same bytes either way).
+/// A fabric connection's socket: TCP, or a Unix stream socket (same bytes either way), or
+/// a data channel's TCP socket whose bytes travel sealed.
 #[derive(Debug)]
 pub enum Stream {
     /// Between machines.
     Tcp(TcpStream),
     /// Between daemons on one machine.
     Unix(UnixStream),
+    /// A data channel between machines whose host asked for encryption
+    /// ([`sealed_stream`]).
+    Sealed(Box<SealedStream<Stream>>),
 }
 
 impl From<TcpStream> for Stream {
@@ -70,6 +76,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Sealed(s) => s.read(buf),
         }
     }
 
@@ -77,6 +84,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read_vectored(bufs),
             Stream::Unix(s) => s.read_vectored(bufs),
+            Stream::Sealed(s) => s.read_vectored(bufs),
         }
     }
 }
@@ -86,6 +94,7 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Sealed(s) => s.write(buf),
         }
     }
 
@@ -93,11 +102,15 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Sealed(s) => s.write_vectored(bufs),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        match self {
+            Stream::Tcp(_) | Stream::Unix(_) => Ok(()),
+            Stream::Sealed(s) => s.flush(),
+        }
     }
 }
 
@@ -106,6 +119,7 @@ impl AsFd for Stream {
         match self {
             Stream::Tcp(s) => s.as_fd(),
             Stream::Unix(s) => s.as_fd(),
+            Stream::Sealed(s) => s.inner().as_fd(),
         }
     }
 }
@@ -205,6 +219,11 @@ impl Channel for FabricChannel {
 }
 
 impl FabricChannel {
+    /// Whether its bytes travel sealed on its socket (a data channel whose host asked).
+    pub fn is_sealed_stream(&self) -> bool {
+        matches!(self, FabricChannel::Stream(c) if matches!(c.stream(), Stream::Sealed(_)))
+    }
+
     fn set_domain(&mut self, domain: DomainId) {
         match self {
             FabricChannel::Stream(c) => c.set_domain(domain),
@@ -281,6 +300,11 @@ pub enum FabricError {
     /// The peer answered an authenticated Hello without proving its key.
     #[error("the IOC answered without proving its key (is it set up for authentication?)")]
     Unauthenticated,
+    /// The host asked for a sealed data channel and the IOC did not agree.
+    #[error(
+        "the IOC does not seal the data channel (auth.encrypt_data needs an IOC that supports it)"
+    )]
+    NotSealed,
 }
 
 /// Readiness guard of a [`Ready`]: call `clear_ready()` on it after an operation hit
@@ -322,6 +346,7 @@ fn prepare(sock: &Stream) -> io::Result<()> {
             s.set_nonblocking(true)
         }
         Stream::Unix(s) => s.set_nonblocking(true),
+        Stream::Sealed(s) => prepare(s.inner()),
     }
 }
 
@@ -397,6 +422,9 @@ pub struct HostKeys {
     pub private: auth::Key,
     /// The IOC's public key.
     pub ioc: auth::Key,
+    /// Ask that the data channel's bytes travel sealed when it is on its socket
+    /// ([`sealed_stream`]); the IOC must agree.
+    pub seal_data: bool,
 }
 
 /// The connecting side: opens both channels of `queue`'s session with `dial` (see
@@ -426,14 +454,14 @@ where
             .map_err(|_| FabricError::Timeout(timeout))??;
         let mut ch = channel(s, wire::MAX_MESSAGE_LEN)?;
         let hello = handshake::hello(Role::Host, channel_no, queue, session, node_id, max);
+        // Sealing is asked for a data channel that stays on its socket.
+        let seal = keys.is_some_and(|k| k.seal_data) && channel_no == 1;
+        let flags = if seal { HelloReply::SEALED_DATA } else { 0 };
         let initiator = match keys {
             Some(k) => {
                 let mut i = auth::Initiator::new(&k.private, &k.ioc)?;
-                ch.post(
-                    Op::Send,
-                    &[],
-                    Payload::Bytes(i.hello(&hello, auth::timestamp())?),
-                );
+                let first = i.hello_asking(&hello, auth::timestamp(), flags)?;
+                ch.post(Op::Send, &[], Payload::Bytes(first));
                 Some(i)
             }
             None => {
@@ -455,6 +483,12 @@ where
             Ok(_) if keys.is_some() && sealer.is_none() => {
                 goodbye(ch, ErrorCode::Unauthenticated, timeout).await;
                 Err(FabricError::Unauthenticated)
+            }
+            // Asked to seal and not agreed to: the host does not send in the clear what
+            // its operator wants sealed.
+            Ok(r) if seal && r.flags & HelloReply::SEALED_DATA == 0 => {
+                goodbye(ch, ErrorCode::Unauthenticated, timeout).await;
+                Err(FabricError::NotSealed)
             }
             Ok(r) => Ok::<_, FabricError>((ch, r, sealer)),
             Err(e) => {
@@ -487,19 +521,37 @@ where
         (true, None) => FabricChannel::Stream(ctrl),
         (false, _) => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
     };
-    let (data, r2, _) = open(data_no, r.session).await?;
+    let (data, r2, data_sealer) = open(data_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
         goodbye(data, ErrorCode::Malformed, timeout).await;
         goodbye_on(ctrl, ErrorCode::Malformed, timeout).await;
         return Err(HandshakeError::Unexpected("the data channel's HelloReply to match").into());
     }
-    let data = match path {
-        DataPath::Stream => FabricChannel::Stream(data),
-        DataPath::Shm { pool_bytes } => {
+    let data = match (path, data_sealer) {
+        (DataPath::Stream, Some(sealer)) if r2.flags & HelloReply::SEALED_DATA != 0 => {
+            FabricChannel::Stream(sealed_data_channel(data, sealer)?)
+        }
+        (DataPath::Stream, _) => FabricChannel::Stream(data),
+        (DataPath::Shm { pool_bytes }, _) => {
             FabricChannel::Shm(Box::new(shm_offer(data, Some(pool_bytes), timeout).await?))
         }
     };
     Ok((ctrl, data, r))
+}
+
+/// A data channel whose handshake agreed to seal it, once its answer is on the socket: its
+/// stream carries sealed records from now on, the bytes already read ahead of the answer
+/// being the first of them.
+pub fn sealed_data_channel(
+    ch: StreamConn,
+    sealer: auth::Sealer,
+) -> Result<StreamConn, FabricError> {
+    let (stream, unread) = ch.into_parts();
+    let sealed = SealedStream::with_unread(stream, sealer, &unread)?;
+    Ok(channel(
+        Stream::Sealed(Box::new(sealed)),
+        wire::MAX_MESSAGE_LEN,
+    )?)
 }
 
 /// The host's shared-memory set-up on a channel whose HelloReply it read (see
@@ -627,7 +679,28 @@ pub fn post_reply(
     status: ErrorCode,
     session: u64,
 ) -> Result<(), FabricError> {
-    let msg = handshake::reply(version, status, session, wire::MAX_MESSAGE_LEN as u32);
+    post_reply_agreeing(ch, auth, version, status, session, 0)
+}
+
+/// [`post_reply`] agreeing to `flags` of what the AuthHello asked for
+/// ([`HelloReply::SEALED_DATA`]).
+pub fn post_reply_agreeing(
+    ch: &mut StreamConn,
+    auth: Option<&mut auth::Responder>,
+    version: u16,
+    status: ErrorCode,
+    session: u64,
+    flags: u32,
+) -> Result<(), FabricError> {
+    let mut msg = Vec::new();
+    wire::Message::HelloReply(HelloReply {
+        version,
+        status,
+        flags,
+        session,
+        max_message: wire::MAX_MESSAGE_LEN as u32,
+    })
+    .emit(0, &mut msg);
     let msg = match auth {
         Some(r) => r.reply(&msg)?,
         None => msg,

@@ -219,8 +219,28 @@ fn hundred_thousand_frames_each_way_over_tcp() {
     exchange(
         Listener::Tcp(TcpListener::bind("127.0.0.1:0").unwrap()),
         DataPath::Stream,
-        true,
+        Auth::Keys,
     );
+}
+
+#[test]
+fn hundred_thousand_frames_each_way_over_tcp_with_the_data_channel_sealed() {
+    exchange(
+        Listener::Tcp(TcpListener::bind("127.0.0.1:0").unwrap()),
+        DataPath::Stream,
+        Auth::SealedData,
+    );
+}
+
+/// How a test's session authenticates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    /// Plain handshakes.
+    None,
+    /// Authenticated handshakes: the control channel on its socket sealed.
+    Keys,
+    /// And the host asks for its data channel sealed too.
+    SealedData,
 }
 
 /// A Unix socket for a test named `name`, in a directory of its own.
@@ -236,7 +256,7 @@ fn unix_listener(name: &str) -> (Listener, std::path::PathBuf) {
 #[test]
 fn hundred_thousand_frames_each_way_over_a_unix_socket() {
     let (l, dir) = unix_listener("unix");
-    exchange(l, DataPath::Stream, false);
+    exchange(l, DataPath::Stream, Auth::None);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -248,19 +268,19 @@ fn hundred_thousand_frames_each_way_over_shared_memory() {
         DataPath::Shm {
             pool_bytes: 16 << 20,
         },
-        true,
+        Auth::Keys,
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Both sides of a session over `listener`'s transport, the data channel over `path`, move
-/// [`FRAMES`] frames each way; `auth`: with authenticated handshakes (the control channel
-/// on its socket then sealed).
-fn exchange(listener: Listener, path_kind: DataPath, auth: bool) {
+/// [`FRAMES`] frames each way, authenticated as `auth` says.
+fn exchange(listener: Listener, path_kind: DataPath, auth: Auth) {
     let ioc_key = fabric::auth::generate().unwrap();
-    let keys = auth.then(|| fabric::HostKeys {
+    let keys = (auth != Auth::None).then(|| fabric::HostKeys {
         private: fabric::auth::generate().unwrap(),
         ioc: fabric::auth::public_key(&ioc_key),
+        seal_data: auth == Auth::SealedData,
     });
     let host_public = keys.as_ref().map(|k| fabric::auth::public_key(&k.private));
     let tcp = match &listener {
@@ -290,7 +310,10 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: bool) {
                 DataPath::Stream => {
                     assert_eq!(hello.channel, wire::CONTROL_CHANNEL);
                     let c = fabric::control_channel(c, proof).unwrap();
-                    assert_eq!(matches!(c, fabric::FabricChannel::Sealed(_)), auth);
+                    assert_eq!(
+                        matches!(c, fabric::FabricChannel::Sealed(_)),
+                        auth != Auth::None
+                    );
                     c
                 }
                 DataPath::Shm { .. } => {
@@ -312,8 +335,18 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: bool) {
             let (mut d, hello, v, mut proof) = (a.ch, a.hello, a.version, a.auth);
             assert_eq!(proof.as_ref().map(|r| r.peer), host_public);
             // Posted first: the link's first flush sends it ahead of any frame.
-            fabric::post_reply(&mut d, proof.as_deref_mut(), v, ErrorCode::Ok, 1).unwrap();
+            let asked = proof.as_ref().map_or(0, |r| r.flags);
+            assert_eq!(asked != 0, auth == Auth::SealedData);
+            fabric::post_reply_agreeing(&mut d, proof.as_deref_mut(), v, ErrorCode::Ok, 1, asked)
+                .unwrap();
             let d: fabric::FabricChannel = match path_kind {
+                DataPath::Stream if asked != 0 => {
+                    fabric::flush(&mut d, TIMEOUT).await.unwrap();
+                    let sealer = proof.unwrap().into_sealer().unwrap();
+                    let d = fabric::sealed_data_channel(d, sealer).unwrap();
+                    assert!(matches!(d.stream(), fabric::Stream::Sealed(_)));
+                    d.into()
+                }
                 DataPath::Stream => {
                     assert_eq!((hello.session, hello.channel), (1, 1));
                     d.into()
@@ -402,4 +435,74 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: bool) {
         assert_eq!(ini.credits(), total);
     }
     let _ = MAX_MESSAGE_LEN;
+}
+
+/// A host that asked for its data channel sealed does not take an IOC's agreement without
+/// the flag: it says Goodbye (Unauthenticated) and fails (docs/protocol.md, row H14).
+#[test]
+fn a_host_refuses_a_data_channel_left_clear_when_it_asked_for_it_sealed() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let ioc_key = fabric::auth::generate().unwrap();
+    let keys = fabric::HostKeys {
+        private: fabric::auth::generate().unwrap(),
+        ioc: fabric::auth::public_key(&ioc_key),
+        seal_data: true,
+    };
+    let server = std::thread::spawn(move || {
+        rt().block_on(async {
+            let mut asked = Vec::new();
+            let mut data = None;
+            for _ in 0..2 {
+                let s: fabric::Stream = l.accept().unwrap().0.into();
+                let a = fabric::accept_hello(s, TIMEOUT, Some(&ioc_key))
+                    .await
+                    .unwrap();
+                let (mut c, mut proof) = (a.ch, a.auth);
+                asked.push(proof.as_ref().unwrap().flags);
+                // Agrees to nothing.
+                fabric::post_reply(&mut c, proof.as_deref_mut(), a.version, ErrorCode::Ok, 1)
+                    .unwrap();
+                fabric::flush(&mut c, TIMEOUT).await.unwrap();
+                data = Some(c);
+            }
+            // The host's answer on the data channel: Goodbye, then the end.
+            let mut d = data.unwrap();
+            let mut reg = Registry::new(0);
+            let goodbye = loop {
+                use splitnet_messaging::adapter::{Channel, RxCompletion};
+                match d.poll_recv(&mut reg) {
+                    Ok(Some(RxCompletion::Recv { .. })) => break d.received().to_vec(),
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    Err(e) => panic!("no Goodbye: {e}"),
+                }
+            };
+            (asked, goodbye)
+        })
+    });
+    let r = rt().block_on(fabric::connect(
+        || fabric::dial_tcp(addr),
+        DataPath::Stream,
+        42,
+        wire::Queue::SINGLE,
+        0,
+        TIMEOUT,
+        Some(&keys),
+    ));
+    assert!(matches!(r, Err(fabric::FabricError::NotSealed)), "{r:?}");
+    let (asked, goodbye) = server.join().unwrap();
+    assert_eq!(
+        asked,
+        [0, wire::HelloReply::SEALED_DATA],
+        "asked on the data channel only"
+    );
+    assert!(matches!(
+        wire::Message::parse(&goodbye),
+        Ok((
+            _,
+            wire::Message::Goodbye(wire::Goodbye {
+                code: ErrorCode::Unauthenticated
+            })
+        ))
+    ));
 }

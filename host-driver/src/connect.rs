@@ -30,10 +30,11 @@ pub fn keys(auth: &HostAuth) -> Result<Option<HostKeys>, String> {
     )?;
     let private = key::read_private_key(&path)?;
     let public = key::Key(fabric::auth::public_key(&private.0));
-    info!(%public, ioc = %ioc, "authenticating with this host key");
+    info!(%public, ioc = %ioc, encrypt_data = auth.encrypt_data, "authenticating with this host key");
     Ok(Some(HostKeys {
         private: private.0,
         ioc: ioc.0,
+        seal_data: auth.encrypt_data,
     }))
 }
 

@@ -155,6 +155,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             session = reply.session,
             version = reply.version,
             queues = queue.count,
+            data_sealed = data.is_sealed_stream(),
             "fabric up"
         );
         snap.borrow_mut().connected(reply.session, reply.version);

@@ -11,7 +11,7 @@ use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink, StreamConn}
 use splitnet_messaging::adapter::shm::setup::Setup;
 use splitnet_messaging::endpoint::Session;
 use splitnet_messaging::memory::DomainId;
-use splitnet_messaging::wire::{self, ErrorCode};
+use splitnet_messaging::wire::{self, ErrorCode, HelloReply};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -147,6 +147,18 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
         refuse!(ch, ErrorCode::Refused, "shared memory asked for over TCP");
     }
+    // Its bytes sealed when its host asks (only a data channel on its socket can).
+    let seal = proof
+        .as_ref()
+        .is_some_and(|r| r.flags & HelloReply::SEALED_DATA != 0)
+        && !shm;
+    if !seal && !shm && ioc.borrow().cfg.auth.encrypt_data {
+        refuse!(
+            ch,
+            ErrorCode::Unauthenticated,
+            "a data channel not encrypted (auth.encrypt_data is set)"
+        );
+    }
     // A data channel joins the control channel whose token it names, from the same node.
     let joined = {
         let mut st = ioc.borrow_mut();
@@ -195,14 +207,43 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         refuse!(ch, ErrorCode::ResourceLimit, "out of pool memory");
     }
     // The reply goes first on the data channel, ahead of anything posted to the host later.
-    // The data channel's messages travel in the clear (docs/protocol.md 5.1): its handshake
-    // proved the key and named the session.
-    if let Err(e) = fabric::post_reply(&mut ch, proof.as_deref_mut(), version, ErrorCode::Ok, token)
-    {
+    // The data channel's messages travel in the clear (docs/protocol.md 5.1) unless its
+    // host asked for them sealed: its handshake proved the key and named the session.
+    let flags = if seal { HelloReply::SEALED_DATA } else { 0 };
+    let replied = fabric::post_reply_agreeing(
+        &mut ch,
+        proof.as_deref_mut(),
+        version,
+        ErrorCode::Ok,
+        token,
+        flags,
+    );
+    if let Err(e) = replied {
         warn!(%peer, "cannot answer a data channel: {e}");
         ioc.borrow_mut().free_domain(domain);
         return;
     }
+    // Sealed from the byte after the answer, which goes out first in the clear.
+    let ch = match (seal, proof) {
+        (true, Some(r)) => {
+            let sealed = match fabric::flush(&mut ch, timeout).await {
+                Ok(()) => r
+                    .into_sealer()
+                    .map_err(fabric::FabricError::from)
+                    .and_then(|s| fabric::sealed_data_channel(ch, s)),
+                Err(e) => Err(e),
+            };
+            match sealed {
+                Ok(ch) => ch,
+                Err(e) => {
+                    warn!(%peer, session, "cannot seal a data channel: {e}");
+                    ioc.borrow_mut().free_domain(domain);
+                    return;
+                }
+            }
+        }
+        _ => ch,
+    };
     let data = if let Some(arena) = arena {
         match shm_channel(ch, domain, Some(arena), timeout).await {
             Ok(t) => FabricChannel::Shm(Box::new(t)),
@@ -230,6 +271,8 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     let RegisteredLink { ready, link } = tl;
     let peer = if shm {
         format!("{peer}, shared memory")
+    } else if seal {
+        format!("{peer}, data sealed")
     } else {
         peer
     };

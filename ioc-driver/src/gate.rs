@@ -170,6 +170,7 @@ mod tests {
     fn gate(admission: Admission, hosts: &[(&str, Key, Option<[u8; 6]>)], ioc: Key) -> Gate {
         let cfg = IocAuth {
             admission,
+            encrypt_data: false,
             private_key_file: None,
             hosts: hosts
                 .iter()

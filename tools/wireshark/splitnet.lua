@@ -116,6 +116,8 @@ local pf = {
     payload = ProtoField.bytes("splitnet.payload", "Payload"),
     noise = ProtoField.bytes("splitnet.auth.noise", "Noise handshake message"),
     sealed = ProtoField.bytes("splitnet.sealed", "Sealed control message"),
+    sealed_record = ProtoField.bytes("splitnet.sealed_record", "Sealed data record"),
+    reply_flags = ProtoField.uint32("splitnet.hello_reply.flags", "Flags agreed to (bit 0: data channel sealed)", base.HEX),
     -- common message header
     message = ProtoField.none("splitnet.message", "Message"),
     func = ProtoField.uint16("splitnet.function", "Function", base.HEX, FUNCTIONS),
@@ -562,7 +564,7 @@ end
 body[0x0002] = function(c, t, ctx) -- HelloReply
     c:uint(t, pf.reply_version, 2)
     local status = c:uint(t, pf.reply_status, 2)
-    c:reserved(t, nil, 4)
+    c:uint(t, pf.reply_flags, 4)
     local session = c:uint64(t, pf.reply_session)
     local maxmsg = c:uint(t, pf.reply_maxmsg, 4)
     if status == 0 and maxmsg and maxmsg < MIN_MAX_MESSAGE then
@@ -583,16 +585,35 @@ body[0x0005] = function(c, t, ctx)
     local n = c:left()
     c:add(t, pf.noise, n)
     local ch = ctx.txn:tonumber()
+    -- 148 bytes: the Hello, its timestamp and flags; a data channel's flags ask for its
+    -- stream sealed (docs/protocol.md 5.1). Each direction's bytes after its handshake
+    -- message (frame by frame) are then sealed records.
+    local sealed_data = (ch == 1 and n == 148)
     if ctx.stream and not ctx.pinfo.visited then
-        streams[ctx.stream] = { channel = ch, host = ctx.src, sealed = (ch == 0) }
+        streams[ctx.stream] = { channel = ch, host = ctx.src, sealed = (ch == 0),
+                                sealed_data = sealed_data, handshake = { [ctx.src] = ctx.pinfo.number } }
     end
-    return string.format(" ch=%d (Noise IK, %d bytes: key and Hello encrypted)", ch, n)
+    return string.format(" ch=%d (Noise IK, %d bytes: key and Hello encrypted%s)", ch, n,
+        sealed_data and "; asks for the data channel sealed" or "")
 end
 
-body[0x0006] = function(c, t) -- AuthReply: the HelloReply travels encrypted
+body[0x0006] = function(c, t, ctx) -- AuthReply: the HelloReply travels encrypted
     local n = c:left()
     c:add(t, pf.noise, n)
+    local st = ctx.stream and streams[ctx.stream]
+    if st and st.handshake and not ctx.pinfo.visited then
+        st.handshake[ctx.src] = ctx.pinfo.number
+    end
     return string.format(" (Noise IK, %d bytes: status and session encrypted)", n)
+end
+
+-- Whether a segment's bytes in frame `number` from `src` on `stream` are sealed data
+-- records: a data channel that asked for it, after that direction's handshake message.
+local function in_sealed_records(stream, src, number)
+    local st = stream and streams[stream]
+    if not (st and st.sealed_data and st.handshake) then return false end
+    local after = st.handshake[src]
+    return after ~= nil and number > after
 end
 
 body[0x0003] = function() return "" end -- Keepalive
@@ -816,6 +837,12 @@ local function dissect_op(tvb, pinfo, tree)
     local total = tvb:len()
     local t = tree:add(splitnet, tvb())
     gen_range = tvb(0, 0)
+    if in_sealed_records(seg.stream, seg.src, pinfo.number) then
+        t:add(pf.sealed_record, tvb())
+        t:append_text(", sealed data record")
+        info(pinfo, string.format("Sealed data record (%d bytes)", total))
+        return total
+    end
     if total < OP_HEADER_LEN then
         t:add_proto_expert_info(ef.truncated, string.format("Operation of %d bytes is shorter than its 32-byte header", total))
         info(pinfo, "splitnet (truncated)")
@@ -884,7 +911,10 @@ end
 
 -- Length of the operation at OFFSET (header and payload). A header that cannot be splitnet
 -- takes the rest of the segment, which is then reported instead of waiting for megabytes.
-local function op_len(tvb, _, offset)
+local function op_len(tvb, pinfo, offset)
+    if in_sealed_records(seg.stream, seg.src, pinfo.number) then
+        return 2 + tvb(offset, 2):uint()
+    end
     local opcode = tvb(offset, 1):uint()
     local len = tvb(offset + 4, 4):uint()
     if not OPCODES[opcode] or len > MAX_OP_PAYLOAD then

@@ -257,3 +257,13 @@ fn auth_is_optional_and_takes_the_iocs_key() {
     );
     parse_error(host("[auth]\nioc_public_key = \"short\""), &["not a key"]);
 }
+
+#[test]
+fn encrypting_the_data_channel_needs_the_iocs_key() {
+    assert!(!host("").unwrap().auth.encrypt_data);
+    let key = "ioc_public_key = \"U0QzgGvlzWUEpnsepcHjRzxBZ/1eH8rZyHMjEYOA4BI=\"";
+    let h = host(&format!("[auth]\n{key}\nencrypt_data = true")).unwrap();
+    assert!(h.auth.encrypt_data);
+    let why = invalid(host("[auth]\nencrypt_data = true"), "auth.encrypt_data");
+    assert!(why.contains("ioc_public_key"), "{why}");
+}

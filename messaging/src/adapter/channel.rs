@@ -137,6 +137,13 @@ impl<S: Read + Write> StreamChannel<S> {
         self.stream
     }
 
+    /// Gives the stream back with the bytes already read from it and not yet decoded
+    /// (between messages): they belong to whatever reads the stream next.
+    pub fn into_parts(mut self) -> (S, Vec<u8>) {
+        let unread = self.rx.take_unread();
+        (self.stream, unread)
+    }
+
     /// Changes the largest SEND accepted (between messages: a connection accepts only a
     /// Hello until its handshake is done, so a half-open one costs little memory).
     pub fn set_max_send(&mut self, max_send: usize) {

@@ -194,6 +194,20 @@ impl RxStream {
         }
     }
 
+    /// Takes out the bytes read and not yet decoded (a header begun, then what was read
+    /// ahead), for a stream whose bytes change form after a message (a data channel that
+    /// turns sealed after its handshake). Call between operations.
+    pub fn take_unread(&mut self) -> Vec<u8> {
+        let mut unread = Vec::new();
+        if let State::Header { filled } = self.state {
+            unread.extend_from_slice(&self.header[..filled]);
+            self.state = State::Header { filled: 0 };
+        }
+        unread.extend_from_slice(&self.stage[self.stage_pos..self.stage_end]);
+        self.stage_pos = self.stage_end;
+        unread
+    }
+
     /// Decodes bytes read ahead; `None` once they are all consumed.
     pub fn poll_staged(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, RxError> {
         while self.stage_pos < self.stage_end {

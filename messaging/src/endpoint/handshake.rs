@@ -47,6 +47,7 @@ pub fn reply(version: u16, status: ErrorCode, session: u64, max_message: u32) ->
     let msg = Message::HelloReply(HelloReply {
         version,
         status,
+        flags: 0,
         session,
         max_message,
     });

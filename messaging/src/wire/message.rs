@@ -77,10 +77,19 @@ pub struct HelloReply {
     pub version: u16,
     /// `Ok`, or why the channel is refused.
     pub status: ErrorCode,
+    /// What the listening side agreed to of what the AuthHello asked for
+    /// ([`HelloReply::SEALED_DATA`]); 0 in an answer to a plain Hello.
+    pub flags: u32,
     /// Session id.
     pub session: u64,
     /// Largest SEND the sender accepts.
     pub max_message: u32,
+}
+
+impl HelloReply {
+    /// Flag of an AuthHello and its HelloReply: the data channel's byte stream is sealed
+    /// (docs/protocol.md 5.1), asked for by the host, agreed to by the IOC.
+    pub const SEALED_DATA: u32 = 1;
 }
 
 /// The sender is closing the connection.
@@ -288,10 +297,10 @@ impl<'a> Message<'a> {
             Function::HelloReply => {
                 let version = r.u16()?;
                 let status = ErrorCode::from_u16(r.u16()?);
-                r.reserved(4)?;
                 Message::HelloReply(HelloReply {
                     version,
                     status,
+                    flags: r.u32()?,
                     session: r.u64()?,
                     max_message: r.u32()?,
                 })
@@ -451,7 +460,7 @@ impl<'a> Message<'a> {
             Message::HelloReply(m) => {
                 u16b(out, m.version);
                 u16b(out, m.status.to_u16());
-                u32b(out, 0);
+                u32b(out, m.flags);
                 u64b(out, m.session);
                 u32b(out, m.max_message);
             }

@@ -57,6 +57,7 @@ fn samples() -> Vec<Message<'static>> {
         Message::HelloReply(HelloReply {
             version: 1,
             status: ErrorCode::Ok,
+            flags: HelloReply::SEALED_DATA,
             session: 9,
             max_message: 66_560,
         }),
@@ -300,14 +301,22 @@ fn arb_message(data: &'static [u8]) -> impl Strategy<Value = Message<'static>> {
                     })
                 }
             ),
-        (any::<u16>(), arb_code(), any::<u64>(), any::<u32>()).prop_map(
-            |(version, status, session, max_message)| Message::HelloReply(HelloReply {
-                version,
-                status,
-                session,
-                max_message
-            })
-        ),
+        (
+            any::<u16>(),
+            arb_code(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u32>()
+        )
+            .prop_map(
+                |(version, status, flags, session, max_message)| Message::HelloReply(HelloReply {
+                    version,
+                    status,
+                    flags,
+                    session,
+                    max_message
+                })
+            ),
         Just(Message::Keepalive),
         arb_code().prop_map(|code| Message::Goodbye(Goodbye { code })),
         proptest::collection::vec(entry, 1..20).prop_map(Message::BufferRecvPool),
