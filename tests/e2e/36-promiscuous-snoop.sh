@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# A promiscuous host snooping (its policy lets it be promiscuous): host 2 turns sd0 promiscuous
+# and captures on it while the LAN talks to host 1, to host 1's bridged machine (a MAC in host
+# 1's extra_macs) and to the IOC machine's own NIC address, and sends frames to a MAC no one
+# owns. Host 2 sees the frames for no one (promiscuous works) and none of the others; host 1's
+# traffic and pings go on.
+. "$(dirname "$0")/../lib.sh"
+need_root; need_tool ip ping python3 dumpcap; need_daemons
+BRIDGED=02:aa:00:00:00:01
+NOBODY=02:99:99:99:99:99
+python3 - "$IOC_CONF" "$T/ioc.toml" "$BRIDGED" <<'PY' || fail "cannot write the hosts' policy"
+import re, sys
+text = open(sys.argv[1]).read()
+text = re.sub(r'^name = "host1"$', 'name = "host1"\nextra_macs = ["%s"]' % sys.argv[3], text, count=1, flags=re.M)
+open(sys.argv[2], "w").write(text)
+PY
+grep -q "^extra_macs = \[\"$BRIDGED\"\]" "$T/ioc.toml" || fail "no extra_macs for host1 in $T/ioc.toml"
+IOC_CONF=$T/ioc.toml
+topo_up 2; start_ioc; start_host 1; start_host 2
+wait_carrier sd-host up 10
+wait_carrier sd-host2 up 10
+ping_ok sd-host 10.50.0.2
+host1=$(link_mac sd-host sd0)
+nic=$(link_mac sd-ioc lan0)
+run ip -n sd-host2 link set sd0 promisc on
+promisc2() { ctl_json "$T/ioc.sock" hosts "[h['promisc'] for h in d['hosts']['hosts'] if h['name'] == 'host2'][0]"; }
+is_promisc2() { [ "$(promisc2)" = True ]; }
+eventually 5 is_promisc2 || fail "host 2 not promiscuous at the IOC (its policy allows it)"
+
+ip netns exec sd-host2 dumpcap -q -i sd0 -a duration:8 -w "$T/snoop.pcap" >"$T/dumpcap.out" 2>&1 &
+cap=$!
+PIDS+=("$cap")
+sleep 1
+# Unicast from the LAN to: host 1 (its pings' replies), its bridged machine, the IOC
+# machine's NIC, and nobody. Static neighbours make the LAN peer address each MAC.
+run ip -n sd-lan neigh replace 10.50.0.201 lladdr "$BRIDGED" dev lan1 nud permanent
+run ip -n sd-lan neigh replace 10.50.0.202 lladdr "$nic" dev lan1 nud permanent
+run ip -n sd-lan neigh replace 10.50.0.203 lladdr "$NOBODY" dev lan1 nud permanent
+PING_COUNT=10 ping_ok sd-host 10.50.0.2
+for a in 10.50.0.201 10.50.0.202 10.50.0.203; do
+    ip netns exec sd-lan ping -q -c 10 -i 0.05 -W 1 "$a" >/dev/null 2>&1
+done
+wait "$cap" || fail "dumpcap on host 2's sd0: $(cat "$T/dumpcap.out")"
+# count MAC: frames in the capture addressed to MAC.
+count() {
+    python3 - "$T/snoop.pcap" "$1" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+mac = bytes.fromhex(sys.argv[2].replace(":", ""))
+n, at = 0, 0
+# pcapng: walk the blocks, count Enhanced Packet Blocks whose frame starts with MAC.
+while at + 12 <= len(data):
+    kind, size = struct.unpack_from("<II", data, at)
+    if size < 12:
+        break
+    if kind == 6 and data[at + 28:at + 34] == mac:
+        n += 1
+    at += size
+print(n)
+PY
+}
+to_nobody=$(count "$NOBODY")
+to_host1=$(count "$host1")
+to_bridged=$(count "$BRIDGED")
+to_nic=$(count "$nic")
+log "host 2 captured: $to_nobody frames for nobody, $to_host1 for host 1, $to_bridged for its bridged MAC, $to_nic for the IOC's NIC"
+assert_positive "$to_nobody" "frames for no one reaching the promiscuous host (the capture works)"
+assert_eq "$to_host1" 0 "frames for host 1 seen by the promiscuous host"
+assert_eq "$to_bridged" 0 "frames for host 1's bridged machine seen by the promiscuous host"
+assert_eq "$to_nic" 0 "frames for the IOC machine's NIC seen by the promiscuous host"
+ping_ok sd-host 10.50.0.2
+pass "a promiscuous host sees the LAN's frames for no one, never another host's, its bridged machines' or the IOC's"
