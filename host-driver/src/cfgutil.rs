@@ -221,9 +221,12 @@ impl Settings {
             CfgCode::LinkChange => match wire::LinkChange::parse(data) {
                 Ok(c) => {
                     info!(up = c.up, mtu = c.mtu, "NIC link change");
+                    // sd0 at the NIC's MTU follows it, up or down; an MTU a user chose below
+                    // it stays while the NIC allows it.
+                    let following = self.mtu_known && self.mtu == self.mtu_max;
                     self.ioc_nic_up = c.up;
                     self.mtu_max = c.mtu;
-                    if !self.mtu_known || self.mtu > c.mtu {
+                    if !self.mtu_known || self.mtu > c.mtu || (following && self.mtu != c.mtu) {
                         self.take_ioc_mtu(c.mtu);
                     }
                     ErrorCode::Ok

@@ -81,8 +81,10 @@ pub struct Conn<'a> {
     keepalive: Keepalive,
     /// sd0's settings agreed with the IOC (the first queue's connection).
     settings: Settings,
-    /// Next look at sd0's settings.
+    /// Next look at sd0's settings, and the kernel's reports of them.
     watch: Watch,
+    /// Readiness of those reports' socket (`None`: not followed).
+    watch_ready: Option<fabric::Ready>,
     carrier: Carrier,
     rx_dropped: u64,
     /// Where it reports: the snapshot (first queue) or its published counters.
@@ -127,6 +129,8 @@ impl<'a> Conn<'a> {
         if queue.is_first() {
             settings.request_initial(tl.link.session_mut());
         }
+        let watch = Watch::new(&cfg.interface.name, queue.is_first());
+        let watch_ready = watch.socket().and_then(|w| fabric::Ready::new(w).ok());
         Ok(Conn {
             queue,
             tap,
@@ -141,7 +145,8 @@ impl<'a> Conn<'a> {
                 Instant::now(),
             ),
             settings,
-            watch: Watch::new(),
+            watch,
+            watch_ready,
             carrier: Carrier::off(),
             rx_dropped: 0,
             report,
@@ -239,6 +244,20 @@ impl<'a> Conn<'a> {
                         Err(e) => Err(e.to_string()),
                     },
                     Err(e) => Err(e.to_string()),
+                },
+                g = reports(self.watch_ready.as_ref()) => {
+                    match g {
+                        Ok(mut g) => {
+                            if self.watch.on_reports(&mut self.settings, link.session_mut()) {
+                                g.clear_ready();
+                            }
+                        }
+                        Err(e) => {
+                            warn!("waiting for rtnetlink reports failed: {e}");
+                            self.watch_ready = None;
+                        }
+                    }
+                    Ok(())
                 },
                 _ = tokio::time::sleep_until(deadline) => Ok(()),
             };
@@ -393,5 +412,13 @@ impl<'a> Conn<'a> {
             info!(dropped = self.rx_dropped, "frames from the IOC dropped");
         }
         self.out.log_lost();
+    }
+}
+
+/// Waits until the kernel's reports are readable; forever when they are not followed.
+async fn reports(ready: Option<&fabric::Ready>) -> io::Result<fabric::Guard<'_>> {
+    match ready {
+        Some(r) => r.readable().await,
+        None => std::future::pending().await,
     }
 }

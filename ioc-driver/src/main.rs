@@ -27,6 +27,7 @@ mod host_frame;
 mod host_queue;
 mod lan_tx;
 mod nic;
+mod nic_link;
 mod own_queue;
 mod rate;
 mod report;

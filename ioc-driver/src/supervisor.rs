@@ -6,6 +6,7 @@
 use crate::admission::Incoming;
 use crate::gate::Gate;
 use crate::nic::Nic;
+use crate::nic_link::{NicFollow, NicLink};
 use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
 use crate::state::WorkerState;
@@ -268,11 +269,11 @@ impl Cluster {
         }
     }
 
-    /// Tells every worker that the NIC's link changed.
-    fn link_change(&mut self, up: bool) {
-        self.nic_up = up;
+    /// Tells every worker that the NIC's link or MTU changed.
+    fn link_change(&mut self, now: NicLink) {
+        (self.nic_up, self.mtu) = (now.up, now.mtu);
         for w in &self.workers {
-            let _ = w.cmds.send(Cmd::Link(up));
+            let _ = w.cmds.send(Cmd::Link(now));
         }
     }
 
@@ -384,6 +385,7 @@ pub async fn run(
         .into_iter()
         .map(Some)
         .collect();
+    let fixed_mtu = cfg.lan.mtu;
     let mtu = match cfg.lan.mtu {
         Some(m) => m,
         None => netdev::mtu(&name).map_err(lan_err)?,
@@ -431,7 +433,8 @@ pub async fn run(
     let mut hup = signal(SignalKind::hangup())?;
     service::serve_operators(cluster.clone(), metrics_addr, control_socket).await?;
     notify::ready(&format!("listening on {listen}, LAN {name}"));
-    let link_task = tokio::task::spawn_local(link_monitor(cluster.clone(), name));
+    let nic = NicFollow::new(&name, NicLink { up: nic_up, mtu }, fixed_mtu);
+    let link_task = tokio::task::spawn_local(link_monitor(cluster.clone(), name, nic));
     let acceptor = Acceptor::new(cluster.clone());
     let mut local_refusals = LogLimit::new(REFUSAL_LOG_INTERVAL);
     loop {
@@ -718,16 +721,32 @@ impl Drop for InHandshake {
     }
 }
 
-/// Watches the NIC's link state and tells every worker when it changes. Also feeds the
-/// service watchdog while every worker's loop runs, and refreshes the STATUS= line.
-async fn link_monitor(cluster: Rc<RefCell<Cluster>>, name: String) {
+/// Follows the NIC's link and MTU ([`NicFollow`]) and tells every worker when they change.
+/// Also feeds the service watchdog while every worker's loop runs, and refreshes the STATUS=
+/// line.
+async fn link_monitor(cluster: Rc<RefCell<Cluster>>, name: String, mut nic: NicFollow) {
     let mut tick = tokio::time::interval(LINK_POLL);
     let mut watchdog = notify::Watchdog::from_env();
     let mut status_at = Instant::now();
     // Whether the last tick found a worker stuck.
     let mut stuck = false;
     loop {
-        tick.tick().await;
+        let changed = tokio::select! {
+            _ = tick.tick() => nic.polled().then(|| nic.poll()).flatten(),
+            c = nic.changed() => match c {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    warn!(lan = %name, "following the NIC through rtnetlink failed ({e}): reading its state every {LINK_POLL:?} instead");
+                    nic.poll_instead();
+                    None
+                }
+            },
+        };
+        if let Some(now) = changed {
+            info!(lan = %name, up = now.up, mtu = now.mtu, "NIC link change");
+            cluster.borrow_mut().link_change(now);
+            continue;
+        }
         let now = Instant::now();
         let mut c = cluster.borrow_mut();
         if c.alive() {
@@ -755,11 +774,6 @@ async fn link_monitor(cluster: Rc<RefCell<Cluster>>, name: String) {
                     s.stats.lan_tx
                 ));
             });
-        }
-        let up = netdev::is_running(&name).unwrap_or(false);
-        if up != c.nic_up {
-            info!(lan = %name, up, "NIC link change");
-            c.link_change(up);
         }
     }
 }

@@ -7,6 +7,7 @@
 use crate::admission;
 use crate::from_lan::{self, LanProgress};
 use crate::nic::Nic;
+use crate::nic_link::NicLink;
 use crate::report::Snapshot;
 use crate::shard::{Crossing, InboxRx, Shard};
 use crate::state::WorkerState;
@@ -37,8 +38,8 @@ pub enum Cmd {
     /// A connection whose Hello was read, for this worker: a host's control channel, or a
     /// data channel or further queue naming a session of this worker.
     Connection(Box<admission::Incoming>),
-    /// The NIC's link state changed.
-    Link(bool),
+    /// The NIC's link state or MTU changed.
+    Link(NicLink),
     /// A snapshot for the operators (the main thread waits for it within a deadline).
     Report(tokio::sync::oneshot::Sender<Snapshot>),
     /// The admitted keys changed (a reload): end the sessions whose key is not one of these
@@ -181,7 +182,7 @@ async fn run(
             Cmd::Connection(incoming) => {
                 tokio::task::spawn_local(admission::admit(ioc.clone(), *incoming));
             }
-            Cmd::Link(up) => link_change(&mut ioc.borrow_mut(), up),
+            Cmd::Link(now) => link_change(&mut ioc.borrow_mut(), now),
             Cmd::Report(reply) => {
                 let mut st = ioc.borrow_mut();
                 from_lan::count_nic_drops(&mut st);
@@ -247,13 +248,27 @@ async fn heartbeat(beat: Arc<AtomicU64>, epoch: Instant) {
     }
 }
 
-/// Tells every host of this worker that the NIC's link changed.
-fn link_change(st: &mut WorkerState, up: bool) {
-    if st.nic_up == up {
+/// Tells every host of this worker that the NIC's link or MTU changed. A host at the NIC's
+/// MTU follows it, up or down, and a host above the new one takes it, as host-driver does on
+/// the LinkChange (its frames are checked against its MTU).
+fn link_change(st: &mut WorkerState, now: NicLink) {
+    if (st.nic_up, st.mtu) == (now.up, now.mtu) {
         return;
     }
-    st.nic_up = up;
-    let change = wire::LinkChange { up, mtu: st.mtu }.emit();
+    let before = st.mtu;
+    (st.nic_up, st.mtu) = (now.up, now.mtu);
+    let change = wire::LinkChange {
+        up: now.up,
+        mtu: now.mtu,
+    }
+    .emit();
+    for h in st.hosts.values_mut() {
+        h.mtu = if h.mtu == before {
+            now.mtu
+        } else {
+            h.mtu.min(now.mtu)
+        };
+    }
     for h in st.hosts.values_mut().filter(|h| h.queue.is_first()) {
         if let Some(link) = h.link.as_mut() {
             link.session_mut().cfg_request(CfgCode::LinkChange, &change);

@@ -2,7 +2,8 @@
 //! a TAP with `IFF_VNET_HDR`, `TUNSETOFFLOAD` and `TUNSETCARRIER` ([`tap`]), an `AF_PACKET`
 //! socket with `PACKET_VNET_HDR`, batched reads and fanout ([`packet`], [`fanout`]), its
 //! classic BPF receive filters ([`bpf`], [`filter`]), and the `SIOC*IF*` ioctls for MTU, MAC
-//! and flags ([`netdev`]); and the reads and writes between a descriptor and memory shared
+//! and flags ([`netdev`]), the kernel's reports of interface changes over rtnetlink
+//! ([`link_watch`]); and the reads and writes between a descriptor and memory shared
 //! with a peer that the kernel does for us (below).
 //!
 //! `tun-tap` 0.1 cannot set `IFF_VNET_HDR` (it must be given at `TUNSETIFF` time) and
@@ -16,6 +17,7 @@
 pub mod bpf;
 pub mod fanout;
 pub mod filter;
+pub mod link_watch;
 pub mod netdev;
 pub mod packet;
 pub mod tap;
