@@ -17,6 +17,7 @@ use splitnet_fabric as fabric;
 use splitnet_messaging::wire::{self, Queue};
 use splitnet_netif::netdev;
 use splitnet_netif::tap::Tap;
+use splitnet_service::privilege::Capability;
 use splitnet_service::{self as service, notify};
 use std::cell::RefCell;
 use std::io;
@@ -86,6 +87,9 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         })?;
     tap.set_carrier(false)?;
     info!(interface = %name, ?offloads, "TAP ready, carrier off until the fabric is up");
+    // Run by hand as root: from here on only sd0's settings (MTU, MAC, carrier) need a
+    // capability. Before any thread starts (a further queue's).
+    service::privilege::keep_only_logged(&[Capability::CAP_NET_ADMIN]);
     let tap_ready = fabric::Ready::new(&tap)?;
     let snap = Rc::new(RefCell::new(Snapshot::new(
         cfg.fabric.ioc.to_string(),

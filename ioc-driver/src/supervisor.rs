@@ -17,6 +17,7 @@ use splitnet_fabric::{self as fabric, Ready, Stream};
 use splitnet_messaging::wire::{fmt_mac, ErrorCode, Role};
 use splitnet_netif::{netdev, packet::PacketSocket};
 use splitnet_service::loglimit::LogLimit;
+use splitnet_service::privilege::Capability;
 use splitnet_service::{self as service, notify, Answer, Introspect};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -410,6 +411,9 @@ pub async fn run(
         None => None,
     };
     let metrics_addr = cfg.metrics.listen;
+    // Run by hand as root: from here on only the NIC (CAP_NET_ADMIN) and the hosts' own
+    // packet sockets (CAP_NET_RAW) need a capability. Before the workers' threads start.
+    service::privilege::keep_only_logged(&[Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW]);
     let cluster = Cluster::start(
         cfg,
         key,

@@ -1,8 +1,9 @@
 //! What both daemons need to be good system services: systemd notifications and a
 //! watchdog fed from the data path, logging set up from the configuration or `RUST_LOG`,
 //! and the current-thread runtime they run on; the metrics endpoint ([`metrics`]), the
-//! control socket `splitnetctl` talks to ([`control`]), and rate limits for log lines a peer
-//! can provoke ([`loglimit`]).
+//! control socket `splitnetctl` talks to ([`control`]), rate limits for log lines a peer can
+//! provoke ([`loglimit`]), and the capabilities a daemon run by hand as root gives up
+//! ([`privilege`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -10,6 +11,7 @@ pub mod control;
 pub mod loglimit;
 pub mod metrics;
 pub mod notify;
+pub mod privilege;
 
 use std::io;
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Both daemons run by hand (not under systemd), with the example configurations and no
-# --control-socket: each makes its runtime directory (/run/host-driver, /run/ioc-driver:
-# root, 0755) and socket (0600). Two host-drivers on one machine (sd0 and sd1) get sockets of
+# --control-socket: as root, each keeps only the capabilities it needs once set up; each
+# makes its runtime directory (/run/host-driver, /run/ioc-driver: root, 0755) and socket
+# (0600). Two host-drivers on one machine (sd0 and sd1) get sockets of
 # their own (control.sock, control-sd1.sock) instead of fighting over one; splitnetctl finds
 # each (options anywhere on the line), and with no daemon running says so with exit 1.
 . "$(dirname "$0")/../lib.sh"
@@ -51,6 +52,21 @@ done
 configure_sd0 1; run ip -n sd-host link set sd0 up
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
+
+# Run as root by hand, each daemon keeps only the capabilities it needs, in every thread and
+# every set: CAP_NET_ADMIN (bit 12) and, the IOC, CAP_NET_RAW (bit 13).
+# caps PID SET: the set (CapEff, CapPrm, CapBnd, ...) of every thread of PID, one line each.
+caps() { grep -h "^$2:" /proc/"$1"/task/*/status | awk '{print $2}' | sort -u; }
+for set in CapEff CapPrm CapBnd; do
+    assert_eq "$(caps "$IOC_PID" "$set")" 0000000000003000 "ioc-driver's $set (every thread)"
+    assert_eq "$(caps "${HOST_PID[1]}" "$set")" 0000000000001000 "host-driver's $set (every thread)"
+done
+assert_eq "$(caps "$IOC_PID" CapInh)" 0000000000000000 "ioc-driver's inheritable set"
+log "ioc-driver: $(ls /proc/"$IOC_PID"/task | wc -l) threads with CAP_NET_ADMIN and CAP_NET_RAW only; host-driver: CAP_NET_ADMIN only"
+# What is left still does the work: an MTU change reaches the IOC and is taken.
+run ip -n sd-host link set sd0 mtu 1400
+ping_ok sd-host 10.50.0.2 -M "do" -s 1372
+run ip -n sd-host link set sd0 mtu 1500
 
 # splitnetctl: the options anywhere on the line; each daemon by name.
 name() { python3 -c 'import json, sys; print(json.load(sys.stdin)["status"]["interface"]["name"])'; }
