@@ -221,7 +221,8 @@ impl IocFabric {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Promiscuous {
-    /// On whenever a host is served (hosts have their own MACs).
+    /// The hosts' MACs in the NIC's unicast filter; promiscuous while a host is, or where the
+    /// NIC cannot filter unicast addresses (the kernel's choice).
     #[default]
     Auto,
     /// Always on.

@@ -156,12 +156,14 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
         link.session_mut().cfg_reply(txn, code, status, &reply);
     }
     if code == CfgCode::SetMac {
+        st.sync_nic_filter();
         st.open_own_queue(session);
     }
     if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
         st.sync_multicast();
     }
     if code == CfgCode::SetPromisc && status == ErrorCode::Ok {
+        st.sync_nic_filter();
         st.publish_promisc();
     }
     // The other queues show the first queue's address, MTU and features.

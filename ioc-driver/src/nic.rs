@@ -94,6 +94,10 @@ pub trait Nic: std::fmt::Debug {
     }
     /// Joins (`join`) or leaves a link-layer multicast group.
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()>;
+    /// Adds (`add`) or removes a MAC in the NIC's unicast filter.
+    fn set_unicast(&self, mac: [u8; 6], add: bool) -> io::Result<()>;
+    /// Holds (`on`) the NIC in promiscuous mode, or lets it go.
+    fn set_promisc(&self, on: bool) -> io::Result<()>;
     /// Steers received frames for each MAC of `table` to the worker it names, the
     /// rest by flow hash (a NIC shared by workers); nothing for a NIC of one worker.
     fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
@@ -138,6 +142,14 @@ impl Nic for PacketSocket {
 
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {
         PacketSocket::set_multicast(self, group, join)
+    }
+
+    fn set_unicast(&self, mac: [u8; 6], add: bool) -> io::Result<()> {
+        PacketSocket::set_unicast(self, mac, add)
+    }
+
+    fn set_promisc(&self, on: bool) -> io::Result<()> {
+        PacketSocket::set_promisc(self, on)
     }
 
     /// `PACKET_STATISTICS` (a failed read counts nothing).
@@ -241,6 +253,10 @@ pub mod fake {
         /// Multicast memberships joined or left (each a setsockopt under the kernel's rtnl
         /// lock on a real NIC).
         pub memberships: Cell<u64>,
+        /// The NIC's unicast filter, as set.
+        pub unicast: Rc<RefCell<Vec<[u8; 6]>>>,
+        /// Whether the NIC is held promiscuous.
+        pub promisc: Rc<Cell<bool>>,
         /// Opening a host's queue fails (as when the kernel refuses a socket).
         pub refuse_host_rx: Rc<Cell<bool>>,
         /// The read of `rx` after this many more fails, taking its frame, as when the kernel
@@ -457,6 +473,20 @@ pub mod fake {
 
         fn set_multicast(&self, _: [u8; 6], _: bool) -> io::Result<()> {
             self.memberships.set(self.memberships.get() + 1);
+            Ok(())
+        }
+
+        fn set_unicast(&self, mac: [u8; 6], add: bool) -> io::Result<()> {
+            let mut u = self.unicast.borrow_mut();
+            match add {
+                true => u.push(mac),
+                false => u.retain(|m| *m != mac),
+            }
+            Ok(())
+        }
+
+        fn set_promisc(&self, on: bool) -> io::Result<()> {
+            self.promisc.set(on);
             Ok(())
         }
 

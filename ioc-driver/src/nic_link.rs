@@ -102,7 +102,8 @@ impl NicFollow {
             }
             let mut next = self.last;
             for s in self.states.iter().filter(|s| s.index == self.index) {
-                next.up = s.running;
+                // As `netdev::is_running` reads it: up, with carrier.
+                next.up = s.up && s.carrier;
                 if let (None, Some(m)) = (self.fixed_mtu, s.mtu) {
                     next.mtu = m;
                 }

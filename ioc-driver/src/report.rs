@@ -5,7 +5,7 @@
 use crate::counters::{Drops, IocStats};
 use crate::host_queue::HostQueue;
 use crate::state::WorkerState;
-use splitnet_config::{IocConfig, Promiscuous};
+use splitnet_config::IocConfig;
 use splitnet_control::report::{
     offload_names, Counters, Fabric, HostEntry, Hosts, Interface, NicStats, PeerPools, Pools,
     Reply, Request, Role, Stats, Status,
@@ -264,7 +264,8 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
                 mac: netdev::mac(lan).map(|m| fmt_mac(&m)).unwrap_or_default(),
                 mtu: s.mtu,
                 carrier: s.nic_up,
-                promisc: cfg.lan.promiscuous != Promiscuous::Off,
+                // The device's state, not the setting.
+                promisc: netdev::is_promiscuous(lan).unwrap_or(false),
                 multicast: s.groups.len() as u32,
                 offloads: offload_names(s.offered),
             },

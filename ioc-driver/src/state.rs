@@ -15,7 +15,7 @@ use crate::nic::Nic;
 use crate::own_queue::{OwnQueue, OwnQueueRetry, FRAME_MAX};
 use crate::rate::RateLimit;
 use crate::shard::{self, Shard};
-use splitnet_config::IocConfig;
+use splitnet_config::{IocConfig, Promiscuous};
 use splitnet_fabric::auth::Key;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError};
@@ -146,6 +146,12 @@ pub struct WorkerState {
     pub past: Stats,
     /// Multicast groups joined on the NIC: the union of every host's.
     pub nic_groups: BTreeSet<[u8; 6]>,
+    /// `lan.promiscuous = "auto"`: the MACs this worker put in the NIC's unicast filter (its
+    /// hosts' and their bridged machines'), and whether it holds the NIC promiscuous (one of
+    /// its hosts is).
+    pub nic_unicast: BTreeSet<[u8; 6]>,
+    /// See `nic_unicast`.
+    pub nic_promisc: bool,
     /// Keys of the flow hash that spreads a host's frames over its queues (random per
     /// process, so that LAN traffic cannot aim at one queue).
     pub flow_keys: RandomState,
@@ -210,6 +216,8 @@ impl WorkerState {
             connects: 0,
             past: Stats::default(),
             nic_groups: BTreeSet::new(),
+            nic_unicast: BTreeSet::new(),
+            nic_promisc: false,
             flow_keys: RandomState::new(),
             shard,
             pending: HashMap::new(),
@@ -405,6 +413,7 @@ impl WorkerState {
         }
         let wake = host.wake.clone();
         self.hosts.insert(session, host);
+        self.sync_nic_filter();
         self.open_own_queue(session);
         self.publish_load();
         self.connects += 1;
@@ -526,22 +535,39 @@ impl WorkerState {
             .values()
             .flat_map(|h| h.multicast.iter().copied())
             .collect();
-        let leave: Vec<_> = self.nic_groups.difference(&want).copied().collect();
-        let join: Vec<_> = want.difference(&self.nic_groups).copied().collect();
-        for g in leave {
-            if let Err(e) = self.nic.set_multicast(g, false) {
-                warn!(group = %fmt_mac(&g), "cannot leave multicast group on the NIC: {e}");
-            }
-            self.nic_groups.remove(&g);
+        let nic = &*self.nic;
+        sync_memberships(&mut self.nic_groups, &want, "multicast group", |g, on| {
+            nic.set_multicast(g, on)
+        });
+    }
+
+    /// With `lan.promiscuous = "auto"`, makes the NIC's filters what this worker's hosts need:
+    /// their MACs and their bridged machines' in its unicast filter (`PACKET_MR_UNICAST`; the
+    /// kernel turns a NIC that cannot filter unicast promiscuous while the filter holds any),
+    /// and promiscuous mode held while one of them is promiscuous. Other settings leave the
+    /// NIC as it was opened ("on": promiscuous; "off": neither).
+    pub fn sync_nic_filter(&mut self) {
+        if self.cfg.lan.promiscuous != Promiscuous::Auto {
+            return;
         }
-        for g in join {
-            match self.nic.set_multicast(g, true) {
-                Ok(()) => {
-                    self.nic_groups.insert(g);
-                }
-                Err(e) => {
-                    warn!(group = %fmt_mac(&g), "cannot join multicast group on the NIC: {e}")
-                }
+        let want: BTreeSet<[u8; 6]> = self
+            .hosts
+            .values()
+            .filter(|h| h.queue.is_first() && h.mac != [0; 6])
+            .flat_map(|h| std::iter::once(h.mac).chain(h.bridged.iter().copied()))
+            .collect();
+        let nic = &*self.nic;
+        sync_memberships(
+            &mut self.nic_unicast,
+            &want,
+            "unicast filter entry",
+            |m, on| nic.set_unicast(m, on),
+        );
+        let promisc = self.hosts.values().any(|h| h.promisc);
+        if promisc != self.nic_promisc {
+            match self.nic.set_promisc(promisc) {
+                Ok(()) => self.nic_promisc = promisc,
+                Err(e) => warn!(promisc, "cannot change the NIC's promiscuous mode: {e}"),
             }
         }
     }
@@ -661,6 +687,7 @@ impl WorkerState {
         if !host.multicast.is_empty() {
             self.sync_multicast();
         }
+        self.sync_nic_filter();
         info!(
             session,
             node_id = host.node_id,
@@ -671,5 +698,30 @@ impl WorkerState {
             pool_bytes = self.reg.stats().bytes,
             "host removed: {why}"
         );
+    }
+}
+
+/// Makes `held` (what the NIC holds) `want`, each change through `set(mac, on)`. A MAC the NIC
+/// refuses to take is logged (`what`) and not recorded; one it refuses to let go is logged
+/// and forgotten.
+fn sync_memberships(
+    held: &mut BTreeSet<[u8; 6]>,
+    want: &BTreeSet<[u8; 6]>,
+    what: &str,
+    set: impl Fn([u8; 6], bool) -> std::io::Result<()>,
+) {
+    for m in held.difference(want).copied().collect::<Vec<_>>() {
+        if let Err(e) = set(m, false) {
+            warn!(mac = %fmt_mac(&m), "cannot take a {what} off the NIC: {e}");
+        }
+        held.remove(&m);
+    }
+    for m in want.difference(held).copied().collect::<Vec<_>>() {
+        match set(m, true) {
+            Ok(()) => {
+                held.insert(m);
+            }
+            Err(e) => warn!(mac = %fmt_mac(&m), "cannot put a {what} on the NIC: {e}"),
+        }
     }
 }

@@ -380,7 +380,9 @@ pub async fn run(
     };
     netdev::set_up(&name).map_err(lan_err)?;
     let n = cfg.fabric.worker_count();
-    let promisc = cfg.lan.promiscuous != Promiscuous::Off;
+    // "auto": each worker puts its hosts' MACs in the NIC's unicast filter and holds it
+    // promiscuous while one of its hosts is (`WorkerState::sync_nic_filter`).
+    let promisc = cfg.lan.promiscuous == Promiscuous::On;
     let mut socks: Vec<Option<PacketSocket>> = open_sockets(&name, n, promisc)
         .map_err(lan_err)?
         .into_iter()

@@ -7,6 +7,7 @@ use crate::host_queue::{HostQueue, CFG_COSTLY_RATE};
 use crate::nic::fake::FakeNic;
 use crate::own_queue::{OwnQueueProgress, OWN_QUEUE_RETRY, OWN_QUEUE_RETRY_MAX};
 use crate::state::{Who, WorkerState};
+use splitnet_config::Promiscuous;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::adapter::StreamChannel;
 use splitnet_messaging::endpoint::{Lane, Link, LinkEvent, PoolSpec, Session, SessionConfig};
@@ -1608,4 +1609,54 @@ fn a_hosts_policy_bridges_its_machines_and_decides_promiscuity() {
     ioc.remove_host(a, "test", None);
     assert_eq!(ioc.by_mac.get(&vm), None);
     assert_eq!(ioc.shard.claim_mac(&nic, std::iter::once(vm)), Some(vm));
+}
+
+#[test]
+fn auto_promiscuity_puts_the_hosts_macs_in_the_nics_filter_and_holds_promisc_for_a_promiscuous_host(
+) {
+    let (mut ioc, nic) = ioc_with("");
+    let (a, mut pa) = connect(&mut ioc, 3, false, 128);
+    let (b, _pb) = connect(&mut ioc, 4, false, 128);
+    let (ma, mb) = (mac(&ioc, a), mac(&ioc, b));
+    let filter = || {
+        let mut f = nic.unicast.borrow().clone();
+        f.sort();
+        f
+    };
+    let mut both = vec![ma, mb];
+    both.sort();
+    assert_eq!(filter(), both, "each host's MAC in the unicast filter");
+    assert!(
+        !nic.promisc.get(),
+        "no host promiscuous: neither is the NIC"
+    );
+    let cfg = |p: &mut Peer, code, data: &[u8]| p.link.session_mut().cfg_request(code, data);
+    cfg(&mut pa, CfgCode::SetPromisc, &[1]);
+    pump(&mut ioc, &mut pa, a, true);
+    assert!(nic.promisc.get(), "held promiscuous for host A");
+    // A new MAC replaces the old one in the filter.
+    let moved = [ma[0], ma[1], ma[2], 0x77, 0x77, 0x77];
+    cfg(&mut pa, CfgCode::SetMac, &moved);
+    pump(&mut ioc, &mut pa, a, true);
+    assert_eq!(mac(&ioc, a), moved);
+    assert!(filter().contains(&moved) && !filter().contains(&ma));
+    cfg(&mut pa, CfgCode::SetPromisc, &[0]);
+    pump(&mut ioc, &mut pa, a, true);
+    assert!(!nic.promisc.get(), "let go with the last promiscuous host");
+    ioc.remove_host(a, "test", None);
+    assert_eq!(filter(), [mb], "a host's MAC leaves the filter with it");
+    ioc.remove_host(b, "test", None);
+    assert!(filter().is_empty());
+    // "on" and "off" leave the NIC as it was opened.
+    for setting in [Promiscuous::On, Promiscuous::Off] {
+        let nic = FakeNic::default();
+        let mut cfg = config("");
+        cfg.lan.promiscuous = setting;
+        let mut ioc = WorkerState::new(cfg, Box::new(nic.clone()), 1500, true);
+        let _ = connect(&mut ioc, 3, false, 128);
+        assert!(
+            nic.unicast.borrow().is_empty() && !nic.promisc.get(),
+            "{setting:?}"
+        );
+    }
 }

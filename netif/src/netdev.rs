@@ -119,6 +119,16 @@ pub fn is_running(name: &str) -> io::Result<bool> {
     }
 }
 
+/// Whether the interface is promiscuous for any reason (a user's flag, a bridge, a packet
+/// socket's hold, a unicast filter it cannot hold): the kernel's own flags, from sysfs (the
+/// `SIOCGIFFLAGS` ioctl shows only the flag users set).
+pub fn is_promiscuous(name: &str) -> io::Result<bool> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/flags"))?;
+    let flags = u32::from_str_radix(text.trim().trim_start_matches("0x"), 16)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(flags & libc::IFF_PROMISC as u32 != 0)
+}
+
 /// The link-layer multicast groups joined on `name` (what `ip maddr show dev NAME` lists as
 /// `link`), sorted, from `/proc/self/net/dev_mcast` (of this network namespace).
 pub fn multicast(name: &str) -> io::Result<Vec<[u8; 6]>> {

@@ -15,6 +15,7 @@ const PACKET_ADD_MEMBERSHIP: libc::c_int = 1;
 const PACKET_DROP_MEMBERSHIP: libc::c_int = 2;
 const PACKET_MR_MULTICAST: libc::c_ushort = 0;
 const PACKET_MR_PROMISC: libc::c_ushort = 1;
+const PACKET_MR_UNICAST: libc::c_ushort = 3;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const PACKET_AUXDATA: libc::c_int = 8;
@@ -193,33 +194,52 @@ impl PacketSocket {
 
     /// Puts the NIC in promiscuous mode for as long as the socket is open.
     pub fn set_promiscuous(&self) -> io::Result<()> {
+        self.membership(PACKET_MR_PROMISC, None, true)
+    }
+
+    /// Turns this socket's hold on the NIC's promiscuous mode on or off (the kernel counts
+    /// holds: the NIC stays promiscuous while anything holds it).
+    pub fn set_promisc(&self, on: bool) -> io::Result<()> {
+        self.membership(PACKET_MR_PROMISC, None, on)
+    }
+
+    /// Adds (`add`) or removes a MAC in the NIC's unicast filter (`PACKET_MR_UNICAST`): frames
+    /// to it arrive without promiscuous mode where the NIC filters unicast addresses; where
+    /// it cannot, the kernel turns it promiscuous while the filter holds any. Counted as
+    /// multicast joins are.
+    pub fn set_unicast(&self, mac: [u8; 6], add: bool) -> io::Result<()> {
+        self.membership(PACKET_MR_UNICAST, Some(mac), add)
+    }
+
+    fn membership(
+        &self,
+        mr_type: libc::c_ushort,
+        mac: Option<[u8; 6]>,
+        add: bool,
+    ) -> io::Result<()> {
+        let mut mr_address = [0u8; 8];
+        if let Some(m) = mac {
+            mr_address[..6].copy_from_slice(&m);
+        }
         let mreq = libc::packet_mreq {
             mr_ifindex: self.ifindex as libc::c_int,
-            mr_type: PACKET_MR_PROMISC,
-            mr_alen: 0,
-            mr_address: [0; 8],
+            mr_type,
+            mr_alen: if mac.is_some() { 6 } else { 0 },
+            mr_address,
         };
-        setsockopt(&self.fd, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mreq)
+        let op = if add {
+            PACKET_ADD_MEMBERSHIP
+        } else {
+            PACKET_DROP_MEMBERSHIP
+        };
+        setsockopt(&self.fd, libc::SOL_PACKET, op, &mreq)
     }
 
     /// Joins (`join`) or leaves a link-layer multicast group on the NIC: the group enters or
     /// leaves the NIC's multicast filter (`ip maddr show`) for as long as the socket is open.
     /// The kernel counts joins, so each join needs exactly one leave.
     pub fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {
-        let mut mr_address = [0u8; 8];
-        mr_address[..6].copy_from_slice(&group);
-        let mreq = libc::packet_mreq {
-            mr_ifindex: self.ifindex as libc::c_int,
-            mr_type: PACKET_MR_MULTICAST,
-            mr_alen: 6,
-            mr_address,
-        };
-        let op = if join {
-            PACKET_ADD_MEMBERSHIP
-        } else {
-            PACKET_DROP_MEMBERSHIP
-        };
-        setsockopt(&self.fd, libc::SOL_PACKET, op, &mreq)
+        self.membership(PACKET_MR_MULTICAST, Some(group), join)
     }
 
     /// Joins a `PACKET_FANOUT` group steered by a classic BPF program (see

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Both daemons follow their interfaces as the kernel reports them (rtnetlink): an MTU change
+# The NIC's unicast filter holds the host's MAC (lan.promiscuous = "auto"), and both daemons
+# follow their interfaces as the kernel reports them (rtnetlink): an MTU change
 # of the IOC's NIC reaches sd0 (down, and back up while sd0 follows the NIC; an MTU a user chose
 # below it stays), and sd0 taken as a port of a Linux bridge, which makes it promiscuous
 # without any flag a user sets, makes the host promiscuous at the IOC (and leaving the bridge
 # undoes it). Neither daemon falls back to polling.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tool ip ping python3; need_daemons
+need_root; need_tool ip ping python3 bridge; need_daemons
 topo_up 1; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
 assert_eq "$(sd0_mtu sd-host)" 1500 "sd0's MTU at start"
+# lan.promiscuous = "auto": the host's MAC is in the NIC's unicast filter (the kernel lists it
+# as a permanent "self" entry), and splitnetctl shows the device's promiscuity (veth cannot
+# filter unicast: the kernel makes it promiscuous while the filter holds anything).
+host1=$(link_mac sd-host sd0)
+bridge -n sd-ioc fdb show dev lan0 | grep -qi "^$host1 .*self permanent" ||
+    fail "host 1's MAC $host1 not in the NIC's unicast filter: $(bridge -n sd-ioc fdb show dev lan0 | tr '\n' ';')"
+device=$(ip netns exec sd-ioc python3 -c "print(bool(int(open('/sys/class/net/lan0/flags').read(), 16) & 0x100))")
+assert_eq "$(ctl_json "$T/ioc.sock" status "d['status']['interface']['promisc']")" "$device" "the NIC's promiscuity in splitnetctl status"
 # wait_mtu WANT WHAT: until sd0's MTU is WANT (3 s).
 mtu_is() { [ "$(sd0_mtu sd-host)" = "$1" ]; }
 wait_mtu() { eventually 3 mtu_is "$1" || fail "$2: sd0's MTU is $(sd0_mtu sd-host), not $1"; }
