@@ -168,6 +168,11 @@ pub fn deliver_crossed(st: &mut WorkerState, frames: &[Crossing]) {
                 None => targets(hosts, frame, flow_keys, |h| h.promisc),
             }
         };
+        // Its host left while it crossed (and no host here is promiscuous): a frame for no
+        // host now, counted as the worker that read it counts those.
+        if to.is_empty() && !vnet::is_group(&dst) {
+            stats.lan_filtered += 1;
+        }
         deliver_all(&to, hosts, HostFrame::Private(frame), cache);
     }
     st.kick_hosts();

@@ -340,7 +340,7 @@ pub fn metrics_text(snap: &Snapshot) -> String {
         (
             "splitnet_ioc_lan_filtered_total",
             "counter",
-            "NIC frames for no host.",
+            "NIC frames for no host (among them frames whose host left while they crossed to its worker).",
             s.lan_filtered,
         ),
         (

@@ -859,7 +859,14 @@ fn frames_cross_to_the_worker_of_their_host_and_never_back_to_the_lan() {
     pa.link.session_mut().cfg_request(CfgCode::SetMac, &mac_b);
     pump(&mut w[0].0, &mut pa, a, true);
     assert_eq!(mac(&w[0].0, a), mac_a);
+    // A frame for B read by worker 0 just before B leaves crosses to a worker where B is gone:
+    // a frame for no host, counted there.
+    from_lan(&mut w[0].0, &nic0, mac_b, 1);
+    let late = w[1].2.take();
     w[1].0.remove_host(b, "test", None);
+    let filtered = w[1].0.stats.lan_filtered;
+    from_lan::deliver_crossed(&mut w[1].0, &late);
+    assert_eq!(w[1].0.stats.lan_filtered, filtered + 1);
     assert_eq!(*w[0].1.steering.borrow(), vec![(mac_a, 0)]);
     pa.link.session_mut().cfg_request(CfgCode::SetMac, &mac_b);
     pump(&mut w[0].0, &mut pa, a, true);
