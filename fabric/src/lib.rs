@@ -692,15 +692,8 @@ pub fn post_reply_agreeing(
     session: u64,
     flags: u32,
 ) -> Result<(), FabricError> {
-    let mut msg = Vec::new();
-    wire::Message::HelloReply(HelloReply {
-        version,
-        status,
-        flags,
-        session,
-        max_message: wire::MAX_MESSAGE_LEN as u32,
-    })
-    .emit(0, &mut msg);
+    let max = wire::MAX_MESSAGE_LEN as u32;
+    let msg = handshake::reply_agreeing(version, status, session, max, flags);
     let msg = match auth {
         Some(r) => r.reply(&msg)?,
         None => msg,

@@ -76,10 +76,7 @@ impl Watch {
             }
         }
         let index = *index;
-        for st in std::mem::take(&mut self.states) {
-            if st.index != index {
-                continue;
-            }
+        for st in self.states.iter().filter(|st| st.index == index) {
             if let Some(mtu) = st.mtu {
                 mtu_seen(mtu, s, session);
             }

@@ -106,13 +106,15 @@ fn state_of(m: &LinkMessage) -> LinkState {
 pub fn get_link_request(index: u32, seq: u32) -> Vec<u8> {
     let mut link = LinkMessage::default();
     link.header.index = index;
+    encode(NLM_F_REQUEST, seq, RouteNetlinkMessage::GetLink(link))
+}
+
+/// The bytes of one netlink message carrying `msg`.
+fn encode(flags: u16, seq: u32, msg: RouteNetlinkMessage) -> Vec<u8> {
     let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST;
+    header.flags = flags;
     header.sequence_number = seq;
-    let mut msg = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(RouteNetlinkMessage::GetLink(link)),
-    );
+    let mut msg = NetlinkMessage::new(header, NetlinkPayload::from(msg));
     msg.finalize();
     let mut buf = vec![0; msg.buffer_len()];
     msg.serialize(&mut buf);
@@ -253,16 +255,7 @@ mod tests {
         link.header.index = index;
         link.header.flags = flags;
         link.attributes = attributes;
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_MULTIPART;
-        let mut msg = NetlinkMessage::new(
-            header,
-            NetlinkPayload::from(RouteNetlinkMessage::NewLink(link)),
-        );
-        msg.finalize();
-        let mut buf = vec![0; msg.buffer_len()];
-        msg.serialize(&mut buf);
-        buf
+        encode(NLM_F_MULTIPART, 0, RouteNetlinkMessage::NewLink(link))
     }
 
     #[test]

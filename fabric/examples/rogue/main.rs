@@ -496,19 +496,29 @@ const SPOOFED: u32 = 10;
 /// A source MAC no host owns.
 const SPOOF_MAC: [u8; 6] = [0x02, 0x66, 0x66, 0x66, 0x66, 0x66];
 
+/// [`connect_as`], then the session's MAC, printed for the test (`mac XX:..`); what failed
+/// otherwise, said as `who`.
+fn host_with_mac(
+    addr: &str,
+    node_id: u64,
+    rcvbuf: Option<usize>,
+    who: &str,
+) -> Result<(Conn, [u8; 6]), Vec<&'static str>> {
+    let mut c = connect_as(addr, node_id, rcvbuf).map_err(|e| {
+        eprintln!("{who}: cannot connect: {e}");
+        vec!["connect"]
+    })?;
+    let mac = get_mac(&mut c).ok_or(vec!["GetMac"])?;
+    println!("mac {}", wire::fmt_mac(&mac));
+    Ok((c, mac))
+}
+
 /// A host that keeps its control channel alive and never reads its data channel.
 fn slow_host(addr: &str, seconds: u64) -> Vec<&'static str> {
-    let mut c = match connect_as(addr, 0x5107, Some(4096)) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("slow host: cannot connect: {e}");
-            return vec!["connect"];
-        }
+    let mut c = match host_with_mac(addr, 0x5107, Some(4096), "slow host") {
+        Ok((c, _)) => c,
+        Err(missed) => return missed,
     };
-    let Some(mac) = get_mac(&mut c) else {
-        return vec!["GetMac"];
-    };
-    println!("mac {}", wire::fmt_mac(&mac));
     let end = Instant::now() + Duration::from_secs(seconds);
     let mut next_stats = Instant::now();
     while Instant::now() < end {

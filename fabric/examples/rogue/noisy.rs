@@ -9,9 +9,9 @@
 //!
 //! It prints what it sent and how the IOC answered; the IOC's counters tell the rest.
 
-use super::{connect_as, get_mac, msg, send, write_frame, Conn, WAIT};
+use super::{msg, send, write_frame, Conn, WAIT};
 use splitnet_messaging::adapter::{Channel, RxCompletion};
-use splitnet_messaging::wire::{self, CfgCode, CfgRequest, ErrorCode, Message, PoolEntry};
+use splitnet_messaging::wire::{CfgCode, CfgRequest, ErrorCode, Message, PoolEntry};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -27,17 +27,10 @@ struct Tally {
 /// Runs storm `kind` for `seconds`; returns what went wrong (nothing when the IOC kept the
 /// session and answered every request: a request unanswered ends the storm as a failure).
 pub fn storm(addr: &str, kind: &str, seconds: u64) -> Vec<&'static str> {
-    let mut c = match connect_as(addr, 0x5702, None) {
+    let (mut c, mac) = match super::host_with_mac(addr, 0x5702, None, "noisy host") {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("noisy host: cannot connect: {e}");
-            return vec!["connect"];
-        }
+        Err(missed) => return missed,
     };
-    let Some(mac) = get_mac(&mut c) else {
-        return vec!["GetMac"];
-    };
-    println!("mac {}", wire::fmt_mac(&mac));
     let end = Instant::now() + Duration::from_secs(seconds);
     let tally = match kind {
         "setmac" => {

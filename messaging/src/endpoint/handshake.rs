@@ -44,10 +44,22 @@ pub fn hello(
 
 /// Encodes a HelloReply.
 pub fn reply(version: u16, status: ErrorCode, session: u64, max_message: u32) -> Vec<u8> {
+    reply_agreeing(version, status, session, max_message, 0)
+}
+
+/// Encodes a HelloReply agreeing to `flags` of what an AuthHello asked for
+/// ([`HelloReply::SEALED_DATA`]).
+pub fn reply_agreeing(
+    version: u16,
+    status: ErrorCode,
+    session: u64,
+    max_message: u32,
+    flags: u32,
+) -> Vec<u8> {
     let msg = Message::HelloReply(HelloReply {
         version,
         status,
-        flags: 0,
+        flags,
         session,
         max_message,
     });
