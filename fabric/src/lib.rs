@@ -185,7 +185,7 @@ impl Channel for FabricChannel {
     fn set_writes_allowed(&mut self, allowed: bool) {
         each!(self, c => c.set_writes_allowed(allowed))
     }
-    fn close(&mut self, reg: &mut Registry) {
+    fn close(&mut self, reg: &mut Registry) -> usize {
         each!(self, c => c.close(reg))
     }
     fn prepare_sleep(&mut self) -> bool {

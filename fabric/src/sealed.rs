@@ -109,7 +109,7 @@ impl<S: Read + Write> Channel for SealedConn<S> {
         self.conn.set_writes_allowed(allowed)
     }
 
-    fn close(&mut self, reg: &mut Registry) {
+    fn close(&mut self, reg: &mut Registry) -> usize {
         self.conn.close(reg)
     }
 }

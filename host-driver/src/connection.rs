@@ -4,6 +4,7 @@
 
 use crate::cfgutil::{feature_bits, Settings};
 use crate::datapath::{self, tap_wanted, Outbound};
+use crate::drops::Drops;
 use crate::interface::{Carrier, Watch};
 use crate::report::{Reporter, StatusLine};
 use crate::spin;
@@ -86,7 +87,8 @@ pub struct Conn<'a> {
     /// Readiness of those reports' socket (`None`: not followed).
     watch_ready: Option<fabric::Ready>,
     carrier: Carrier,
-    rx_dropped: u64,
+    /// Frames from the IOC dropped, by cause (those to it: [`Outbound::drops`]).
+    rx_drops: Drops,
     /// Where it reports: the snapshot (first queue) or its published counters.
     report: Reporter,
     /// Over shared memory: how long to poll before sleeping (`None`: never poll).
@@ -148,7 +150,7 @@ impl<'a> Conn<'a> {
             watch,
             watch_ready,
             carrier: Carrier::off(),
-            rx_dropped: 0,
+            rx_drops: Drops::default(),
             report,
             spin,
         })
@@ -225,7 +227,7 @@ impl<'a> Conn<'a> {
                             woke_for_input |= lane == Lane::Data;
                         }
                         rx_seen = true;
-                        datapath::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_dropped, lane, g, &mut events)
+                        datapath::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_drops, lane, g, &mut events)
                     }
                     Err(e) => Err(e.to_string()),
                 },
@@ -264,12 +266,11 @@ impl<'a> Conn<'a> {
             if let Err(why) = step {
                 // A leaving IOC sends Goodbye on the control channel and closes both; the
                 // data channel's end of stream may be seen first.
-                let mut dropped = 0;
                 let _ = datapath::poll_lane(
                     &mut self.tl.link,
                     &mut self.reg,
                     self.tap,
-                    &mut dropped,
+                    &mut self.rx_drops,
                     Lane::Control,
                     None,
                     &mut events,
@@ -293,15 +294,10 @@ impl<'a> Conn<'a> {
                 if self.watch.poll(now, &mut self.settings, session) {
                     self.report.refresh_details(now, session, &self.settings);
                 }
-                self.report.refresh_snapshot(
-                    &self.tl.link,
-                    self.rx_dropped,
-                    self.out.limit(),
-                    self.carrier.is_on(),
-                );
+                self.refresh_counters();
                 status.update(now, self.tl.link.stats(), &self.peer, self.carrier.is_on());
             } else {
-                self.report.publish(&self.tl.link, self.rx_dropped);
+                self.refresh_counters();
             }
             match self.keepalive.poll(now) {
                 Liveness::Idle => {}
@@ -348,7 +344,7 @@ impl<'a> Conn<'a> {
             LinkEvent::PoolGet(o) => debug!(?o, "pool request from the IOC"),
             LinkEvent::Flushed { .. } => {}
             LinkEvent::RefusedInline { len } => {
-                self.rx_dropped += 1;
+                self.rx_drops.rx_refused_inline += 1;
                 debug!(len, "refused a SendData frame one of our pools could hold");
             }
         }
@@ -379,12 +375,11 @@ impl<'a> Conn<'a> {
             if g.is_some() {
                 link.wake(lane);
             }
-            let mut drop_frames = 0u64;
             if datapath::poll_lane(
                 link,
                 &mut self.reg,
                 self.tap,
-                &mut drop_frames,
+                &mut self.rx_drops,
                 lane,
                 g,
                 &mut events,
@@ -405,13 +400,30 @@ impl<'a> Conn<'a> {
         End::Shutdown
     }
 
-    /// Closes the link, giving back its pools and send buffers, and logs what was lost.
-    pub fn close(mut self) {
-        self.tl.link.close(&mut self.reg, self.out.buffers());
-        if self.rx_dropped > 0 {
-            info!(dropped = self.rx_dropped, "frames from the IOC dropped");
+    /// Its counters to where it reports: the snapshot (first queue, with the further
+    /// queues' added in) or its published counters.
+    fn refresh_counters(&self) {
+        let drops = self.rx_drops + self.out.drops();
+        let link = &self.tl.link;
+        match self.queue.is_first() {
+            true => {
+                let carrier = self.carrier.is_on();
+                self.report
+                    .refresh_snapshot(link, drops, self.out.limit(), carrier)
+            }
+            false => self.report.publish(link, drops),
         }
-        self.out.log_lost();
+    }
+
+    /// Closes the link, giving back its pools and send buffers; the frames lost with it are
+    /// counted and reported, and every drop of the connection logged.
+    pub fn close(mut self) {
+        let unsent = self.tl.link.close(&mut self.reg, self.out.buffers());
+        self.out.close(unsent);
+        if self.rx_drops.rx() > 0 {
+            info!(drops = ?self.rx_drops, "frames from the IOC dropped");
+        }
+        self.refresh_counters();
     }
 }
 

@@ -2,6 +2,7 @@
 //! (or straight into the IOC's pools over shared memory), through the flow queue and its
 //! byte limit onto the fabric; frames from the IOC checked and written to the TAP.
 
+use crate::drops::Drops;
 use splitnet_control::report::TxLimit;
 use splitnet_fabric::{FabricChannel, Guard};
 use splitnet_messaging::endpoint::{InPlace, Lane, Link, LinkEvent, Posted};
@@ -39,9 +40,8 @@ pub struct Outbound {
     cache: SendBufCache,
     /// Frames read from the TAP waiting for credit or the byte limit, by flow.
     tx: Scheduler<SendBuf>,
-    /// Frames the flow queue dropped (a flow over its share: its newest; the queue full:
-    /// the longest flow's oldest).
-    queue_drops: u64,
+    /// The frames to the IOC it dropped, by cause.
+    drops: Drops,
 }
 
 impl Outbound {
@@ -54,7 +54,7 @@ impl Outbound {
                 Some(LimitConfig::default()),
                 Instant::now(),
             ),
-            queue_drops: 0,
+            drops: Drops::default(),
         }
     }
 
@@ -92,6 +92,7 @@ impl Outbound {
                     }
                     Some(InPlace::Failed(e)) => {
                         if e.kind() != io::ErrorKind::WouldBlock {
+                            self.drops.tx_tap_read += 1;
                             warn!("TAP read failed: {e}");
                         }
                         drained = true;
@@ -109,21 +110,18 @@ impl Outbound {
                 Err(e) => {
                     self.cache.put(buf);
                     if e.kind() != io::ErrorKind::WouldBlock {
+                        self.drops.tx_tap_read += 1;
                         warn!("TAP read failed: {e}");
                     }
                     drained = true;
                     break;
                 }
             }
-            let Outbound {
-                tx,
-                cache,
-                queue_drops,
-            } = self;
+            let Outbound { tx, cache, drops } = self;
             let (flow, len) = (tx.flow(buf.as_slice()), buf.len() as u32);
             tx.push(flow, len, buf, &mut |b| {
                 cache.put(b);
-                *queue_drops += 1;
+                drops.tx_flow_queue += 1;
             });
         }
         self.send_queued(link);
@@ -179,32 +177,39 @@ impl Outbound {
             shrunk: l.shrunk,
             held_back: l.held_back,
             queued: self.tx.waiting() as u64,
-            queue_drops: self.queue_drops,
+            queue_drops: self.drops.tx_flow_queue,
         }
     }
 
-    /// The connection is over: logs the frames it lost or the flow queue dropped.
-    pub fn log_lost(&self) {
-        let waiting = self.tx.waiting();
-        if waiting > 0 || self.queue_drops > 0 {
-            info!(
-                waiting,
-                dropped = self.queue_drops,
-                "frames to the IOC lost with the connection (waiting) or dropped by the flow queue"
-            );
+    /// The frames to the IOC it dropped, by cause.
+    pub fn drops(&self) -> Drops {
+        self.drops
+    }
+
+    /// The connection is over, and its link closed with `unsent` frames posted and never
+    /// written: those and the frames still waiting here are lost (counted, their buffers
+    /// back in the cache). Logs every drop of the connection.
+    pub fn close(&mut self, unsent: usize) {
+        let waiting: Vec<SendBuf> = self.tx.drain().collect();
+        self.drops.tx_lost_at_close += (waiting.len() + unsent) as u64;
+        for b in waiting {
+            self.cache.put(b);
+        }
+        if self.drops.tx() > 0 {
+            info!(drops = ?self.drops, "frames to the IOC dropped");
         }
     }
 }
 
 /// Polls `lane` of `link` (up to [`RX_BUDGET`] completions): frames from the IOC go to
-/// `tap` (those it refuses, or whose header is bad, count in `rx_dropped`), everything else
+/// `tap` (those it refuses, or whose header is bad, counted in `drops`), everything else
 /// into `events`. Clears `guard`'s readiness once the lane is drained; an error is the end
 /// of the connection.
 pub fn poll_lane(
     link: &mut Link<FabricChannel>,
     reg: &mut Registry,
     tap: &Tap,
-    rx_dropped: &mut u64,
+    drops: &mut Drops,
     lane: Lane,
     guard: Option<Guard<'_>>,
     events: &mut Vec<LinkEvent>,
@@ -222,7 +227,7 @@ pub fn poll_lane(
         };
         let sent = match (checked, frame) {
             (Err(e), _) => {
-                *rx_dropped += 1;
+                drops.rx_bad_header += 1;
                 warn!("dropping frame from the IOC: {e}");
                 return;
             }
@@ -230,7 +235,7 @@ pub fn poll_lane(
             (Ok(_), Frame::Shared(s)) => tap.send_parts(&head, &s.after(head.len())),
         };
         if let Err(e) = sent {
-            *rx_dropped += 1;
+            drops.rx_tap_write += 1;
             debug!("TAP write failed: {e}");
         }
     };
@@ -258,6 +263,27 @@ pub fn poll_lane(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_waiting_or_unsent_when_the_connection_ends_are_counted_as_lost() {
+        let mut out = Outbound::new();
+        for i in 0..5u8 {
+            let mut b = out.cache.get().unwrap();
+            let mut f = [0x45u8; 80];
+            f[vnet::VNET_HDR_LEN + 12 + 2 + 19] = i;
+            assert!(b.fill_from(&f));
+            let flow = out.tx.flow(b.as_slice());
+            out.tx.push(flow, 80, b, &mut |_| panic!("dropped"));
+        }
+        let held = out.tx.next(0).unwrap();
+        out.tx.hold(held);
+        assert_eq!(out.tx.waiting(), 5);
+        out.close(3);
+        assert_eq!(out.drops().tx_lost_at_close, 8, "5 waiting, 3 on the link");
+        assert_eq!(out.drops().tx(), 8);
+        assert_eq!(out.cache.in_use(), 0, "their buffers back");
+        assert_eq!(out.tx.waiting(), 0);
+    }
 
     #[test]
     fn the_tap_waits_while_no_send_buffer_is_free() {

@@ -10,6 +10,7 @@ mod cfgutil;
 mod connect;
 mod connection;
 mod datapath;
+mod drops;
 mod interface;
 mod queues;
 mod report;

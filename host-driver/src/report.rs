@@ -3,6 +3,7 @@
 //! further queue publishes its counters for the first.
 
 use crate::cfgutil::Settings;
+use crate::drops::Drops;
 use crate::snapshot::Snapshot;
 use splitnet_control::report::{offload_names, Counters, TxLimit};
 use splitnet_fabric::FabricChannel;
@@ -22,18 +23,18 @@ const STATS_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, Default)]
 pub struct QueueCounters {
     link: LinkStats,
-    rx_dropped: u64,
+    drops: Drops,
     credits_free: u64,
     credits_in_use: u64,
 }
 
 impl QueueCounters {
-    /// The counters of a connection on `link` that dropped `rx_dropped` frames from the IOC.
-    fn of(link: &Link<FabricChannel>, rx_dropped: u64) -> QueueCounters {
+    /// The counters of a connection on `link` that dropped `drops`.
+    fn of(link: &Link<FabricChannel>, drops: Drops) -> QueueCounters {
         let ini = link.session().initiator();
         QueueCounters {
             link: link.stats(),
-            rx_dropped,
+            drops,
             credits_free: ini.credits(),
             credits_in_use: ini.in_use(),
         }
@@ -77,9 +78,9 @@ impl Reporter {
     }
 
     /// A further queue: publishes its counters for the first queue's snapshot.
-    pub fn publish(&self, link: &Link<FabricChannel>, rx_dropped: u64) {
+    pub fn publish(&self, link: &Link<FabricChannel>, drops: Drops) {
         if let Some(Ok(mut p)) = self.publish.as_ref().map(|p| p.lock()) {
-            *p = QueueCounters::of(link, rx_dropped);
+            *p = QueueCounters::of(link, drops);
         }
     }
 
@@ -88,22 +89,22 @@ impl Reporter {
     pub fn refresh_snapshot(
         &self,
         link: &Link<FabricChannel>,
-        rx_dropped: u64,
+        drops: Drops,
         tx_limit: TxLimit,
         carrier: bool,
     ) {
         let Some(snap) = &self.snap else { return };
-        let mut sum = QueueCounters::of(link, rx_dropped);
+        let mut sum = QueueCounters::of(link, drops);
         for o in self.others.iter().filter_map(|o| o.lock().ok().map(|g| *g)) {
             sum.link += o.link;
-            sum.rx_dropped += o.rx_dropped;
+            sum.drops += o.drops;
             sum.credits_free += o.credits_free;
             sum.credits_in_use += o.credits_in_use;
         }
         let mut g = snap.borrow_mut();
         g.tx_limit = tx_limit;
         g.interface.carrier = carrier;
-        g.rx_dropped = sum.rx_dropped;
+        g.drops = sum.drops;
         g.credits_free = sum.credits_free;
         g.credits_in_use = sum.credits_in_use;
         g.link = sum.link;

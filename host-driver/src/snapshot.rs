@@ -2,6 +2,7 @@
 //! (counters on every turn, pools and interface settings every watch period), read by the
 //! metrics endpoint and the control socket without touching the data path.
 
+use crate::drops::Drops;
 use splitnet_control::report::{
     Counters, Direction, Fabric, Interface, NicStats, PeerPools, Pools, Reply, Request, Role,
     Stats, Status, TxLimit,
@@ -22,8 +23,8 @@ pub struct Snapshot {
     pub connected_at: Option<Instant>,
     /// Connections made since start.
     pub connects: u64,
-    /// Frames from the IOC dropped (this connection).
-    pub rx_dropped: u64,
+    /// Frames dropped by this connection (every queue's), by cause.
+    pub drops: Drops,
     /// Credits held in the IOC's pools.
     pub credits_free: u64,
     /// Elements of the IOC's pools in use.
@@ -32,9 +33,8 @@ pub struct Snapshot {
     pub link: LinkStats,
     /// Traffic of the connections before it.
     before: LinkStats,
-    dropped_before: u64,
-    /// Frames to the IOC the flow queues of earlier connections dropped.
-    tx_dropped_before: u64,
+    /// Frames the connections before it dropped.
+    drops_before: Drops,
     /// Connections ended by a protocol error of the IOC.
     pub protocol_errors: u64,
     /// Connections ended by a protection error (a write our adapter refused).
@@ -58,13 +58,12 @@ impl Snapshot {
             session: None,
             connected_at: None,
             connects: 0,
-            rx_dropped: 0,
+            drops: Drops::default(),
             credits_free: 0,
             credits_in_use: 0,
             link: LinkStats::default(),
             before: LinkStats::default(),
-            dropped_before: 0,
-            tx_dropped_before: 0,
+            drops_before: Drops::default(),
             protocol_errors: 0,
             protection_errors: 0,
             interface,
@@ -84,11 +83,10 @@ impl Snapshot {
     /// The connection ended: its counters move into the totals.
     pub fn disconnected(&mut self) {
         self.before += self.link;
-        self.dropped_before += self.rx_dropped;
-        self.tx_dropped_before += self.tx_limit.queue_drops;
+        self.drops_before += self.drops;
         self.tx_limit = TxLimit::default();
         self.link = LinkStats::default();
-        self.rx_dropped = 0;
+        self.drops = Drops::default();
         self.interface.carrier = false;
         self.session = None;
         self.connected_at = None;
@@ -103,23 +101,29 @@ impl Snapshot {
         self.pools = Some(PeerPools::of(format!("ioc {}", self.ioc), session));
     }
 
-    /// Frames to the IOC the flow queues dropped, every connection's.
-    fn tx_queue_dropped(&self) -> u64 {
-        self.tx_dropped_before + self.tx_limit.queue_drops
+    /// Every connection's drops, by cause, those the link counts (too large for any of the
+    /// IOC's pools) included.
+    fn all_drops(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        let too_large = self.before.tx_too_large + self.link.tx_too_large;
+        (self.drops_before + self.drops)
+            .named()
+            .into_iter()
+            .chain([("tx_too_large", too_large)])
     }
 
     fn totals(&self) -> Counters {
         let (b, l) = (&self.before, &self.link);
+        let d = self.drops_before + self.drops;
         Counters {
             tx: Direction {
                 frames: b.tx_frames + l.tx_frames,
                 bytes: b.tx_bytes + l.tx_bytes,
-                dropped: b.tx_too_large + l.tx_too_large + self.tx_queue_dropped(),
+                dropped: b.tx_too_large + l.tx_too_large + d.tx(),
             },
             rx: Direction {
                 frames: b.rx_frames + l.rx_frames,
                 bytes: b.rx_bytes + l.rx_bytes,
-                dropped: self.dropped_before + self.rx_dropped,
+                dropped: d.rx(),
             },
             protocol_errors: self.protocol_errors,
             protection_errors: self.protection_errors,
@@ -166,7 +170,11 @@ impl Snapshot {
                 credits_in_use: self.credits_in_use,
                 nic: NicStats::read(&self.interface.name),
                 ioc: self.ioc_counters,
-                drops: Default::default(),
+                drops: self
+                    .all_drops()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(k, n)| (k.to_string(), n))
+                    .collect(),
                 send_buffers: None,
                 tx_limit: Some(self.tx_limit),
             }),
@@ -258,7 +266,7 @@ impl Snapshot {
             "splitnet_host_rx_dropped_total",
             "counter",
             "Frames from the IOC dropped (this connection).",
-            self.rx_dropped,
+            self.drops.rx(),
         )
         .metric(
             "splitnet_host_tx_limit_bytes",
@@ -281,8 +289,8 @@ impl Snapshot {
         .metric(
             "splitnet_host_tx_queue_dropped_total",
             "counter",
-            "Frames the flow queue dropped (a flow over its share, or the queue full).",
-            self.tx_queue_dropped(),
+            "Frames the flow queues dropped (a flow over its share, or the queue full).",
+            self.drops_before.tx_flow_queue + self.drops.tx_flow_queue,
         )
         .metric(
             "splitnet_host_credits_free",
@@ -308,6 +316,15 @@ impl Snapshot {
             "Connections ended by a write the adapter refused.",
             self.protection_errors,
         );
+        let name = "splitnet_host_dropped_total";
+        e.family(
+            name,
+            "counter",
+            "Frames to or from the IOC dropped, by cause (every connection's).",
+        );
+        for (cause, n) in self.all_drops() {
+            e.sample(name, &format!("cause=\"{cause}\""), n);
+        }
         e.finish()
     }
 }
@@ -340,23 +357,40 @@ mod tests {
         s.connected(1, 1);
         s.link.tx_frames = 10;
         s.link.rx_bytes = 1000;
-        s.rx_dropped = 2;
-        s.tx_limit.queue_drops = 4;
+        s.drops.rx_bad_header = 2;
+        s.drops.tx_flow_queue = 4;
+        s.link.tx_too_large = 1;
         s.disconnected();
         s.connected(2, 1);
         s.link.tx_frames = 5;
-        s.rx_dropped = 1;
-        s.tx_limit.queue_drops = 3;
+        s.drops.rx_tap_write = 1;
+        s.drops.tx_flow_queue = 3;
+        s.drops.tx_lost_at_close = 6;
         let Reply::Stats(st) = s.answer(Request::Stats) else {
             panic!("not stats")
         };
         assert_eq!(st.fabric.tx.frames, 15);
         assert_eq!(st.fabric.rx.bytes, 1000);
         assert_eq!(st.fabric.rx.dropped, 3);
+        assert_eq!(st.fabric.tx.dropped, 14, "both connections' tx causes");
+        let causes: Vec<(&str, u64)> = st.drops.iter().map(|(k, n)| (k.as_str(), *n)).collect();
         assert_eq!(
-            st.fabric.tx.dropped, 7,
-            "the flow queues' drops, both connections'"
+            causes,
+            [
+                ("rx_bad_header", 2),
+                ("rx_tap_write", 1),
+                ("tx_flow_queue", 7),
+                ("tx_lost_at_close", 6),
+                ("tx_too_large", 1),
+            ]
         );
+        let m = s.metrics_text();
+        assert!(
+            m.contains("splitnet_host_dropped_total{cause=\"tx_flow_queue\"} 7\n"),
+            "{m}"
+        );
+        assert!(m.contains("splitnet_host_dropped_total{cause=\"tx_tap_read\"} 0\n"));
+        assert!(m.contains("splitnet_host_tx_queue_dropped_total 7\n"));
         assert_eq!(s.connects, 2);
     }
 

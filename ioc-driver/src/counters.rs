@@ -41,6 +41,22 @@ pub struct IocStats {
     pub cfg_rate_limited: u64,
 }
 
+impl IocStats {
+    /// The NIC's and the workers' drops, named as operators see them. A frame for a host
+    /// lost at the NIC (its own queue full, unreadable) counts here and in the host's cause.
+    pub fn drops_named(&self) -> [(&'static str, u64); 7] {
+        [
+            ("lan_rx_ring_full", self.lan_rx_dropped),
+            ("lan_rx_unreadable", self.lan_rx_unreadable),
+            ("lan_rx_bad_frame", self.lan_rx_bad_frame),
+            ("lan_rx_truncated", self.lan_rx_truncated),
+            ("lan_no_host", self.lan_filtered),
+            ("lan_tx_refused", self.lan_tx_errors),
+            ("worker_inbox_full", self.cross_dropped),
+        ]
+    }
+}
+
 /// Frames dropped for or from one host session, by cause.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Drops {
@@ -53,6 +69,9 @@ pub struct Drops {
     /// To the host: the kernel failed to hand the frame over from the host's own queue
     /// (an offload a virtio-net header cannot describe).
     pub unreadable: u64,
+    /// To the host: posted on its link and never delivered, the session having ended
+    /// (dropped unsent as its channels closed).
+    pub lost_at_close: u64,
     /// From the host: virtio-net metadata the kernel must not see.
     pub bad_offload: u64,
     /// From the host: a source MAC that is not the host's.
@@ -71,12 +90,13 @@ pub struct Drops {
 
 impl Drops {
     /// Every cause with its count, named as operators see them.
-    pub fn named(&self) -> [(&'static str, u64); 11] {
+    pub fn named(&self) -> [(&'static str, u64); 12] {
         [
             ("rx_ring_full", self.ring_full),
             ("rx_quota", self.quota),
             ("rx_too_large", self.too_large),
             ("rx_unreadable", self.unreadable),
+            ("rx_lost_at_close", self.lost_at_close),
             ("tx_bad_offload", self.bad_offload),
             ("tx_spoofed_source", self.spoofed),
             ("tx_over_mtu", self.over_mtu),
@@ -94,6 +114,7 @@ impl std::ops::AddAssign for Drops {
         self.quota += o.quota;
         self.too_large += o.too_large;
         self.unreadable += o.unreadable;
+        self.lost_at_close += o.lost_at_close;
         self.bad_offload += o.bad_offload;
         self.spoofed += o.spoofed;
         self.over_mtu += o.over_mtu;
@@ -134,4 +155,6 @@ pub enum RxDrop {
     TooLarge,
     /// The kernel failed to hand it over.
     Unreadable,
+    /// Posted, and dropped unsent as the session ended.
+    LostAtClose,
 }

@@ -190,6 +190,7 @@ pub fn read_own_queue(st: &mut WorkerState, session: u64) -> OwnQueueProgress {
     let r = q.read(link);
     stats.lan_rx += r.read + r.unreadable;
     stats.lan_rx_unreadable += r.unreadable;
+    stats.lan_rx_bad_frame += r.bad_frame;
     stats.lan_rx_dropped += r.overflowed;
     h.stats.rx_frames += r.frames;
     h.stats.rx_bytes += r.bytes;

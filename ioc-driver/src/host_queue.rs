@@ -241,6 +241,7 @@ impl HostQueue {
             RxDrop::Quota => self.drops.quota += n,
             RxDrop::TooLarge => self.drops.too_large += n,
             RxDrop::Unreadable => self.drops.unreadable += n,
+            RxDrop::LostAtClose => self.drops.lost_at_close += n,
         }
     }
 

@@ -247,8 +247,9 @@ pub mod fake {
         pub excluded: Arc<Mutex<Vec<[u8; 6]>>>,
         /// The MACs whose host has its own queue open.
         open: Arc<Mutex<Vec<[u8; 6]>>>,
-        /// Times a host's queue was open while its MAC was not excluded (the kernel would
-        /// have given its frames to both sockets).
+        /// Times the IOC got the order of a host's queue and the workers' filters wrong: a
+        /// queue opened while its MAC was not excluded (both sockets would deliver its
+        /// frames), or shut while its MAC still was (frames arriving then reach no socket).
         pub violations: Arc<AtomicUsize>,
         /// Multicast memberships joined or left (each a setsockopt under the kernel's rtnl
         /// lock on a real NIC).
@@ -288,6 +289,8 @@ pub mod fake {
         q: Rc<HostQueue>,
         mac: [u8; 6],
         open: Arc<Mutex<Vec<[u8; 6]>>>,
+        excluded: Arc<Mutex<Vec<[u8; 6]>>>,
+        violations: Arc<AtomicUsize>,
     }
 
     impl Drop for FakeHostRx {
@@ -299,6 +302,9 @@ pub mod fake {
     impl HostRx for FakeHostRx {
         /// Shut, it counts as closed (it takes nothing).
         fn shut(&self) -> io::Result<()> {
+            if self.excluded.lock().unwrap().contains(&self.mac) {
+                self.violations.fetch_add(1, Ordering::Relaxed);
+            }
             self.q.shut.set(true);
             self.open.lock().unwrap().retain(|m| *m != self.mac);
             Ok(())
@@ -357,15 +363,10 @@ pub mod fake {
     #[derive(Debug)]
     struct FakeExclusion {
         excluded: Arc<Mutex<Vec<[u8; 6]>>>,
-        open: Arc<Mutex<Vec<[u8; 6]>>>,
-        violations: Arc<AtomicUsize>,
     }
 
     impl Exclusion for FakeExclusion {
         fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
-            let open = self.open.lock().unwrap();
-            let given_back = open.iter().filter(|m| !macs.contains(m)).count();
-            self.violations.fetch_add(given_back, Ordering::Relaxed);
             *self.excluded.lock().unwrap() = macs.to_vec();
             Ok(())
         }
@@ -515,14 +516,14 @@ pub mod fake {
                 q,
                 mac,
                 open: self.open.clone(),
+                excluded: self.excluded.clone(),
+                violations: self.violations.clone(),
             }))
         }
 
         fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
             Ok(Some(Box::new(FakeExclusion {
                 excluded: self.excluded.clone(),
-                open: self.open.clone(),
-                violations: self.violations.clone(),
             })))
         }
     }

@@ -99,8 +99,11 @@ pub struct Read {
     pub frames: u64,
     /// Bytes of those frames.
     pub bytes: u64,
-    /// Frames too large for the host's elements, or whose virtio-net header failed.
+    /// Frames too large for the host's elements.
     pub too_large: u64,
+    /// Frames whose virtio-net or Ethernet header failed the check (as on the general
+    /// path, `lan_rx_bad_frame`).
+    pub bad_frame: u64,
     /// Frames the kernel failed to hand over.
     pub unreadable: u64,
     /// The last read error of those, for the log.
@@ -172,6 +175,7 @@ impl OwnQueue {
             frames: 0,
             bytes: 0,
             too_large: 0,
+            bad_frame: 0,
             unreadable: 0,
             error: None,
             overflowed: 0,
@@ -179,7 +183,7 @@ impl OwnQueue {
         };
         let mut left = BUDGET;
         while left > 0 {
-            let rx = &self.rx;
+            let (rx, bad) = (&self.rx, &mut r.bad_frame);
             // Each frame's header is checked from a private copy, as on the general path
             // (the host may rewrite its element at any moment); a refused one is not posted.
             let check = |dst: &[SharedBytes<'_>], lens: &mut [usize]| {
@@ -190,6 +194,7 @@ impl OwnQueue {
                     w.copy_out(0, &mut head[..k]).map_err(io::Error::other)?;
                     if *len <= w.len() && vnet::check_head(&head[..k], *len).is_err() {
                         *len = 0;
+                        *bad += 1;
                     }
                 }
                 Ok::<_, io::Error>(n)

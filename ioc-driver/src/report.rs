@@ -24,10 +24,30 @@ const ALL_OFFLOADS: u64 = features::VNET_HDR
     | features::ECN
     | features::USO;
 
+impl Snapshot {
+    /// Drops of every host, those that left included, by cause.
+    fn host_drops(&self) -> Drops {
+        let mut d = self.past_drops;
+        for h in &self.hosts {
+            d += h.drops;
+        }
+        d
+    }
+
+    /// Every drop by cause, the hosts' and the NIC's, those with a count.
+    fn named_drops(&self) -> BTreeMap<String, u64> {
+        counted(
+            self.host_drops()
+                .named()
+                .into_iter()
+                .chain(self.stats.drops_named()),
+        )
+    }
+}
+
 /// The causes with a count, by name.
-fn named_drops(d: &Drops) -> BTreeMap<String, u64> {
-    d.named()
-        .into_iter()
+fn counted(causes: impl Iterator<Item = (&'static str, u64)>) -> BTreeMap<String, u64> {
+    causes
         .filter(|(_, n)| *n > 0)
         .map(|(k, n)| (k.to_string(), n))
         .collect()
@@ -140,7 +160,7 @@ impl WorkerState {
                     buffers: h.held() as u32,
                     buffer_quota: h.quota as u32,
                     in_place: h.link.as_ref().map_or(0, |l| l.stats().tx_in_place),
-                    drops: named_drops(&h.drops),
+                    drops: counted(h.drops.named().into_iter()),
                 },
                 stats: h.stats,
                 drops: h.drops,
@@ -278,9 +298,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
         }),
         Request::Stats => {
             let mut fabric = Counters::from(&s.past);
-            let mut drops = s.past_drops;
             for h in &s.hosts {
-                drops += h.drops;
                 let c = Counters::from(&h.stats);
                 fabric.tx.frames += c.tx.frames;
                 fabric.tx.bytes += c.tx.bytes;
@@ -300,7 +318,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
                 credits_in_use: s.credits.1,
                 nic: NicStats::read(lan),
                 ioc: None,
-                drops: named_drops(&drops),
+                drops: s.named_drops(),
                 send_buffers: Some(s.send_buffers),
                 tx_limit: None,
             })
@@ -479,6 +497,15 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             );
             e.sample(name, &labels, get(&h.stats));
         }
+    }
+    let name = "splitnet_ioc_dropped_total";
+    e.family(
+        name,
+        "counter",
+        "Frames for or from hosts dropped, by cause, those of hosts that left included.",
+    );
+    for (cause, n) in snap.host_drops().named() {
+        e.sample(name, &format!("cause=\"{cause}\""), n);
     }
     let name = "splitnet_ioc_host_dropped_by_cause_total";
     e.family(

@@ -91,6 +91,20 @@ impl InboxRx {
     }
 }
 
+impl Drop for InboxRx {
+    /// The worker stops (the IOC stops with it): the frames still crossing to it are lost,
+    /// and logged, since no counter outlives the process.
+    fn drop(&mut self) {
+        let left = self.rx.len();
+        if left > 0 {
+            warn!(
+                frames = left,
+                "frames crossing to a stopping worker dropped"
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 impl InboxRx {
     /// Takes what is waiting, without waiting.

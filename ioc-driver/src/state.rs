@@ -361,6 +361,7 @@ impl WorkerState {
             match self.first_queue(&who) {
                 Some(f) => (f.session, f.mac, f.mtu, f.features),
                 None => {
+                    // Only its handshake was posted on it: no frame to count.
                     link.close(&mut self.reg, &mut self.cache);
                     self.free_domain(splitnet_messaging::memory::DomainId(session));
                     return None;
@@ -484,10 +485,11 @@ impl WorkerState {
     }
 
     /// Shuts host `session`'s own queue, if it has one, and gives its frames back to the
-    /// general path. The queue takes nothing from then on; the frames still in it are
-    /// dropped and counted (`rx_ring_full`); those that arrive until the general sockets
-    /// take the MAC's frames again (a few microseconds) are lost. The shut queue is closed
-    /// with the session ([`HostQueue::shut_queue`]).
+    /// general path. The general sockets take the MAC's frames first, then the queue stops
+    /// taking any, so no frame falls between them; the frames still in the queue are dropped
+    /// and counted (`rx_ring_full`; a frame that arrived in the moment both took it was also
+    /// delivered by the general path, so the count may exceed the loss, never fall short of
+    /// it). The shut queue is closed with the session ([`HostQueue::shut_queue`]).
     pub fn close_own_queue(&mut self, session: u64) {
         let Some(h) = self.hosts.get_mut(&session) else {
             return;
@@ -495,6 +497,7 @@ impl WorkerState {
         let Some(q) = h.own_queue.take() else {
             return;
         };
+        self.shard.unplace(q.mac);
         let shut = q.shut();
         if let Some(e) = shut.error {
             warn!(session, "cannot stop the host's own LAN queue: {e}");
@@ -503,7 +506,6 @@ impl WorkerState {
         self.stats.lan_rx_dropped += shut.overflowed;
         h.drop_rx_n(RxDrop::RingFull, shut.discarded + shut.overflowed);
         // Shut above, so it takes nothing more while it stays open.
-        self.shard.unplace(q.mac);
         h.shut_queue = Some(q);
     }
 
@@ -662,7 +664,8 @@ impl WorkerState {
             }
         }
         if let Some(mut link) = host.link.take() {
-            link.close(&mut self.reg, &mut self.cache);
+            let lost = link.close(&mut self.reg, &mut self.cache);
+            host.drop_rx_n(RxDrop::LostAtClose, lost as u64);
         }
         let domain = splitnet_messaging::memory::DomainId(session);
         let left = self.reg.regions_of(domain);

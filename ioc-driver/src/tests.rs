@@ -316,6 +316,41 @@ fn every_session_end_returns_every_send_buffer() {
 }
 
 #[test]
+fn frames_a_session_end_drops_unsent_are_counted() {
+    let (mut ioc, nic) = ioc_with("");
+    let (slow, _peer) = stuck_host(&mut ioc, &nic);
+    let h = host(&ioc, slow);
+    let (held, drops) = (h.held() as u64, h.drops);
+    assert!(h.pending() > 0, "frames wait on its full socket");
+    ioc.remove_host(slow, "host disconnected", None);
+    let lost = ioc.past_drops.lost_at_close;
+    let waiting = ioc.past_drops.ring_full - drops.ring_full;
+    assert!(lost > 0, "frames posted on its link and never written");
+    assert_eq!(lost + waiting, held, "every frame it held, counted once");
+    assert!(ioc.metrics_text().contains(&format!(
+        "splitnet_ioc_dropped_total{{cause=\"rx_lost_at_close\"}} {lost}"
+    )));
+}
+
+#[test]
+fn a_lan_frame_no_pool_of_the_host_can_hold_goes_inline_not_dropped() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect(&mut ioc, 3, false, 128);
+    let to = mac(&ioc, s);
+    // Its pools' elements hold 2,048 bytes: the 4,000-byte frame travels as SendData, which
+    // the host must take (docs/protocol.md, N1); only a frame beyond the largest SendData is
+    // too large, and the LAN read cuts those first (lan_rx_truncated).
+    for len in [4000, 100] {
+        nic.rx.borrow_mut().push_back(frame(to, LAN_PEER, len));
+    }
+    from_lan::drive_lan(&mut ioc);
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(peer.frames, 2);
+    assert_eq!(host(&ioc, s).drops, crate::counters::Drops::default());
+    assert_eq!(host(&ioc, s).stats.rx_frames, 2);
+}
+
+#[test]
 fn churn_under_load_keeps_the_pool_whole() {
     let (mut ioc, nic) = ioc_with("");
     for round in 0..20 {
@@ -485,6 +520,8 @@ fn frames_beyond_what_the_host_negotiated_are_dropped_and_counted() {
     let (s, mut peer) = connect(&mut ioc, 3, false, 128);
     let own = mac(&ioc, s);
     let tso = tso_frame(LAN_PEER, own);
+    let mut bad_flags = frame(LAN_PEER, own, 100);
+    bad_flags[0] = 0x80;
     // The host turns its offloads off (as with lan.offload = false it must).
     peer.link.session_mut().cfg_request(
         CfgCode::SetFeatures,
@@ -500,6 +537,7 @@ fn frames_beyond_what_the_host_negotiated_are_dropped_and_counted() {
             frame(LAN_PEER, [0x02, 0x5d, 9, 9, 9, 9], 1000),
             frame(LAN_PEER, own, 1501),
             tso,
+            bad_flags,
             frame(LAN_PEER, own, 1500),
         ],
     );
@@ -509,8 +547,11 @@ fn frames_beyond_what_the_host_negotiated_are_dropped_and_counted() {
         "only the two good frames reach the LAN"
     );
     let d = host(&ioc, s).drops;
-    assert_eq!((d.spoofed, d.over_mtu, d.not_negotiated), (1, 1, 1));
-    assert_eq!(host(&ioc, s).stats.tx_dropped, 3);
+    assert_eq!(
+        (d.spoofed, d.over_mtu, d.not_negotiated, d.bad_offload),
+        (1, 1, 1, 1)
+    );
+    assert_eq!(host(&ioc, s).stats.tx_dropped, 4);
     assert_eq!(host(&ioc, s).stats.tx_frames, 2);
 }
 
@@ -1096,6 +1137,10 @@ fn a_closing_queue_counts_what_it_held_and_frames_it_cannot_deliver_are_counted(
     let h = host(&ioc, s);
     assert_eq!((h.drops.unreadable, h.drops.too_large), (1, 1));
     assert_eq!(ioc.stats.lan_rx_unreadable, 1, "in the IOC's count too");
+    assert_eq!(
+        ioc.stats.lan_rx_bad_frame, 1,
+        "the header the check refused"
+    );
     assert_eq!(h.stats.rx_frames, 3);
     assert_eq!(
         ioc.stats.lan_rx,

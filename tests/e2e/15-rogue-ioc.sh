@@ -3,7 +3,7 @@
 # of its own: it cannot prove the key the host expects, and sd0 never comes up. Then a rogue
 # that the host does not authenticate (no auth.ioc_public_key: as a compromised IOC would be)
 # attacks the protocol: host-driver refuses each attack (closes the connection, logs why),
-# reconnects, and never crashes.
+# reconnects, and never crashes; frames with a bad virtio-net header it drops and counts.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip; need_daemons
 need_rogue
@@ -35,4 +35,8 @@ kill -0 "${HOST_PID[1]}" || fail "host-driver died"
 n=$(grep -c "fabric lost" "$T/host1.log")
 [ "$n" -ge 4 ] || fail "host-driver logged $n lost connections, want 4"
 [ "$(carrier sd-host)" = down ] || fail "sd0 has carrier without an IOC"
+# The rogue's last session wrote 3 frames with a bad virtio-net header: dropped, each counted
+# by cause, the session kept until the rogue left.
+bad=$(ctl_json "$T/host1.sock" stats "d['stats'].get('drops', {}).get('rx_bad_header', 0)")
+assert_eq "$bad" 3 "frames from the IOC with a bad virtio-net header, counted by the host"
 pass "rogue IOC refused; host-driver survives"

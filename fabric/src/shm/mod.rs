@@ -155,8 +155,8 @@ impl Channel for ShmTransport {
         self.ch.set_writes_allowed(allowed);
     }
 
-    fn close(&mut self, reg: &mut Registry) {
-        self.ch.close(reg);
+    fn close(&mut self, reg: &mut Registry) -> usize {
+        self.ch.close(reg)
     }
 
     fn prepare_sleep(&mut self) -> bool {

@@ -54,8 +54,9 @@ pub trait Channel {
     /// control channel carries none).
     fn set_writes_allowed(&mut self, allowed: bool);
     /// Tears the queue pair down: aborts a write in progress and drops what is queued; the
-    /// send buffers of dropped operations come back through [`Channel::reclaim`].
-    fn close(&mut self, reg: &mut Registry);
+    /// send buffers of dropped operations come back through [`Channel::reclaim`]. Returns
+    /// the frames dropped (writes and SendData posted and never delivered).
+    fn close(&mut self, reg: &mut Registry) -> usize;
     /// Whether this side may put writes' payloads in the peer's memory itself
     /// ([`Channel::peer_window`], [`Channel::post_placed`]): a transport whose peer's pools
     /// are shared memory. `false` (the default) for a byte stream.
@@ -218,8 +219,8 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
         self.rx.set_writes_allowed(allowed);
     }
 
-    fn close(&mut self, reg: &mut Registry) {
+    fn close(&mut self, reg: &mut Registry) -> usize {
         self.rx.abort(reg);
-        self.tx.clear();
+        self.tx.clear()
     }
 }

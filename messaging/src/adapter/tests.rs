@@ -123,6 +123,46 @@ fn send_and_writes_arrive_in_order() {
 }
 
 #[test]
+fn closing_counts_the_frames_it_drops_unsent() {
+    let mut reg = Registry::new(1 << 20);
+    let h = target_pool(&mut reg, 4, 64);
+    let base = Registry::base_address(h);
+    // A pipe of 40 bytes: the first operation is cut after its header, the rest wait.
+    let (mut a, _b) = pair(40);
+    let mut cache = SendBufCache::new(64, 4);
+    let write = Op::WriteImm {
+        handle: h.to_u64(),
+        addr: base,
+        imm: 1,
+    };
+    let mut frame = || {
+        let mut b = cache.get().unwrap();
+        b.fill_from(&[0x45; 60]);
+        Payload::Buf(b)
+    };
+    a.post(write, &[], frame());
+    a.post(Op::Send, b"credit", Payload::Bytes(vec![0; 16]));
+    a.post(Op::Send, b"senddata", frame());
+    a.post(
+        Op::Write {
+            handle: h.to_u64(),
+            addr: base,
+        },
+        &[],
+        Payload::Empty,
+    );
+    assert!(!a.flush().unwrap(), "the pipe holds only the first header");
+    assert_eq!(
+        a.close(&mut reg),
+        3,
+        "the cut write, the SendData and the write; not the control message"
+    );
+    assert_eq!(a.close(&mut reg), 0, "nothing left");
+    a.reclaim(&mut cache);
+    assert_eq!(cache.in_use(), 0);
+}
+
+#[test]
 fn protection_error_stops_the_stream_before_placing() {
     let mut reg = Registry::new(1 << 20);
     let h = target_pool(&mut reg, 2, 64);

@@ -58,6 +58,17 @@ impl TxOp {
     fn len(&self) -> usize {
         OP_HEADER_LEN + self.prefix_len + self.payload.as_slice().len()
     }
+
+    /// Whether it carries a frame: an RDMA write (placed or not), or a send of a send
+    /// buffer (SendData); control messages are owned bytes.
+    fn is_frame(&self) -> bool {
+        self.placed
+            || matches!(self.payload, Payload::Buf(_))
+            || !matches!(
+                OpHeader::parse(&self.header),
+                Ok(OpHeader { op: Op::Send, .. })
+            )
+    }
 }
 
 /// Queue of posted operations.
@@ -212,8 +223,12 @@ impl TxQueue {
     }
 
     /// Drops everything queued (the connection is gone); buffers go to [`TxQueue::take_done`].
-    pub fn clear(&mut self) {
+    /// Returns the frames among it (writes, and sends of a send buffer), the one half
+    /// written included: frames posted and never delivered, for their owner to count.
+    pub fn clear(&mut self) -> usize {
+        let mut frames = 0;
         for op in self.ops.drain(..) {
+            frames += usize::from(op.is_frame());
             if let Payload::Buf(b) = op.payload {
                 self.done.push(b);
             }
@@ -221,5 +236,6 @@ impl TxQueue {
         self.sent = 0;
         self.queued = 0;
         self.bufs = 0;
+        frames
     }
 }

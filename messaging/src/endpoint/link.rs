@@ -444,10 +444,11 @@ impl<C: Channel> Link<C> {
 
     /// Tears the link down: channels closed first (aborting writes in flight), every send
     /// buffer they held returned to `cache`, then every pool of the peer's domain freed.
-    pub fn close(&mut self, reg: &mut Registry, cache: &mut SendBufCache) {
-        self.ctrl.close(reg);
-        self.data.close(reg);
+    /// Returns the frames posted and never delivered, for the caller to count as lost.
+    pub fn close(&mut self, reg: &mut Registry, cache: &mut SendBufCache) -> usize {
+        let lost = self.ctrl.close(reg) + self.data.close(reg);
         self.reclaim(cache);
         self.session.teardown(reg);
+        lost
     }
 }

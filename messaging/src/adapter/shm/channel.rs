@@ -418,9 +418,9 @@ impl<M: SharedMem + Send + Sync> Channel for ShmChannel<M> {
         self.writes = allowed;
     }
 
-    fn close(&mut self, _reg: &mut Registry) {
+    fn close(&mut self, _reg: &mut Registry) -> usize {
         // Writes are placed whole when their record is popped: none is ever half done.
-        self.queue.clear();
+        self.queue.clear()
     }
 
     fn places_writes(&self) -> bool {
