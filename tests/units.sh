@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Checks the systemd units: `systemd-analyze verify` on copies whose ExecStart points at the
 # built daemons (verify needs the binaries to exist), the man pages they name exist in
-# docs/man, each unit bounds its tasks and descriptors (TasksMax, LimitNOFILE), and
-# `systemd-analyze security --offline=true` scores each unit at most UNIT_MAX_EXPOSURE
-# (default 2.0; Debian's own systemd-networkd.service scores 2.8).
+# docs/man, each unit bounds its memory, tasks and descriptors (MemoryMax, TasksMax,
+# LimitNOFILE), and `systemd-analyze security --offline=true` scores each unit at most
+# UNIT_MAX_EXPOSURE (default 2.0; Debian's own systemd-networkd.service scores 2.8).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 command -v systemd-analyze >/dev/null || { echo "FAIL: missing systemd-analyze (apt install systemd)"; exit 1; }
@@ -23,7 +23,7 @@ for u in host-driver ioc-driver; do
     else
         echo "FAIL: $u.service: systemd-analyze verify reported:"; echo "$out" | sed 's/^/  /'; rc=1
     fi
-    for k in TasksMax LimitNOFILE; do
+    for k in MemoryMax TasksMax LimitNOFILE; do
         grep -q "^$k=[0-9]" "systemd/$u.service" || { echo "FAIL: $u.service sets no $k"; rc=1; }
     done
     for m in $(grep -o 'man:[^ ]*' "systemd/$u.service" | sed 's/man:\([^(]*\)(\([0-9]\))/\1.\2/'); do

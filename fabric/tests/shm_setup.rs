@@ -295,6 +295,20 @@ fn a_rogue_hosts_set_ups_are_refused() {
         send(s, &good_setup(), &[small.as_fd(), b.as_fd(), pools.as_fd()])
     }));
     assert!(e.contains(&format!("bytes, expected {len}")), "{e}");
+    // A pool arena larger than the IOC's own for the host: the IOC's writes into it would
+    // be charged to the IOC beyond its budget for a session.
+    let mut big = good_setup();
+    big[16..20].copy_from_slice(&((2 * POOLS / 4096) as u32).to_be_bytes());
+    let e = shm_error(ioc_sees(|s| {
+        send(s, &big, &[a.as_fd(), b.as_fd(), pools.as_fd()])
+    }));
+    assert!(
+        e.contains(&format!(
+            "{} bytes is larger than the IOC's for it ({POOLS} bytes",
+            2 * POOLS
+        )),
+        "{e}"
+    );
     // A pool arena of another size than the set-up says.
     let e = shm_error(ioc_sees(|s| {
         send(s, &good_setup(), &[a.as_fd(), b.as_fd(), small.as_fd()])

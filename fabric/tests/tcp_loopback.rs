@@ -360,7 +360,11 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: Auth) {
                     let fabric::Stream::Unix(sock) = d.into_stream() else {
                         panic!("not a Unix socket")
                     };
-                    let arena = fabric::shm::PoolArena::new(c"test-pools", 16 << 20).unwrap();
+                    // As large as the client's (16 MiB of pools and the slack), which the
+                    // IOC's side requires.
+                    let size =
+                        splitnet_messaging::adapter::shm::setup::Setup::pool_size_for(16 << 20);
+                    let arena = fabric::shm::PoolArena::new(c"test-pools", size).unwrap();
                     let t = fabric::shm::accept(
                         sock,
                         DomainId(1),

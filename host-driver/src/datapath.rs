@@ -25,7 +25,7 @@ const TAP_FRAME_MAX: u32 = (vnet::VNET_HDR_LEN + 18 + 65_535) as u32;
 /// small batch returns them sooner to the IOC, whose frames for this host wait for them.
 const RX_BUDGET: usize = 32;
 /// Send buffers: bounds the frames in flight to the IOC.
-const SEND_BUFFERS: usize = 256;
+pub const SEND_BUFFERS: usize = 256;
 
 /// Whether the TAP is worth waiting for: the kernel sends on a queue only while the first
 /// queue has the carrier on; and with every send buffer queued (in the flow queue or on the

@@ -15,6 +15,7 @@
 #![deny(unsafe_code)]
 
 mod admission;
+mod budget;
 mod cfgutil;
 #[cfg(test)]
 mod conformance;

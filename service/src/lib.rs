@@ -2,13 +2,15 @@
 //! watchdog fed from the data path, logging set up from the configuration or `RUST_LOG`,
 //! and the current-thread runtime they run on; the metrics endpoint ([`metrics`]), the
 //! control socket `splitnetctl` talks to ([`control`]), rate limits for log lines a peer can
-//! provoke ([`loglimit`]), and the capabilities a daemon run by hand as root gives up
-//! ([`privilege`]).
+//! provoke ([`loglimit`]), the capabilities a daemon run by hand as root gives up
+//! ([`privilege`]), and its memory limit against what its configuration may use
+//! ([`memory`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod control;
 pub mod loglimit;
+pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod privilege;

@@ -368,6 +368,17 @@ in_m host iperf3 -c 10.50.0.2 -p 5322 -t 3 -J >"$T/iperf.5322.json" 2>&1 ||
 gbps=$(iperf_field 5322 '"%.3f" % (d["end"]["sum_received"]["bits_per_second"] / 1e9)')
 assert_positive "$gbps" "iperf3 TCP host machine -> LAN peer (Gb/s)"
 log "iperf3 TCP from the host machine to 10.50.0.2: $gbps Gb/s"
+# Each daemon said at start what its configuration may use against the unit's MemoryMax:
+# within it where the unified hierarchy has the memory controller (systemd enforces the
+# limit there), and that there is no limit where it has not (this machine's kernel keeps
+# memory in a v1 hierarchy). The memory its unit was charged after the transfer is printed.
+for m in "${MACHINES[@]}"; do
+    line=$(journal "$m" "$m-driver" | grep -m1 -o 'memory: this configuration.*')
+    want='no memory limit$'
+    in_m "$m" grep -qw memory /sys/fs/cgroup/cgroup.controllers && want='within the limit of [0-9]+ MiB$'
+    assert_match "$line" "$want" "$m-driver's memory budget against MemoryMax"
+    log "$m-driver: ${line#memory: }; charged now $(prop "$m" "$m-driver" MemoryCurrent) bytes (MemoryMax $(prop "$m" "$m-driver" MemoryMax))"
+done
 
 phase "systemctl status, exposure, splitnetctl"
 until_prop host host-driver StatusText '^fabric up to IOC .*, carrier on' 10

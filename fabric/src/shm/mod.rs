@@ -361,6 +361,16 @@ pub async fn accept(
             None => "a control channel's set-up has no pool arena".into(),
         }));
     }
+    // The IOC writes frames into the host's arena, and the pages it writes first are
+    // charged to the IOC's memory: an arena larger than the IOC's own for the host would let
+    // one host grow the IOC beyond its budget for a session.
+    if let Some(p) = pools.as_ref().filter(|p| setup.pool_size > p.size()) {
+        return Err(FabricError::Shm(format!(
+            "the host's pool arena of {} bytes is larger than the IOC's for it ({} bytes: pools.max_granted_bytes)",
+            setup.pool_size,
+            p.size()
+        )));
+    }
     if pools.is_none() && setup.data_size != RING_DATA_CONTROL {
         return Err(FabricError::Shm(format!(
             "a control channel's rings are {RING_DATA_CONTROL} bytes, not {}",

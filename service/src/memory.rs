@@ -1,0 +1,126 @@
+//! The memory a daemon may use: the limit its control group sets (`MemoryMax=` under
+//! systemd, the cgroup v2 file `memory.max`), held against the most its configuration can
+//! take, so that an operator who serves more hosts than the unit was sized for hears it at
+//! start instead of from the OOM killer under load.
+
+use std::path::{Path, PathBuf};
+
+/// Bytes in a MiB, for the messages.
+const MIB: u64 = 1 << 20;
+
+/// The tightest `memory.max` of the process's control group and its ancestors (cgroup v2),
+/// or `None` when none is set or the hierarchy cannot be read (cgroup v1, no /sys).
+pub fn cgroup_limit() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = unified_path(&own)?;
+    limit_under(Path::new("/sys/fs/cgroup"), path)
+}
+
+/// The path of the unified (v2) hierarchy in `/proc/self/cgroup`'s text ("0::/PATH").
+pub fn unified_path(text: &str) -> Option<&str> {
+    text.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
+/// The tightest limit of `memory.max` in the group at `path` under `root` and in every
+/// group above it.
+pub fn limit_under(root: &Path, path: &str) -> Option<u64> {
+    let mut dir = PathBuf::from(root);
+    let mut tightest = None;
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        dir.push(part);
+        let text = std::fs::read_to_string(dir.join("memory.max")).unwrap_or_default();
+        if let Some(n) = parse_max(&text) {
+            tightest = Some(tightest.map_or(n, |t: u64| t.min(n)));
+        }
+    }
+    tightest
+}
+
+/// A `memory.max` value: bytes, or `None` for "max" (no limit) and anything unreadable.
+pub fn parse_max(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+/// The most the kernel lets one TCP socket's buffers grow to, charged to its owner's memory:
+/// the third fields of the `tcp_rmem` and `tcp_wmem` sysctls (Linux's defaults, 6 and 4 MiB,
+/// when they cannot be read).
+pub fn tcp_socket_max() -> u64 {
+    let max = |path: &str, default: u64| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.split_whitespace().nth(2)?.parse().ok())
+            .unwrap_or(default)
+    };
+    max("/proc/sys/net/ipv4/tcp_rmem", 6 << 20) + max("/proc/sys/net/ipv4/tcp_wmem", 4 << 20)
+}
+
+/// The verdict on a configuration that may use `bound` bytes under `limit`: `Err` with the
+/// line to log when it may need more than the limit allows.
+pub fn check(bound: u64, limit: Option<u64>, what: &str) -> Result<String, String> {
+    let need = bound.div_ceil(MIB);
+    match limit {
+        None => Ok(format!(
+            "memory: this configuration may use up to {need} MiB ({what}); no memory limit"
+        )),
+        Some(l) if bound <= l => Ok(format!(
+            "memory: this configuration may use up to {need} MiB ({what}), within the limit of {} MiB",
+            l / MIB
+        )),
+        Some(l) => Err(format!(
+            "memory: this configuration may use up to {need} MiB ({what}), more than the limit of {} MiB: \
+             raise MemoryMax= (systemctl edit) or serve less; under load the kernel would kill the daemon",
+            l / MIB
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unified_path_and_limits_are_read() {
+        assert_eq!(
+            unified_path("1:name=systemd:/x\n0::/system.slice/ioc-driver.service\n"),
+            Some("/system.slice/ioc-driver.service")
+        );
+        assert_eq!(unified_path("12:memory:/x\n"), None, "cgroup v1 only");
+        assert_eq!(parse_max("1073741824\n"), Some(1 << 30));
+        assert_eq!(parse_max("max\n"), None);
+        assert_eq!(parse_max(""), None);
+    }
+
+    #[test]
+    fn the_tightest_limit_above_the_group_counts() {
+        let root = std::env::temp_dir().join(format!("splitnet-cg-{}", std::process::id()));
+        let svc = root.join("system.slice/ioc.service");
+        std::fs::create_dir_all(&svc).unwrap();
+        std::fs::write(root.join("system.slice/memory.max"), "536870912\n").unwrap();
+        std::fs::write(svc.join("memory.max"), "1073741824\n").unwrap();
+        assert_eq!(
+            limit_under(&root, "/system.slice/ioc.service"),
+            Some(512 << 20),
+            "the slice's tighter limit"
+        );
+        std::fs::write(root.join("system.slice/memory.max"), "max\n").unwrap();
+        assert_eq!(
+            limit_under(&root, "/system.slice/ioc.service"),
+            Some(1 << 30)
+        );
+        std::fs::write(svc.join("memory.max"), "max\n").unwrap();
+        assert_eq!(limit_under(&root, "/system.slice/ioc.service"), None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_bound_beyond_the_limit_is_an_error_naming_both() {
+        assert!(check(100 * MIB, None, "x").is_ok());
+        assert!(check(100 * MIB, Some(100 * MIB), "x").is_ok());
+        let e = check(100 * MIB + 1, Some(100 * MIB), "8 sessions").unwrap_err();
+        assert!(
+            e.contains("101 MiB (8 sessions)") && e.contains("limit of 100 MiB"),
+            "{e}"
+        );
+        assert!(e.contains("MemoryMax="), "{e}");
+    }
+}
