@@ -287,6 +287,18 @@ impl<'a> Conn<'a> {
             if rx_seen {
                 self.keepalive.on_rx(now);
             }
+            for ev in events.drain(..) {
+                if let Some(end) = self.on_event(ev) {
+                    return end;
+                }
+            }
+            self.tl.link.session_mut().flush_credits(&mut self.reg);
+            // What this wake-up moved (a frame read from the TAP, the frames credits let go,
+            // credits returned) goes out before the housekeeping below, which reads /proc:
+            // a sparse ping waited for it on every wake-up.
+            if let Err(e) = self.tl.link.flush() {
+                return End::Lost(e.to_string());
+            }
             // The keepalive timer turns this loop at least every keepalive interval.
             watchdog.kick(now);
             if first {
@@ -310,12 +322,6 @@ impl<'a> Conn<'a> {
                     return End::Lost("IOC silent beyond the keepalive timeout".into())
                 }
             }
-            for ev in events.drain(..) {
-                if let Some(end) = self.on_event(ev) {
-                    return end;
-                }
-            }
-            self.tl.link.session_mut().flush_credits(&mut self.reg);
         }
     }
 
