@@ -10,7 +10,7 @@ pub struct Drops {
     pub rx_tap_write: u64,
     /// From the IOC: SendData that belonged in one of our pools (refused, protocol rule).
     pub rx_refused_inline: u64,
-    /// To the IOC: the flow queue dropped it (a flow over its share: its newest; the queue
+    /// To the IOC: the flow queue dropped it (a flow over its share: its oldest; the queue
     /// full: the longest flow's oldest).
     pub tx_flow_queue: u64,
     /// To the IOC: a read from the TAP failed (the kernel drops the frame it was handing

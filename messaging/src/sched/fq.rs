@@ -4,8 +4,8 @@
 //!
 //! Bounded in frames and bytes: a frame arriving at a full queue pushes out the oldest frame
 //! of the longest flow (which may be itself), so a new sparse flow still gets in; a flow at
-//! its own byte limit drops its newest frame. Every dropped frame is handed back to the
-//! caller to free and count.
+//! its own byte limit drops its oldest frames (head drop, as fq_codel). Every dropped frame
+//! is handed back to the caller to free and count.
 
 use std::collections::VecDeque;
 
@@ -26,14 +26,20 @@ pub struct FqConfig {
 
 impl Default for FqConfig {
     /// 1024 buckets (as fq_codel: a sparse flow shares a bulk flow's bucket rarely), a
-    /// quantum of one MTU-sized frame, 128 frames and 2 MiB in all, 1 MiB per flow.
+    /// quantum of one MTU-sized frame, 192 frames and 8 MiB in all, 4 MiB per flow: one
+    /// flow's share holds a whole batch a sender reads at once (host-driver reads up to 64
+    /// frames from the TAP per wake-up, 4 MiB of TSO frames), more than its byte limit lets
+    /// go, so a bulk flow's burst waits instead of being dropped (measured: an upload
+    /// through sd0 lost nothing in 20 s, where 1 MiB per flow dropped 1,500 TSO frames in 5
+    /// s, 10,000 TCP retransmits per GB). A sparse flow still passes it, and the frames
+    /// cost no memory of their own (each holds one of the sender's send buffers).
     fn default() -> FqConfig {
         FqConfig {
             buckets: 1024,
             quantum: 1514,
-            max_frames: 128,
-            max_bytes: 2 << 20,
-            flow_bytes: 1 << 20,
+            max_frames: 192,
+            max_bytes: 8 << 20,
+            flow_bytes: 4 << 20,
         }
     }
 }
@@ -83,10 +89,17 @@ impl<T> FlowQueue<T> {
     /// `dropped`.
     pub fn push(&mut self, hash: u64, len: u32, frame: T, dropped: &mut impl FnMut(T)) {
         let i = (hash % self.flows.len() as u64) as usize;
-        if self.flows[i].bytes + u64::from(len) > self.config.flow_bytes
-            && !self.flows[i].frames.is_empty()
-        {
-            return dropped(frame);
+        // A flow over its share loses its oldest frames (head drop, as fq_codel): the loss
+        // is behind the frames still queued, so the receiver reports it, and the sender
+        // slows down, a queue's length sooner than a drop of the newest would tell it.
+        while self.flows[i].bytes + u64::from(len) > self.config.flow_bytes {
+            let Some((old, n)) = self.flows[i].frames.pop_front() else {
+                break;
+            };
+            self.flows[i].bytes -= u64::from(n);
+            self.frames -= 1;
+            self.bytes -= u64::from(n);
+            dropped(old);
         }
         while self.frames > 0
             && (self.frames >= self.config.max_frames
@@ -271,7 +284,7 @@ mod tests {
     }
 
     #[test]
-    fn a_flow_at_its_byte_limit_drops_its_newest() {
+    fn a_flow_at_its_byte_limit_drops_its_oldest() {
         let mut q = FlowQueue::new(FqConfig {
             flow_bytes: 1000,
             ..FqConfig::default()
@@ -279,8 +292,22 @@ mod tests {
         for n in 0..10u32 {
             put(&mut q, 7, 100, n);
         }
-        assert_eq!(put_dropping(&mut q, 7, 100, 10), vec![10]);
-        assert_eq!(q.bytes(), 1000);
+        put(&mut q, 8, 100, 80);
+        assert_eq!(put_dropping(&mut q, 7, 100, 10), vec![0]);
+        assert_eq!((q.len(), q.bytes()), (11, 1100));
+        // A frame as large as the whole share pushes out every older one of its flow, and
+        // only of its flow.
+        assert_eq!(
+            put_dropping(&mut q, 7, 1000, 11),
+            (1..=10).collect::<Vec<_>>()
+        );
+        assert_eq!((q.len(), q.bytes()), (2, 1100));
+        let mut order = Vec::new();
+        while let Some(f) = q.pop() {
+            order.push(f);
+        }
+        order.sort();
+        assert_eq!(order, vec![11, 80]);
     }
 
     #[test]
