@@ -54,6 +54,22 @@ pub fn tcp_socket_max() -> u64 {
     max("/proc/sys/net/ipv4/tcp_rmem", 6 << 20) + max("/proc/sys/net/ipv4/tcp_wmem", 4 << 20)
 }
 
+/// The `MemoryMax=` a unit file's text sets, in bytes (a number with an optional K, M, G or
+/// T suffix, as systemd reads it), for checking a unit against a configuration's bound.
+pub fn unit_memory_max(unit: &str) -> Option<u64> {
+    let v = unit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("MemoryMax="))?;
+    let (digits, shift) = match v.chars().last()? {
+        'K' => (&v[..v.len() - 1], 10),
+        'M' => (&v[..v.len() - 1], 20),
+        'G' => (&v[..v.len() - 1], 30),
+        'T' => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
 /// The verdict on a configuration that may use `bound` bytes under `limit`: `Err` with the
 /// line to log when it may need more than the limit allows.
 pub fn check(bound: u64, limit: Option<u64>, what: &str) -> Result<String, String> {
@@ -110,6 +126,18 @@ mod tests {
         std::fs::write(svc.join("memory.max"), "max\n").unwrap();
         assert_eq!(limit_under(&root, "/system.slice/ioc.service"), None);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_units_memory_max_is_read_with_its_suffix() {
+        assert_eq!(
+            unit_memory_max("[Service]\nMemoryMax=224M\n"),
+            Some(224 << 20)
+        );
+        assert_eq!(unit_memory_max("MemoryMax=2G"), Some(2 << 30));
+        assert_eq!(unit_memory_max("MemoryMax=4096"), Some(4096));
+        assert_eq!(unit_memory_max("MemoryMax=infinity"), None);
+        assert_eq!(unit_memory_max("TasksMax=64"), None);
     }
 
     #[test]
