@@ -13,6 +13,7 @@ use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink};
 use splitnet_messaging::adapter::shm::Spin;
 use splitnet_messaging::endpoint::{Keepalive, Lane, LinkEvent, Liveness, Session};
 use splitnet_messaging::memory::{DomainId, Registry};
+use splitnet_messaging::sched::LimitConfig;
 use splitnet_messaging::wire::{ErrorCode, Message, Queue};
 use splitnet_netif::tap::Tap;
 use splitnet_service::notify;
@@ -126,6 +127,12 @@ impl<'a> Conn<'a> {
             .start(&mut reg)
             .map_err(|e| io::Error::other(format!("cannot register pools: {e}")))?;
         let mut tl = RegisteredLink::new(session, ctrl, data)?;
+        // Over a byte stream what is in flight waits in the socket ahead of every later
+        // frame: a smaller limit than over the shared-memory ring (see LimitConfig::stream).
+        let limit = match tl.link.places_writes() {
+            true => LimitConfig::default(),
+            false => LimitConfig::stream(),
+        };
         let spin = spin::configured(cfg, &tl.ready);
         let settings = Settings::new(cfg, features);
         if queue.is_first() {
@@ -140,7 +147,7 @@ impl<'a> Conn<'a> {
             peer: cfg.fabric.ioc.to_string(),
             tl,
             reg,
-            out: Outbound::new(),
+            out: Outbound::new(limit),
             keepalive: Keepalive::new(
                 cfg.fabric.keepalive_interval(),
                 cfg.fabric.keepalive_timeout(),

@@ -45,15 +45,11 @@ pub struct Outbound {
 }
 
 impl Outbound {
-    /// Every send buffer free, the flow queue empty.
-    pub fn new() -> Outbound {
+    /// Every send buffer free, the flow queue empty, bytes in flight held to `limit`.
+    pub fn new(limit: LimitConfig) -> Outbound {
         Outbound {
             cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
-            tx: Scheduler::new(
-                FqConfig::default(),
-                Some(LimitConfig::default()),
-                Instant::now(),
-            ),
+            tx: Scheduler::new(FqConfig::default(), Some(limit), Instant::now()),
             drops: Drops::default(),
         }
     }
@@ -266,7 +262,7 @@ mod tests {
 
     #[test]
     fn frames_waiting_or_unsent_when_the_connection_ends_are_counted_as_lost() {
-        let mut out = Outbound::new();
+        let mut out = Outbound::new(LimitConfig::default());
         for i in 0..5u8 {
             let mut b = out.cache.get().unwrap();
             let mut f = [0x45u8; 80];

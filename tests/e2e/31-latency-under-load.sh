@@ -49,7 +49,7 @@ again() {
 again upload 5301 sd-host fab0
 read -r bytes shrunk held < <(ctl_json "$T/host1.sock" stats \
     "${LIMIT}['limit_bytes'], ${LIMIT}['shrunk'], ${LIMIT}['held_back']" | tr -d '(),')
-log "upload: byte limit $bytes bytes after (256 KiB at start); shrunk $shrunk times, held the sender back $held times"
+log "upload: byte limit $bytes bytes after (128 KiB at start over TCP); shrunk $shrunk times, held the sender back $held times"
 assert_ge "$held" 1 "times the host's byte limit held it back"
 assert_ge "$shrunk" 1 "times the host's byte limit shrank under the standing queue"
 "$BIN/splitnetctl" -s "$T/host1.sock" stats | grep -q "in flight to the IOC at most" ||

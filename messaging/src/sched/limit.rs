@@ -37,6 +37,24 @@ impl Default for LimitConfig {
     }
 }
 
+impl LimitConfig {
+    /// For a byte stream (TCP, a Unix socket): 64 to 256 KiB, starting at 128 KiB. The bytes
+    /// in flight wait in the socket's first-in, first-out queue ahead of every later frame,
+    /// a ping's included, and the stream drains them no faster than the shared-memory ring
+    /// the default is sized for. Measured here (a ping every 10 ms during a 5 s upload over
+    /// the TCP fabric, two alternating pairs): 499 and 561 us instead of 1,777 and 1,529, at
+    /// the same throughput (8.6 and 8.0 Gb/s against 6.6 and 7.0); over shared memory the
+    /// same bounds cost 7-11% of the upload's throughput, so the ring keeps the default.
+    pub fn stream() -> LimitConfig {
+        LimitConfig {
+            min: 64 << 10,
+            max: 256 << 10,
+            start: 128 << 10,
+            hold: Duration::from_millis(100),
+        }
+    }
+}
+
 /// Counters of a [`ByteLimit`], for operators and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LimitStats {
