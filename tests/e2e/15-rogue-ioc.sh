@@ -3,7 +3,8 @@
 # of its own: it cannot prove the key the host expects, and sd0 never comes up. Then a rogue
 # that the host does not authenticate (no auth.ioc_public_key: as a compromised IOC would be)
 # attacks the protocol: host-driver refuses each attack (closes the connection, logs why),
-# reconnects, and never crashes; frames with a bad virtio-net header it drops and counts.
+# reconnects, and never crashes; frames with a bad virtio-net header, and SendData a pool of
+# its could hold, it drops and counts.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip; need_daemons
 need_rogue
@@ -35,8 +36,11 @@ kill -0 "${HOST_PID[1]}" || fail "host-driver died"
 n=$(grep -c "fabric lost" "$T/host1.log")
 [ "$n" -ge 4 ] || fail "host-driver logged $n lost connections, want 4"
 [ "$(carrier sd-host)" = down ] || fail "sd0 has carrier without an IOC"
-# The rogue's last session wrote 3 frames with a bad virtio-net header: dropped, each counted
-# by cause, the session kept until the rogue left.
+# The rogue's last session wrote 3 frames with a bad virtio-net header and sent one SendData
+# of 1,500 bytes that a host pool could hold: dropped, each counted by cause, the session kept
+# until the rogue left.
 bad=$(ctl_json "$T/host1.sock" stats "d['stats'].get('drops', {}).get('rx_bad_header', 0)")
 assert_eq "$bad" 3 "frames from the IOC with a bad virtio-net header, counted by the host"
+inline=$(ctl_json "$T/host1.sock" stats "d['stats'].get('drops', {}).get('rx_refused_inline', 0)")
+assert_eq "$inline" 1 "a SendData one of the host's pools could hold, refused and counted"
 pass "rogue IOC refused; host-driver survives"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
+# Two hosts and lan.promiscuous = "auto": both hosts' MACs and host 1's bridged machine's are
+# in the NIC's unicast filter, and the status shows the NIC's flags.
 # A promiscuous host snooping (its policy lets it be promiscuous): host 2 turns sd0 promiscuous
 # and captures on it while the LAN talks to host 1, to host 1's bridged machine (a MAC in host
 # 1's extra_macs) and to the IOC machine's own NIC address, and sends frames to a MAC no one
 # owns. Host 2 sees the frames for no one (promiscuous works) and none of the others; host 1's
 # traffic and pings go on.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tool ip ping python3 dumpcap; need_daemons
+need_root; need_tool ip ping python3 dumpcap bridge; need_daemons
 BRIDGED=02:aa:00:00:00:01
 NOBODY=02:99:99:99:99:99
 python3 - "$IOC_CONF" "$T/ioc.toml" "$BRIDGED" <<'PY' || fail "cannot write the hosts' policy"
@@ -21,7 +23,18 @@ wait_carrier sd-host up 10
 wait_carrier sd-host2 up 10
 ping_ok sd-host 10.50.0.2
 host1=$(link_mac sd-host sd0)
+host2=$(link_mac sd-host2 sd0)
 nic=$(link_mac sd-ioc lan0)
+# lan.promiscuous = "auto" with two hosts: the NIC's unicast filter holds both hosts' MACs and
+# host 1's bridged machine's (the kernel lists them as permanent "self" entries), and
+# splitnetctl shows the device's promiscuity as its flags say.
+for m in "$host1" "$host2" "$BRIDGED"; do
+    bridge -n sd-ioc fdb show dev lan0 | grep -qi "^$m .*self permanent" ||
+        fail "$m not in the NIC's unicast filter: $(bridge -n sd-ioc fdb show dev lan0 | tr '\n' ';')"
+done
+nic_promisc() { ip netns exec sd-ioc python3 -c "print(bool(int(open('/sys/class/net/lan0/flags').read(), 16) & 0x100))"; }
+assert_eq "$(ctl_json "$T/ioc.sock" status "d['status']['interface']['promisc']")" "$(nic_promisc)" \
+    "the NIC's promiscuity in splitnetctl status, two hosts"
 run ip -n sd-host2 link set sd0 promisc on
 promisc2() { ctl_json "$T/ioc.sock" hosts "[h['promisc'] for h in d['hosts']['hosts'] if h['name'] == 'host2'][0]"; }
 is_promisc2() { [ "$(promisc2)" = True ]; }
