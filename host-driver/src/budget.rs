@@ -12,6 +12,7 @@ use crate::datapath::SEND_BUFFERS;
 use splitnet_config::{FabricAddr, HostConfig};
 use splitnet_messaging::adapter::shm::setup::{Setup, RING_DATA};
 use splitnet_messaging::wire;
+use splitnet_service::memory::{mib, Budget};
 
 /// host-driver with no connection (code, runtime, stacks, allocator): 6 MiB resident
 /// measured here, taken twice and more.
@@ -19,7 +20,7 @@ const BASE: u64 = 16 << 20;
 
 /// What the configuration may take and how it adds up, with `tcp` bytes for a session's two
 /// fabric sockets (twice [`splitnet_service::memory::tcp_socket_max`]).
-pub fn budget(cfg: &HostConfig, tcp: u64) -> (u64, String) {
+pub fn budget(cfg: &HostConfig, tcp: u64) -> Budget {
     let pools = Setup::pool_size_for(cfg.pools.max_granted_bytes);
     let shm = cfg.fabric.shared_memory && matches!(cfg.fabric.ioc, FabricAddr::Unix(_));
     let transport = match shm {
@@ -28,15 +29,14 @@ pub fn budget(cfg: &HostConfig, tcp: u64) -> (u64, String) {
     };
     let queue = pools + transport + (SEND_BUFFERS * wire::MAX_SEND_DATA) as u64;
     let queues = u64::from(cfg.interface.queues);
-    let mib = |b: u64| b.div_ceil(1 << 20);
-    (
-        queues * queue + BASE,
-        format!(
+    Budget {
+        bytes: queues * queue + BASE,
+        terms: format!(
             "{queues} queues x {} MiB, {} MiB for the daemon",
             mib(queue),
             mib(BASE)
         ),
-    )
+    }
 }
 
 #[cfg(test)]
@@ -56,7 +56,7 @@ mod tests {
         let text = std::fs::read_to_string(format!("{dir}host.toml")).unwrap();
         let unit = std::fs::read_to_string(format!("{dir}host-driver.service")).unwrap();
         let limit = splitnet_service::memory::unit_memory_max(&unit).expect("MemoryMax=");
-        let (bytes, terms) = budget(&config(&text), TCP);
+        let Budget { bytes, terms } = budget(&config(&text), TCP);
         assert!(
             bytes <= limit,
             "{} MiB > {} MiB: {terms}",
@@ -69,18 +69,18 @@ mod tests {
     #[test]
     fn queues_pools_and_shared_memory_grow_the_budget() {
         let base = "[fabric]\nioc = \"10.0.0.1:7400\"\n[interface]\nname = \"sd0\"\n";
-        let (b, terms) = budget(&config(base), TCP);
+        let Budget { bytes: b, terms } = budget(&config(base), TCP);
         assert!(terms.starts_with("1 queues x "), "{terms}");
-        let with = |extra: &str| budget(&config(&format!("{base}{extra}")), TCP).0;
+        let with = |extra: &str| budget(&config(&format!("{base}{extra}")), TCP).bytes;
         let queues = budget(
             &config(&base.replace("name = \"sd0\"", "name = \"sd0\"\nqueues = 4")),
             TCP,
         )
-        .0;
+        .bytes;
         assert!(queues > 3 * b, "four queues");
         assert!(with("[pools]\nmax_granted_bytes = 268435456\n") > b + (190 << 20));
         let local = base.replace("10.0.0.1:7400", "unix:/run/splitnet/ioc.sock");
-        let shm = budget(&config(&local), TCP).0;
+        let shm = budget(&config(&local), TCP).bytes;
         let arena = Setup::pool_size_for(64 << 20);
         assert_eq!(
             shm - b,
@@ -88,6 +88,6 @@ mod tests {
             "rings and the IOC's arena it writes into, not sockets"
         );
         let over_socket = local.replace("[interface]", "shared_memory = false\n[interface]");
-        assert_eq!(budget(&config(&over_socket), TCP).0, b);
+        assert_eq!(budget(&config(&over_socket), TCP).bytes, b);
     }
 }

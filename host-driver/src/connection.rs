@@ -313,11 +313,9 @@ impl<'a> Conn<'a> {
                 if self.watch.poll(now, &mut self.settings, session) {
                     self.report.refresh_details(now, session, &self.settings);
                 }
-                self.refresh_counters();
                 status.update(now, self.tl.link.stats(), &self.peer, self.carrier.is_on());
-            } else {
-                self.refresh_counters();
             }
+            self.refresh_counters();
             match self.keepalive.poll(now) {
                 Liveness::Idle => {}
                 Liveness::SendKeepalive => self

@@ -87,11 +87,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         })?;
     tap.set_carrier(false)?;
     info!(interface = %name, ?offloads, "TAP ready, carrier off until the fabric is up");
-    let (need, terms) = crate::budget::budget(&cfg, 2 * service::memory::tcp_socket_max());
-    match service::memory::check(need, service::memory::cgroup_limit(), &terms) {
-        Ok(line) => info!("{line}"),
-        Err(line) => warn!("{line}"),
-    }
+    crate::budget::budget(&cfg, 2 * service::memory::tcp_socket_max()).log();
     // Run by hand as root: from here on only sd0's settings (MTU, MAC, carrier) need a
     // capability. Before any thread starts (a further queue's).
     service::privilege::keep_only_logged(&[Capability::CAP_NET_ADMIN]);

@@ -14,21 +14,13 @@ use splitnet_config::IocConfig;
 use splitnet_messaging::adapter::shm::setup::{Setup, RING_DATA};
 use splitnet_messaging::wire;
 use splitnet_netif::packet::RCVBUF;
+use splitnet_service::memory::{mib, Budget};
 
 /// The IOC serving no host (code, runtimes, stacks, allocator): 6.5 MiB resident measured
 /// here, taken twice.
 const BASE: u64 = 16 << 20;
 /// The NIC socket's send buffer (set with its receive buffer, [`RCVBUF`]).
 const NIC_SNDBUF: u64 = 4 << 20;
-
-/// What the configuration may take, and the terms, for the log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Budget {
-    /// Bytes at most.
-    pub bytes: u64,
-    /// How they add up.
-    pub terms: String,
-}
 
 /// The budget of `cfg` run with `workers` workers, with `tcp` bytes for a session's two
 /// fabric sockets (twice [`splitnet_service::memory::tcp_socket_max`]).
@@ -42,7 +34,6 @@ pub fn budget(cfg: &IocConfig, workers: usize, tcp: u64) -> Budget {
     let (_, buffers) = buffer_plan(cfg.fabric.max_hosts);
     let worker = buffers as u64 * wire::MAX_SEND_DATA as u64 + RCVBUF as u64 + NIC_SNDBUF;
     let workers = workers as u64;
-    let mib = |b: u64| b.div_ceil(1 << 20);
     Budget {
         bytes: sessions * session + workers * worker + BASE,
         terms: format!(

@@ -380,11 +380,7 @@ pub async fn run(
     };
     netdev::set_up(&name).map_err(lan_err)?;
     let n = cfg.fabric.worker_count();
-    let need = crate::budget::budget(&cfg, n, 2 * service::memory::tcp_socket_max());
-    match service::memory::check(need.bytes, service::memory::cgroup_limit(), &need.terms) {
-        Ok(line) => info!("{line}"),
-        Err(line) => warn!("{line}"),
-    }
+    crate::budget::budget(&cfg, n, 2 * service::memory::tcp_socket_max()).log();
     // "auto": each worker puts its hosts' MACs in the NIC's unicast filter and holds it
     // promiscuous while one of its hosts is (`WorkerState::sync_nic_filter`).
     let promisc = cfg.lan.promiscuous == Promiscuous::On;

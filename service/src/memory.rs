@@ -4,9 +4,41 @@
 //! start instead of from the OOM killer under load.
 
 use std::path::{Path, PathBuf};
+use tracing::{info, warn};
 
 /// Bytes in a MiB, for the messages.
 const MIB: u64 = 1 << 20;
+
+/// `bytes` in MiB, rounded up.
+pub fn mib(bytes: u64) -> u64 {
+    bytes.div_ceil(MIB)
+}
+
+/// The most memory a configuration lets a daemon use, and how it adds up (for the log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// Bytes at most.
+    pub bytes: u64,
+    /// How they add up.
+    pub terms: String,
+}
+
+impl Budget {
+    /// The verdict against `limit`: `Err` with the line to log when the configuration may
+    /// need more than the limit allows.
+    pub fn check(&self, limit: Option<u64>) -> Result<String, String> {
+        check(self.bytes, limit, &self.terms)
+    }
+
+    /// Logs the budget against the process's control group limit ([`cgroup_limit`]): a
+    /// warning when it may exceed it.
+    pub fn log(&self) {
+        match self.check(cgroup_limit()) {
+            Ok(line) => info!("{line}"),
+            Err(line) => warn!("{line}"),
+        }
+    }
+}
 
 /// The tightest `memory.max` of the process's control group and its ancestors (cgroup v2),
 /// or `None` when none is set or the hierarchy cannot be read (cgroup v1, no /sys).
@@ -72,8 +104,8 @@ pub fn unit_memory_max(unit: &str) -> Option<u64> {
 
 /// The verdict on a configuration that may use `bound` bytes under `limit`: `Err` with the
 /// line to log when it may need more than the limit allows.
-pub fn check(bound: u64, limit: Option<u64>, what: &str) -> Result<String, String> {
-    let need = bound.div_ceil(MIB);
+fn check(bound: u64, limit: Option<u64>, what: &str) -> Result<String, String> {
+    let need = mib(bound);
     match limit {
         None => Ok(format!(
             "memory: this configuration may use up to {need} MiB ({what}); no memory limit"
