@@ -15,14 +15,17 @@
 # Rust itself (rustup: a stable toolchain at least as new as the workspace's rust-version)
 # is the one thing it does not install. SETUP_NO_INSTALL=1 only checks.
 
-# TOOL:PACKAGE pairs: the command whose absence means the Debian package is missing.
+# TOOL:PACKAGE pairs: the command whose absence means the Debian package is missing (or a
+# file, a glob starting with /). cmake and clang build rdma-core's shim (the verbs transport);
+# ibverbs-providers has Soft-RoCE's user-space driver, which the VMs of e2e 50 load.
 SETUP_DEMO_PKGS=(ip:iproute2 ss:iproute2 ping:iputils-ping iperf3:iperf3 python3:python3
-    pgrep:procps timeout:coreutils cc:gcc flock:util-linux)
+    pgrep:procps timeout:coreutils cc:gcc flock:util-linux cmake:cmake clang:clang)
 SETUP_ALL_PKGS=("${SETUP_DEMO_PKGS[@]}" dnsmasq:dnsmasq-base dhclient:isc-dhcp-client
     ethtool:ethtool systemd-analyze:systemd shellcheck:shellcheck tshark:tshark
     mmdebstrap:mmdebstrap systemd-nspawn:systemd-container runuser:util-linux
     nsenter:util-linux setpriv:util-linux findmnt:util-linux dpkg-deb:dpkg c++:g++
-    qemu-system-x86_64:qemu-system-x86 busybox:busybox-static)
+    qemu-system-x86_64:qemu-system-x86 busybox:busybox-static
+    '/usr/lib/*/libibverbs/librxe-*.so:ibverbs-providers')
 
 reexec_as_root() {
     [ "$(id -u)" = 0 ] && return 0
@@ -39,7 +42,10 @@ reexec_as_root() {
 setup_missing_pkgs() {
     local pair
     for pair in "$@"; do
-        command -v "${pair%%:*}" >/dev/null 2>&1 || echo "${pair#*:}"
+        case $pair in
+            /*) compgen -G "${pair%%:*}" >/dev/null || echo "${pair#*:}" ;;
+            *) command -v "${pair%%:*}" >/dev/null 2>&1 || echo "${pair#*:}" ;;
+        esac
     done | sort -u
 }
 

@@ -71,6 +71,9 @@ pub enum FabricAddr {
     Tcp(std::net::SocketAddr),
     /// A Unix stream socket's path.
     Unix(std::path::PathBuf),
+    /// TCP for the handshake and the control channel, the data channel over an RDMA queue
+    /// pair on the device that holds the connection's address (`rdma:ADDRESS:PORT`).
+    Rdma(std::net::SocketAddr),
 }
 
 impl FromStr for FabricAddr {
@@ -84,10 +87,11 @@ impl FromStr for FabricAddr {
             Some(path) => Err(format!(
                 "unix:{path}: an absolute path of at most 107 bytes is required"
             )),
-            None => s
-                .parse()
-                .map(FabricAddr::Tcp)
-                .map_err(|_| format!("{s}: not ADDRESS:PORT or unix:PATH")),
+            None => match s.strip_prefix("rdma:") {
+                Some(a) => a.parse().map(FabricAddr::Rdma),
+                None => s.parse().map(FabricAddr::Tcp),
+            }
+            .map_err(|_| format!("{s}: not ADDRESS:PORT, rdma:ADDRESS:PORT or unix:PATH")),
         }
     }
 }
@@ -97,6 +101,7 @@ impl fmt::Display for FabricAddr {
         match self {
             FabricAddr::Tcp(a) => a.fmt(f),
             FabricAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            FabricAddr::Rdma(a) => write!(f, "rdma:{a}"),
         }
     }
 }

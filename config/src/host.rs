@@ -178,13 +178,19 @@ impl HostConfig {
             600_000,
         )?;
         range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
-        if let FabricAddr::Tcp(a) = f.ioc {
+        if let FabricAddr::Tcp(a) | FabricAddr::Rdma(a) = f.ioc {
             if a.port() == 0 || a.ip().is_unspecified() {
                 return Err(Invalid::new(
                     "fabric.ioc",
                     format!("{a} is not a connectable address"),
                 ));
             }
+        }
+        if self.auth.encrypt_data && matches!(f.ioc, FabricAddr::Rdma(_)) {
+            return Err(Invalid::new(
+                "auth.encrypt_data",
+                "cannot seal a data channel over RDMA (fabric.ioc = \"rdma:...\"): the adapter writes frames into memory",
+            ));
         }
         if self.auth.encrypt_data && self.auth.ioc_public_key.is_none() {
             return Err(Invalid::new(

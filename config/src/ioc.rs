@@ -181,6 +181,10 @@ pub struct IocFabric {
     /// most `max_hosts`.
     #[serde(default)]
     pub workers: u32,
+    /// Accept data channels over RDMA verbs (hosts with `fabric.ioc = "rdma:..."`), on the
+    /// RDMA device whose GID table holds the address a host connected to; off by default.
+    #[serde(default)]
+    pub rdma: bool,
 }
 
 fn default_max_hosts() -> u32 {

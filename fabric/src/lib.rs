@@ -24,6 +24,8 @@ pub mod auth;
 mod sealed;
 pub mod sealed_stream;
 pub mod shm;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use sealed::SealedConn;
 pub use sealed_stream::SealedStream;
@@ -141,6 +143,9 @@ pub enum FabricChannel {
     Sealed(Box<SealedConn>),
     /// Over shared-memory rings.
     Shm(Box<shm::ShmTransport>),
+    /// Over an RDMA queue pair.
+    #[cfg(feature = "verbs")]
+    Verbs(Box<verbs::VerbsTransport>),
 }
 
 impl From<StreamConn> for FabricChannel {
@@ -156,6 +161,8 @@ macro_rules! each {
             FabricChannel::Stream($c) => $e,
             FabricChannel::Sealed($c) => $e,
             FabricChannel::Shm($c) => $e,
+            #[cfg(feature = "verbs")]
+            FabricChannel::Verbs($c) => $e,
         }
     };
 }
@@ -229,6 +236,8 @@ impl FabricChannel {
             FabricChannel::Stream(c) => c.set_domain(domain),
             FabricChannel::Sealed(c) => c.conn_mut().set_domain(domain),
             FabricChannel::Shm(c) => c.set_domain(domain),
+            #[cfg(feature = "verbs")]
+            FabricChannel::Verbs(c) => c.set_domain(domain),
         }
     }
 
@@ -239,13 +248,29 @@ impl FabricChannel {
         match self {
             FabricChannel::Stream(_) | FabricChannel::Sealed(_) => None,
             FabricChannel::Shm(t) => t.pools(),
+            #[cfg(feature = "verbs")]
+            FabricChannel::Verbs(t) => Some(t.pools()),
         }
     }
 
-    /// Whether the channel is in shared memory (its readiness is a doorbell, never to be
-    /// waited on for writing).
+    /// Whether the channel is in shared memory or on an RDMA queue pair (its readiness is
+    /// a doorbell or a completion channel, never to be waited on for writing).
     fn is_shared_memory(&self) -> bool {
-        matches!(self, FabricChannel::Shm(_))
+        match self {
+            FabricChannel::Shm(_) => true,
+            #[cfg(feature = "verbs")]
+            FabricChannel::Verbs(_) => true,
+            FabricChannel::Stream(_) | FabricChannel::Sealed(_) => false,
+        }
+    }
+
+    /// Whether the channel travels over an RDMA queue pair.
+    pub fn is_verbs(&self) -> bool {
+        #[cfg(feature = "verbs")]
+        if matches!(self, FabricChannel::Verbs(_)) {
+            return true;
+        }
+        false
     }
 
     /// What the caller waits on for this channel's progress: its socket, or the doorbell
@@ -255,6 +280,8 @@ impl FabricChannel {
             FabricChannel::Stream(c) => Ready::new(c.stream()),
             FabricChannel::Sealed(c) => Ready::new(c.conn().stream()),
             FabricChannel::Shm(t) => Ready::new(t.bell()),
+            #[cfg(feature = "verbs")]
+            FabricChannel::Verbs(t) => Ready::new(&t.fd()),
         }
     }
 }
@@ -291,6 +318,9 @@ pub enum FabricError {
     /// The shared-memory set-up failed.
     #[error("shared memory: {0}")]
     Shm(String),
+    /// An RDMA data channel could not be set up (no device, a refused set-up).
+    #[error("RDMA: {0}")]
+    Verbs(String),
     /// An RDMA write arrived before the handshake finished.
     #[error("RDMA write during the handshake")]
     EarlyWrite,
@@ -412,6 +442,13 @@ pub enum DataPath {
         /// Bytes of receive pools the arena must hold.
         pool_bytes: u64,
     },
+    /// Over an RDMA queue pair set up on its TCP connection (see [`verbs`]), with a pool
+    /// arena for `pool_bytes` of this side's receive pools.
+    #[cfg(feature = "verbs")]
+    Verbs {
+        /// Bytes of receive pools the arena must hold.
+        pool_bytes: u64,
+    },
 }
 
 /// The keys of an authenticated handshake, on the host: its own private key and the IOC's
@@ -503,6 +540,8 @@ where
     let (ctrl_no, data_no) = match path {
         DataPath::Stream => (wire::CONTROL_CHANNEL, 1),
         DataPath::Shm { .. } => (shm::SHM_CONTROL_CHANNEL, shm::SHM_CHANNEL),
+        #[cfg(feature = "verbs")]
+        DataPath::Verbs { .. } => (wire::CONTROL_CHANNEL, verbs::VERBS_CHANNEL),
     };
     let (ctrl, r, sealer, ctrl_no) = match open(ctrl_no, first).await {
         // An IOC that predates control channels in shared memory takes channel 3 for a data
@@ -535,9 +574,22 @@ where
         (DataPath::Shm { pool_bytes }, _) => {
             FabricChannel::Shm(Box::new(shm_offer(data, Some(pool_bytes), timeout).await?))
         }
+        #[cfg(feature = "verbs")]
+        (DataPath::Verbs { pool_bytes }, _) => {
+            let size = splitnet_messaging::adapter::shm::setup::Setup::pool_size_for(pool_bytes);
+            let arena = shm::PoolArena::new(c"splitnet-verbs-pools", size)?;
+            let (sock, unread) = data.into_parts();
+            let t = verbs::offer(sock, unread, arena.region(), VERBS_MAX_ARENA, timeout);
+            FabricChannel::Verbs(Box::new(t.await?))
+        }
     };
     Ok((ctrl, data, r))
 }
+
+/// Largest pool arena a peer may announce over verbs (the IOC's is bounded by its
+/// `pools.max_granted_bytes`, at most 1 GiB).
+#[cfg(feature = "verbs")]
+pub const VERBS_MAX_ARENA: u64 = 1 << 30;
 
 /// A data channel whose handshake agreed to seal it, once its answer is on the socket: its
 /// stream carries sealed records from now on, the bytes already read ahead of the answer
@@ -586,6 +638,11 @@ async fn goodbye_on(ch: FabricChannel, code: ErrorCode, timeout: Duration) {
             let _ = flush(c.conn_mut(), timeout).await;
         }
         FabricChannel::Shm(mut t) => {
+            post_goodbye(&mut *t, code);
+            let _ = t.flush();
+        }
+        #[cfg(feature = "verbs")]
+        FabricChannel::Verbs(mut t) => {
             post_goodbye(&mut *t, code);
             let _ = t.flush();
         }

@@ -1,5 +1,7 @@
 //! Two endpoints over real TCP on loopback push 100,000 frames of random sizes each way at
-//! once: every byte exact, none lost, every credit back at the end.
+//! once: every byte exact, none lost, every credit back at the end. The same over a Unix
+//! socket, shared memory and (ignored unless run where an RDMA device holds the address in
+//! `SPLITNET_VERBS_ADDR`: tests/e2e/50-rdma-vms.sh runs it in a VM) RDMA verbs.
 
 use splitnet_fabric::{self as fabric, DataPath, RegisteredLink};
 use splitnet_messaging::endpoint::{Lane, LinkEvent, Posted, Session};
@@ -47,6 +49,8 @@ fn check(dir: u64, expect_seq: u64, frame: &[u8]) {
 
 struct Side {
     tl: RegisteredLink,
+    /// Frames each way.
+    frames: u64,
     reg: Registry,
     cache: SendBufCache,
     dir_out: u64,
@@ -65,7 +69,7 @@ impl Side {
         if let Some(b) = self.held.take() {
             return Some(b);
         }
-        if self.sent == FRAMES {
+        if self.sent == self.frames {
             return None;
         }
         let mut b = self.cache.get()?;
@@ -76,8 +80,8 @@ impl Side {
     }
 
     fn done(&self) -> bool {
-        self.sent == FRAMES
-            && self.received == FRAMES
+        self.sent == self.frames
+            && self.received == self.frames
             && self.tl.link.session().initiator().in_use() == 0
             && self.tl.link.pending() == 0
     }
@@ -163,7 +167,7 @@ impl Side {
                 }
                 Err(e) => {
                     // The peer may close once it has everything; then so must we.
-                    if self.received == FRAMES && self.sent == FRAMES {
+                    if self.received == self.frames && self.sent == self.frames {
                         continue;
                     }
                     panic!("link failed: {e}");
@@ -177,9 +181,16 @@ impl Side {
     }
 }
 
-fn side(tl: RegisteredLink, reg: Registry, dir_out: u64, both: Arc<AtomicUsize>) -> Side {
+fn side(
+    tl: RegisteredLink,
+    reg: Registry,
+    dir_out: u64,
+    frames: u64,
+    both: Arc<AtomicUsize>,
+) -> Side {
     Side {
         tl,
+        frames,
         reg,
         cache: SendBufCache::new(66_000, 512),
         dir_out,
@@ -276,6 +287,11 @@ fn hundred_thousand_frames_each_way_over_shared_memory() {
 /// Both sides of a session over `listener`'s transport, the data channel over `path`, move
 /// [`FRAMES`] frames each way, authenticated as `auth` says.
 fn exchange(listener: Listener, path_kind: DataPath, auth: Auth) {
+    exchange_frames(listener, path_kind, auth, FRAMES)
+}
+
+/// [`exchange`] of `frames` frames each way.
+fn exchange_frames(listener: Listener, path_kind: DataPath, auth: Auth, frames: u64) {
     let ioc_key = fabric::auth::generate().unwrap();
     let keys = (auth != Auth::None).then(|| fabric::HostKeys {
         private: fabric::auth::generate().unwrap(),
@@ -307,7 +323,7 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: Auth) {
             fabric::flush(&mut c, TIMEOUT).await.unwrap();
             // Over shared memory the control channel is in rings of its own too.
             let c: fabric::FabricChannel = match path_kind {
-                DataPath::Stream => {
+                DataPath::Stream | DataPath::Verbs { .. } => {
                     assert_eq!(hello.channel, wire::CONTROL_CHANNEL);
                     let c = fabric::control_channel(c, proof).unwrap();
                     assert_eq!(
@@ -351,6 +367,28 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: Auth) {
                     assert_eq!((hello.session, hello.channel), (1, 1));
                     d.into()
                 }
+                DataPath::Verbs { pool_bytes } => {
+                    assert_eq!(
+                        (hello.session, hello.channel),
+                        (1, fabric::verbs::VERBS_CHANNEL)
+                    );
+                    fabric::flush(&mut d, TIMEOUT).await.unwrap();
+                    let size =
+                        splitnet_messaging::adapter::shm::setup::Setup::pool_size_for(pool_bytes);
+                    let arena = fabric::shm::PoolArena::new(c"test-pools", size).unwrap();
+                    let (sock, unread) = d.into_parts();
+                    let t = fabric::verbs::accept(
+                        sock,
+                        unread,
+                        DomainId(1),
+                        arena.region(),
+                        size,
+                        TIMEOUT,
+                    )
+                    .await
+                    .unwrap();
+                    fabric::FabricChannel::Verbs(Box::new(t))
+                }
                 DataPath::Shm { .. } => {
                     assert_eq!(
                         (hello.session, hello.channel),
@@ -387,7 +425,7 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: Auth) {
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
             let tl = RegisteredLink::new(s, c, d).unwrap();
-            side(tl, reg, 0, both_a).run().await
+            side(tl, reg, 0, frames, both_a).run().await
         })
     });
     let client = std::thread::spawn(move || {
@@ -421,16 +459,16 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: Auth) {
             let mut s = Session::new(DomainId(1), config(128));
             s.start(&mut reg).unwrap();
             let tl = RegisteredLink::new(s, c, d).unwrap();
-            side(tl, reg, 1, both_b).run().await
+            side(tl, reg, 1, frames, both_b).run().await
         })
     });
     let a = server.join().expect("server side");
     let b = client.join().expect("client side");
     for s in [&a, &b] {
-        assert_eq!(s.sent, FRAMES);
-        assert_eq!(s.received, FRAMES);
+        assert_eq!(s.sent, frames);
+        assert_eq!(s.received, frames);
         let st = s.tl.link.stats();
-        assert_eq!(st.rx_frames, FRAMES);
+        assert_eq!(st.rx_frames, frames);
         assert!(st.tx_inline > 0, "some frames took SendData");
         // Credits back to the full count: nothing in use, every advertised element free.
         let ini = s.tl.link.session().initiator();
@@ -439,6 +477,26 @@ fn exchange(listener: Listener, path_kind: DataPath, auth: Auth) {
         assert_eq!(ini.credits(), total);
     }
     let _ = MAX_MESSAGE_LEN;
+}
+
+/// Over RDMA verbs on the device that holds `SPLITNET_VERBS_ADDR` (two queue pairs of one
+/// device, looped back in it): the frames travel as RDMA WRITE WITH IMMEDIATE, and as RDMA
+/// WRITE with a BufferRDMAIndicate where idata cannot describe them.
+#[test]
+#[ignore = "needs an RDMA device holding SPLITNET_VERBS_ADDR (tests/e2e/50-rdma-vms.sh)"]
+fn frames_each_way_over_rdma_verbs() {
+    let addr = std::env::var("SPLITNET_VERBS_ADDR")
+        .expect("SPLITNET_VERBS_ADDR: an address an RDMA device holds");
+    let frames = std::env::var("SPLITNET_VERBS_FRAMES").map_or(FRAMES, |f| f.parse().unwrap());
+    let l = TcpListener::bind((addr.parse::<std::net::IpAddr>().unwrap(), 0)).unwrap();
+    exchange_frames(
+        Listener::Tcp(l),
+        DataPath::Verbs {
+            pool_bytes: 16 << 20,
+        },
+        Auth::Keys,
+        frames,
+    );
 }
 
 /// A host that asked for its data channel sealed does not take an IOC's agreement without

@@ -79,6 +79,11 @@ pub async fn connect(
             let dial = || fabric::dial_tcp(*a);
             fabric::connect(dial, DataPath::Stream, node_id, queue, first, timeout, keys).await
         }
+        FabricAddr::Rdma(a) => {
+            let dial = || fabric::dial_tcp(*a);
+            let path = DataPath::Verbs { pool_bytes };
+            fabric::connect(dial, path, node_id, queue, first, timeout, keys).await
+        }
         FabricAddr::Unix(p) => {
             let path = if cfg.shared_memory {
                 DataPath::Shm { pool_bytes }

@@ -89,8 +89,15 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
     info!(interface = %name, ?offloads, "TAP ready, carrier off until the fabric is up");
     crate::budget::budget(&cfg, 2 * service::memory::tcp_socket_max()).log();
     // Run by hand as root: from here on only sd0's settings (MTU, MAC, carrier) need a
-    // capability. Before any thread starts (a further queue's).
-    service::privilege::keep_only_logged(&[Capability::CAP_NET_ADMIN]);
+    // capability, and over RDMA pinning the registered memory beyond RLIMIT_MEMLOCK (units
+    // raise LimitMEMLOCK instead). Before any thread starts (a further queue's).
+    let rdma = matches!(cfg.fabric.ioc, splitnet_config::FabricAddr::Rdma(_));
+    let keep: &[Capability] = if rdma {
+        &[Capability::CAP_NET_ADMIN, Capability::CAP_IPC_LOCK]
+    } else {
+        &[Capability::CAP_NET_ADMIN]
+    };
+    service::privilege::keep_only_logged(keep);
     let tap_ready = fabric::Ready::new(&tap)?;
     let snap = Rc::new(RefCell::new(Snapshot::new(
         cfg.fabric.ioc.to_string(),

@@ -147,11 +147,24 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
         refuse!(ch, ErrorCode::Refused, "shared memory asked for over TCP");
     }
+    // One over RDMA verbs is set up on TCP, when this IOC takes them.
+    let verbs = is_verbs(hello.channel);
+    if verbs && !ioc.borrow().cfg.fabric.rdma {
+        refuse!(
+            ch,
+            ErrorCode::Refused,
+            "RDMA asked for (fabric.rdma is off)"
+        );
+    }
+    if verbs && !matches!(ch.stream(), fabric::Stream::Tcp(_)) {
+        refuse!(ch, ErrorCode::Refused, "RDMA asked for over a local socket");
+    }
     // Its bytes sealed when its host asks (only a data channel on its socket can).
     let seal = proof
         .as_ref()
         .is_some_and(|r| r.flags & HelloReply::SEALED_DATA != 0)
-        && !shm;
+        && !shm
+        && !verbs;
     if !seal && !shm && ioc.borrow().cfg.auth.encrypt_data {
         refuse!(
             ch,
@@ -177,8 +190,8 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     let (session, token) = (w.session, hello.session);
     let domain = DomainId(session);
     // Over shared memory the pools for this host lie in an arena the host maps and places
-    // its frames in.
-    let arena = match shm {
+    // its frames in; over verbs, in an arena registered for the host's RDMA writes.
+    let arena = match shm || verbs {
         true => {
             let size = Setup::pool_size_for(ioc.borrow().cfg.pools.max_granted_bytes);
             match fabric::shm::PoolArena::new(c"splitnet-ioc-pools", size) {
@@ -244,7 +257,20 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         }
         _ => ch,
     };
-    let data = if let Some(arena) = arena {
+    let data = if let (true, Some(arena)) = (verbs, &arena) {
+        match verbs_channel(ch, domain, arena, timeout).await {
+            Ok(t) => t,
+            Err(e) => {
+                let mut st = ioc.borrow_mut();
+                st.stats.handshake_failures += 1;
+                if let Some(held) = st.refusals.allow(Instant::now()) {
+                    warn!(%peer, session, "RDMA set-up failed: {e} ({held} more refused since the last report)");
+                }
+                st.free_domain(domain);
+                return;
+            }
+        }
+    } else if let Some(arena) = arena {
         match shm_channel(ch, domain, Some(arena), timeout).await {
             Ok(t) => FabricChannel::Shm(Box::new(t)),
             Err(e) => {
@@ -271,6 +297,8 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     let RegisteredLink { ready, link } = tl;
     let peer = if shm {
         format!("{peer}, shared memory")
+    } else if verbs {
+        format!("{peer}, RDMA")
     } else if seal {
         format!("{peer}, data sealed")
     } else {
@@ -301,4 +329,25 @@ async fn shm_channel(
         return Err(fabric::FabricError::Shm("not a Unix socket".into()));
     };
     fabric::shm::accept(sock, domain, wire::MAX_MESSAGE_LEN, arena, timeout).await
+}
+
+/// Whether a Hello's channel number asks for a data channel over RDMA verbs.
+fn is_verbs(channel: u8) -> bool {
+    channel == fabric::verbs::VERBS_CHANNEL
+}
+
+/// Sends the HelloReply of a data channel over verbs, then sets its queue pair up on the
+/// connection ([`fabric::verbs::accept`]), with this host's pools in `arena`.
+async fn verbs_channel(
+    mut ch: StreamConn,
+    domain: DomainId,
+    arena: &fabric::shm::PoolArena,
+    timeout: Duration,
+) -> Result<FabricChannel, fabric::FabricError> {
+    fabric::flush(&mut ch, timeout).await?;
+    let (sock, unread) = ch.into_parts();
+    // The host's arena is no larger than the one this IOC made for it.
+    let max = arena.size();
+    let t = fabric::verbs::accept(sock, unread, domain, arena.region(), max, timeout).await?;
+    Ok(FabricChannel::Verbs(Box::new(t)))
 }

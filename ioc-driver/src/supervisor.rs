@@ -64,6 +64,9 @@ pub enum StartError {
         /// Cause.
         source: io::Error,
     },
+    /// `fabric.rdma` is set and no RDMA device carries `fabric.listen`'s address.
+    #[error("fabric.rdma: {0}")]
+    Rdma(fabric::FabricError),
     /// The metrics listener or the control socket could not be opened.
     #[error(transparent)]
     Endpoint(#[from] service::EndpointError),
@@ -415,8 +418,27 @@ pub async fn run(
     };
     let metrics_addr = cfg.metrics.listen;
     // Run by hand as root: from here on only the NIC (CAP_NET_ADMIN) and the hosts' own
-    // packet sockets (CAP_NET_RAW) need a capability. Before the workers' threads start.
-    service::privilege::keep_only_logged(&[Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW]);
+    // packet sockets (CAP_NET_RAW) need a capability, and with RDMA pinning registered memory
+    // beyond RLIMIT_MEMLOCK (units raise LimitMEMLOCK instead). Before the workers' threads
+    // start.
+    let keep: &[Capability] = if cfg.fabric.rdma {
+        &[
+            Capability::CAP_NET_ADMIN,
+            Capability::CAP_NET_RAW,
+            Capability::CAP_IPC_LOCK,
+        ]
+    } else {
+        &[Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW]
+    };
+    service::privilege::keep_only_logged(keep);
+    // RDMA on a given address: its device must be there now (on an unspecified address
+    // each host's connection finds the device of the address it reached). Opened after the
+    // capabilities are dropped: the kernel refuses verbs on a device opened with other
+    // credentials than the caller's.
+    if cfg.fabric.rdma && !listen.ip().is_unspecified() {
+        let port = fabric::verbs::check_address(listen.ip()).map_err(StartError::Rdma)?;
+        info!(%listen, "data channels over RDMA on {port}");
+    }
     let cluster = Cluster::start(
         cfg,
         key,

@@ -89,6 +89,21 @@ fn ioc_address() {
     );
     let long = format!("[fabric]\nioc = \"unix:/{}\"", "x".repeat(107));
     parse_error(host_text(&long), &["ioc", "107 bytes"]);
+    // rdma:ADDRESS:PORT: TCP to that address, the data channel over RDMA verbs.
+    let h = host_text("[fabric]\nioc = \"rdma:10.201.0.1:7400\"").unwrap();
+    assert_eq!(
+        h.fabric.ioc,
+        FabricAddr::Rdma("10.201.0.1:7400".parse().unwrap())
+    );
+    assert_eq!(h.fabric.ioc.to_string(), "rdma:10.201.0.1:7400");
+    invalid(
+        host_text("[fabric]\nioc = \"rdma:0.0.0.0:7400\""),
+        "fabric.ioc",
+    );
+    parse_error(
+        host_text("[fabric]\nioc = \"rdma:rxe0\""),
+        &["rdma:ADDRESS:PORT"],
+    );
 }
 
 #[test]
@@ -266,4 +281,9 @@ fn encrypting_the_data_channel_needs_the_iocs_key() {
     assert!(h.auth.encrypt_data);
     let why = invalid(host("[auth]\nencrypt_data = true"), "auth.encrypt_data");
     assert!(why.contains("ioc_public_key"), "{why}");
+    // Over RDMA the adapter writes frames into memory: nothing to seal them in.
+    let rdma =
+        format!("[fabric]\nioc = \"rdma:10.0.0.1:7400\"\n[auth]\n{key}\nencrypt_data = true");
+    let why = invalid(host_text(&rdma), "auth.encrypt_data");
+    assert!(why.contains("RDMA"), "{why}");
 }

@@ -23,6 +23,7 @@ fn defaults() {
     assert_eq!(i.fabric.max_handshakes, 32);
     assert_eq!(i.fabric.workers, 0);
     assert_eq!(i.fabric.listen_local, None);
+    assert!(!i.fabric.rdma, "RDMA data channels off by default");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert_eq!(
         i.fabric.worker_count(),
@@ -35,7 +36,7 @@ fn defaults() {
 #[test]
 fn every_key_is_read() {
     let i = ioc(
-        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100\nmax_handshakes = 5\nworkers = 3\nlisten_local = \"/run/ioc-driver/fabric.sock\"",
+        "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100\nmax_handshakes = 5\nworkers = 3\nlisten_local = \"/run/ioc-driver/fabric.sock\"\nrdma = true",
         "promiscuous = \"off\"\nmac_base = \"06:11:22:33:44:55\"\nmtu = 9000\noffload = false\nextra_source_macs = [\"02:00:00:00:00:07\"]\nset_mac = \"any\"",
         "[log]\nlevel = \"warn\"",
     )
@@ -51,6 +52,7 @@ fn every_key_is_read() {
     assert_eq!(i.fabric.max_handshakes, 5);
     assert_eq!(i.fabric.workers, 3);
     assert_eq!(i.fabric.worker_count(), 3);
+    assert!(i.fabric.rdma);
     assert_eq!(
         i.fabric.listen_local.as_deref(),
         Some(std::path::Path::new("/run/ioc-driver/fabric.sock"))

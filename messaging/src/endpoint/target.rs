@@ -198,6 +198,7 @@ impl Target {
                 self.pools.len() - 1
             }
         } as u32;
+        reg.name_pool(handle, pool_ref)?;
         self.pools[pool_ref as usize] = Some(LocalPool {
             handle,
             spec,

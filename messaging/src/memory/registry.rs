@@ -107,6 +107,17 @@ pub enum ProtectionError {
         /// Element size of the region.
         element_size: u32,
     },
+    /// Immediate data naming a pool reference the writer's domain never advertised.
+    #[error("immediate data names pool reference {0}, which this side never advertised")]
+    UnknownPoolRef(u8),
+    /// Immediate data whose length is not the length the adapter placed.
+    #[error("immediate data {imm:#010x} does not give the {len} bytes placed")]
+    IdataLength {
+        /// The immediate data.
+        imm: u32,
+        /// Bytes the adapter placed.
+        len: u32,
+    },
     /// The element is not currently granted to the writer: a write beyond its credits.
     #[error("element {element} of {handle} was not granted (write beyond credits)")]
     NotGranted {
@@ -196,6 +207,9 @@ struct Region {
     in_flight: u32,
     granted: Vec<bool>,
     mem: Mem,
+    /// The pool reference its owner advertised it under, when it fits the 8 bits of
+    /// immediate data ([`Registry::name_pool`]).
+    pool_ref: Option<u8>,
 }
 
 /// A region's bytes.
@@ -374,6 +388,7 @@ impl Registry {
             in_flight: 0,
             granted: vec![false; spec.element_count as usize],
             mem,
+            pool_ref: None,
         };
         let index = match self.free.pop() {
             Some(i) => i,
@@ -526,6 +541,55 @@ impl Registry {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Records that the region's owner advertised it under `pool_ref`, so that a write
+    /// named only by its immediate data ([`Registry::begin_write_idata`]) finds it. A
+    /// reference above 255 cannot be named that way and is not recorded.
+    pub fn name_pool(&mut self, handle: Handle, pool_ref: u32) -> Result<(), RegistryError> {
+        self.region_mut(handle)?.pool_ref = u8::try_from(pool_ref).ok();
+        Ok(())
+    }
+
+    /// Checks an RDMA WRITE WITH IMMEDIATE that an RDMA adapter already placed, known only
+    /// by its immediate data `imm` (pool reference, element, length: [`crate::wire::Idata`])
+    /// and the `len` bytes its completion reports: the region `writer` advertised under that
+    /// reference, then every check of [`Registry::begin_write`] at the element's address. The
+    /// immediate data must give the length the adapter reports.
+    pub fn begin_write_idata(
+        &mut self,
+        writer: DomainId,
+        imm: u32,
+        len: u32,
+    ) -> Result<Placement, ProtectionError> {
+        let id = crate::wire::Idata::from_u32(imm);
+        let found = self
+            .slots
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| match &s.region {
+                Some(r) if r.domain == writer && r.pool_ref == Some(id.pool_ref) => Some((
+                    Handle::new(i as u32, s.generation),
+                    r.arena_offset(),
+                    r.element_size,
+                )),
+                _ => None,
+            });
+        let result = match found {
+            None => Err(ProtectionError::UnknownPoolRef(id.pool_ref)),
+            Some(_) if u32::from(id.length) != len => {
+                Err(ProtectionError::IdataLength { imm, len })
+            }
+            Some((handle, off, esize)) => {
+                let addr =
+                    Registry::base_address(handle) + off + u64::from(id.element) * u64::from(esize);
+                self.check_write(writer, handle, addr, len)
+            }
+        };
+        if result.is_err() {
+            self.stats.protection_errors += 1;
+        }
+        result
     }
 
     /// Checks an incoming RDMA write of `len` bytes at `addr` through `handle` (its wire

@@ -327,3 +327,88 @@ fn a_domain_with_an_arena_lays_its_regions_out_there_until_it_is_full() {
     let d = reg.register(spec(1)).unwrap();
     assert!(!reg.is_shared(d));
 }
+
+/// Immediate data of pool `pool_ref`, element `element`, `len` bytes.
+fn idata(pool_ref: u8, element: u8, len: u16) -> u32 {
+    crate::wire::Idata {
+        pool_ref,
+        element,
+        length: len,
+    }
+    .to_u32()
+}
+
+#[test]
+fn a_write_named_by_its_immediate_data_is_checked_like_any_write() {
+    let mut reg = Registry::new(1 << 20);
+    let a = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let b = pool(&mut reg, PD_B, Access::REMOTE_WRITE, false);
+    reg.name_pool(a, 0).unwrap();
+    reg.name_pool(b, 0).unwrap();
+    // Domain A's pool 0 is `a`, whatever B calls its own pool 0.
+    let p = reg.begin_write_idata(PD_A, idata(0, 3, 100), 100).unwrap();
+    assert_eq!((p.handle, p.element, p.len), (a, 3, 100));
+    reg.finish_write(&p);
+    // Once per grant, as through a handle.
+    let e = reg
+        .begin_write_idata(PD_A, idata(0, 3, 100), 100)
+        .unwrap_err();
+    assert!(
+        matches!(e, ProtectionError::NotGranted { element: 3, .. }),
+        "{e}"
+    );
+    // A reference never advertised, a length other than the one placed, an element past
+    // the pool, more than an element: refused, and counted.
+    let e = reg
+        .begin_write_idata(PD_A, idata(1, 0, 10), 10)
+        .unwrap_err();
+    assert_eq!(e, ProtectionError::UnknownPoolRef(1));
+    let e = reg
+        .begin_write_idata(PD_A, idata(0, 1, 10), 11)
+        .unwrap_err();
+    assert!(
+        matches!(e, ProtectionError::IdataLength { len: 11, .. }),
+        "{e}"
+    );
+    let e = reg
+        .begin_write_idata(PD_A, idata(0, 4, 10), 10)
+        .unwrap_err();
+    assert!(matches!(e, ProtectionError::OutOfBounds { .. }), "{e}");
+    let e = reg
+        .begin_write_idata(PD_A, idata(0, 1, 257), 257)
+        .unwrap_err();
+    assert!(matches!(e, ProtectionError::NotOneElement { .. }), "{e}");
+    assert_eq!(reg.stats().protection_errors, 5);
+    // A deregistered pool's reference names nothing any more.
+    reg.deregister(b).unwrap();
+    let e = reg.begin_write_idata(PD_B, idata(0, 0, 1), 1).unwrap_err();
+    assert_eq!(e, ProtectionError::UnknownPoolRef(0));
+}
+
+#[test]
+fn a_pool_reference_past_255_is_not_named() {
+    let mut reg = Registry::new(1 << 20);
+    let a = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    reg.name_pool(a, 256).unwrap();
+    let e = reg.begin_write_idata(PD_A, idata(0, 0, 1), 1).unwrap_err();
+    assert_eq!(e, ProtectionError::UnknownPoolRef(0));
+}
+
+proptest! {
+    /// Whatever immediate data and length a peer's adapter reports, the check either refuses
+    /// it or names a granted element of the writer's own pool, with the length placed.
+    #[test]
+    fn any_immediate_data_is_refused_or_names_a_granted_element(imm: u32, len in 0u32..70_000) {
+        let mut reg = Registry::new(1 << 20);
+        let a = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+        let b = pool(&mut reg, PD_B, Access::REMOTE_WRITE, false);
+        reg.name_pool(a, 0).unwrap();
+        reg.name_pool(b, 1).unwrap();
+        if let Ok(p) = reg.begin_write_idata(PD_A, imm, len) {
+            prop_assert_eq!(p.handle, a);
+            prop_assert_eq!(p.len, len);
+            prop_assert_eq!(p.element, (imm >> 16) & 0xff);
+            prop_assert!(!reg.is_granted(a, p.element));
+        }
+    }
+}

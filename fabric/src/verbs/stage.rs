@@ -1,0 +1,137 @@
+//! The send staging ring: registered memory the transport copies each operation into before
+//! posting it, given back in order as the adapter completes the sends. Sans-IO.
+//!
+//! Operations are staged contiguously (an adapter reads one scatter-gather entry per work
+//! request); one that does not fit before the end of the ring starts at offset 0 and the
+//! bytes skipped count as used until it completes. Only every Nth work request asks for a
+//! completion: completions on one queue pair come in order, so a completion frees what every
+//! earlier work request staged.
+
+use std::collections::VecDeque;
+
+/// Space in the ring and the work requests holding it.
+#[derive(Debug)]
+pub struct Stage {
+    size: u64,
+    /// Bytes ever taken (free-running), and ever given back.
+    head: u64,
+    tail: u64,
+    /// Work requests posted and not completed: (id, `head` after it).
+    held: VecDeque<(u64, u64)>,
+}
+
+impl Stage {
+    /// A ring of `size` bytes.
+    pub fn new(size: usize) -> Stage {
+        Stage {
+            size: size as u64,
+            head: 0,
+            tail: 0,
+            held: VecDeque::new(),
+        }
+    }
+
+    /// Takes `len` contiguous bytes for work request `wr_id` (ids increase); returns their
+    /// offset, or `None` until completions free enough.
+    pub fn take(&mut self, wr_id: u64, len: usize) -> Option<usize> {
+        let len = len as u64;
+        let at = self.head % self.size;
+        // Skip to the start when it does not fit before the end.
+        let skip = if at + len > self.size {
+            self.size - at
+        } else {
+            0
+        };
+        if len > self.size || self.head + skip + len - self.tail > self.size {
+            return None;
+        }
+        self.head += skip + len;
+        self.held.push_back((wr_id, self.head));
+        Some(((self.head - len) % self.size) as usize)
+    }
+
+    /// Work request `wr_id` completed: it and every earlier one give their bytes back.
+    /// Returns how many work requests that was.
+    pub fn complete(&mut self, wr_id: u64) -> usize {
+        let mut n = 0;
+        while let Some(&(id, end)) = self.held.front() {
+            if id > wr_id {
+                break;
+            }
+            self.tail = end;
+            self.held.pop_front();
+            n += 1;
+        }
+        n
+    }
+
+    /// Bytes in use (staged and not completed, skipped bytes included).
+    pub fn used(&self) -> usize {
+        (self.head - self.tail) as usize
+    }
+
+    /// Work requests not completed.
+    pub fn outstanding(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Forgets everything staged (the queue pair is gone).
+    pub fn clear(&mut self) {
+        self.tail = self.head;
+        self.held.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn space_comes_back_in_order_and_wraps_whole() {
+        let mut s = Stage::new(100);
+        assert_eq!(s.take(1, 40), Some(0));
+        assert_eq!(s.take(2, 40), Some(40));
+        // 20 bytes left at the end, 30 wanted: nothing at the start is free yet.
+        assert_eq!(s.take(3, 30), None);
+        assert_eq!(s.complete(1), 1);
+        // Now it wraps: the 20 bytes at the end are skipped, 30 taken at 0.
+        assert_eq!(s.take(3, 30), Some(0));
+        assert_eq!(s.used(), 40 + 20 + 30);
+        // A completion covers every earlier work request.
+        assert_eq!(s.complete(3), 2);
+        assert_eq!((s.used(), s.outstanding()), (0, 0));
+        assert_eq!(s.take(4, 101), None);
+    }
+
+    proptest! {
+        /// Ranges in use never overlap and never cross the end; completing everything frees
+        /// everything.
+        #[test]
+        fn staged_ranges_never_overlap(ops in proptest::collection::vec((1usize..60, any::<bool>()), 1..200)) {
+            let mut s = Stage::new(128);
+            let mut live: VecDeque<(u64, usize, usize)> = VecDeque::new();
+            let mut id = 0;
+            for (len, complete) in ops {
+                if complete {
+                    if let Some(&(first, _, _)) = live.front() {
+                        s.complete(first);
+                        live.pop_front();
+                    }
+                    continue;
+                }
+                id += 1;
+                if let Some(off) = s.take(id, len) {
+                    prop_assert!(off + len <= 128);
+                    for &(_, o, l) in &live {
+                        prop_assert!(off + len <= o || o + l <= off, "{off}+{len} overlaps {o}+{l}");
+                    }
+                    live.push_back((id, off, len));
+                }
+                prop_assert!(s.used() <= 128);
+            }
+            s.complete(id);
+            prop_assert_eq!(s.used(), 0);
+        }
+    }
+}

@@ -1,0 +1,864 @@
+//! The verbs calls the transport makes, and all of its `unsafe`.
+//!
+//! libibverbs is reached through `rdma-mummy-sys`, which loads it with `dlopen` on first use,
+//! so the daemons start (and run TCP and shared memory) on a machine without rdma-core. The
+//! safe wrappers are written here over that sys crate rather than taken from `sideway`, the
+//! maintained safe crate over it: `sideway` cannot arm a completion queue or read a completion
+//! channel (`ibv_req_notify_cq`, `ibv_get_cq_event`), which an event loop needs, and its
+//! destructors panic when a destroy call fails.
+//!
+//! Each object owns what it was made from ([`Arc`]s to its device and protection domain), so
+//! they are destroyed in the order verbs requires whatever order their owners drop them in.
+//! A memory region owns its memory, so the adapter never writes memory that was freed.
+
+use rdma_mummy_sys as ffi;
+use splitnet_messaging::memory::SharedRegion;
+use std::ffi::CStr;
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{IpAddr, Ipv6Addr};
+use std::os::fd::{BorrowedFd, RawFd};
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+/// `errno` of the last failed call, as an error.
+fn last_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// A return code of a verbs call that reports errors as a positive `errno`.
+fn check(rc: i32) -> io::Result<()> {
+    match rc {
+        0 => Ok(()),
+        e if e > 0 => Err(io::Error::from_raw_os_error(e)),
+        _ => Err(last_error()),
+    }
+}
+
+/// An open RDMA device.
+#[derive(Debug)]
+pub struct Context {
+    ctx: NonNull<ffi::ibv_context>,
+    name: String,
+}
+
+// SAFETY: an ibv_context may be used from any thread (libibverbs locks what it shares); the
+// daemons use each from one thread at a time.
+unsafe impl Send for Context {}
+unsafe impl Sync for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: `ctx` came from ibv_open_device and everything made from it holds an Arc
+        // to this context, so nothing uses it any more.
+        unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
+    }
+}
+
+impl Context {
+    /// The device's name (`rxe0`, `mlx5_0`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The port and GID of a device that carry a given IP address (RoCE: the GID table holds
+/// the addresses of the device's network interface).
+#[derive(Debug, Clone)]
+pub struct Port {
+    /// The device.
+    pub ctx: Arc<Context>,
+    /// Port number (from 1).
+    pub port: u8,
+    /// Index of the address's GID in the port's table.
+    pub gid_index: u8,
+    /// The GID.
+    pub gid: [u8; 16],
+    /// The port's active MTU (`enum ibv_mtu`: 1 for 256 bytes ... 5 for 4096).
+    pub mtu: u32,
+}
+
+/// The GID an IP address has in a RoCE GID table: an IPv6 address as it is, an IPv4 address
+/// mapped (`::ffff:a.b.c.d`).
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// Finds the RDMA device, port and GID that carry `ip` (a RoCE v2 GID preferred over a v1
+/// one with the same address) and opens the device. The error names what is missing:
+/// libibverbs itself, any RDMA device, or one whose GID table holds `ip`.
+pub fn port_for(ip: IpAddr) -> io::Result<Port> {
+    // Opening a device and reading its GID tables is slow (milliseconds; a second under
+    // emulation): each address's port is found once per process.
+    static PORTS: std::sync::Mutex<Vec<(IpAddr, Port)>> = std::sync::Mutex::new(Vec::new());
+    let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = ports.iter().find(|(a, _)| *a == ip) {
+        return Ok(p.clone());
+    }
+    let p = find_port(ip)?;
+    ports.push((ip, p.clone()));
+    Ok(p)
+}
+
+fn find_port(ip: IpAddr) -> io::Result<Port> {
+    let want = gid_of(ip);
+    let mut n = 0;
+    // SAFETY: plain call; the list is freed below, after the devices we keep were opened.
+    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        let e = last_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("no RDMA stack: cannot list RDMA devices ({e}); install rdma-core (libibverbs1, ibverbs-providers) and load the device's driver"),
+        ));
+    }
+    let mut found: Option<(Port, bool)> = None;
+    let mut names = Vec::new();
+    for i in 0..usize::try_from(n).unwrap_or(0) {
+        // SAFETY: `list` holds `n` device pointers.
+        let dev = unsafe { *list.add(i) };
+        if dev.is_null() {
+            break;
+        }
+        // SAFETY: `dev` is a device of the list, which is still alive.
+        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name(dev)) }
+            .to_string_lossy()
+            .into_owned();
+        names.push(name.clone());
+        // SAFETY: as above.
+        let Some(ctx) = NonNull::new(unsafe { ffi::ibv_open_device(dev) }) else {
+            continue;
+        };
+        let ctx = Arc::new(Context { ctx, name });
+        if let Some(p) = find_gid(&ctx, &want) {
+            if found.as_ref().is_none_or(|f| p.1 && !f.1) {
+                found = Some(p);
+            }
+        }
+    }
+    // SAFETY: `list` came from ibv_get_device_list; opened contexts outlive it.
+    unsafe { ffi::ibv_free_device_list(list) };
+    found.map(|f| f.0).ok_or_else(|| {
+        let what = if names.is_empty() {
+            "no RDMA device (load a driver, or add Soft-RoCE: rdma link add rxe0 type rxe netdev IFACE)".to_string()
+        } else {
+            format!("no RDMA device has {ip} in its GID table (devices: {})", names.join(", "))
+        };
+        io::Error::new(io::ErrorKind::NotFound, what)
+    })
+}
+
+/// The type of GID `index` of `port`, if the table has that entry.
+fn gid_type(ctx: &Context, port: u8, index: u8) -> Option<u32> {
+    let mut entry = MaybeUninit::<ffi::ibv_gid_entry>::zeroed();
+    // SAFETY: `entry` is a writable ibv_gid_entry; the context is open.
+    let rc = unsafe {
+        ffi::ibv_query_gid_ex(
+            ctx.ctx.as_ptr(),
+            u32::from(port),
+            u32::from(index),
+            entry.as_mut_ptr(),
+            0,
+        )
+    };
+    // SAFETY: on success the entry was written.
+    (rc == 0).then(|| unsafe { entry.assume_init() }.gid_type)
+}
+
+/// The port and GID index of `ctx` whose GID is `want`, and whether it is RoCE v2.
+fn find_gid(ctx: &Arc<Context>, want: &[u8; 16]) -> Option<(Port, bool)> {
+    let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+    // SAFETY: `attr` is writable; the context is open.
+    if unsafe { ffi::ibv_query_device(ctx.ctx.as_ptr(), attr.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: written by the successful call.
+    let ports = unsafe { attr.assume_init() }.phys_port_cnt;
+    let mut best: Option<(Port, bool)> = None;
+    for port in 1..=ports {
+        let mut pa = MaybeUninit::<ffi::ibv_port_attr>::zeroed();
+        // SAFETY: as above.
+        if unsafe { ffi::ibv_query_port(ctx.ctx.as_ptr(), port, pa.as_mut_ptr()) } != 0 {
+            continue;
+        }
+        // SAFETY: written by the successful call.
+        let pa = unsafe { pa.assume_init() };
+        let len = u8::try_from(pa.gid_tbl_len.clamp(0, 255)).unwrap_or(0);
+        for index in 0..len {
+            let mut gid = MaybeUninit::<ffi::ibv_gid>::zeroed();
+            // SAFETY: as above.
+            let rc = unsafe {
+                ffi::ibv_query_gid(ctx.ctx.as_ptr(), port, i32::from(index), gid.as_mut_ptr())
+            };
+            if rc != 0 {
+                continue;
+            }
+            // SAFETY: written by the successful call; every bit pattern is a valid GID.
+            let raw = unsafe { gid.assume_init().raw };
+            if &raw != want {
+                continue;
+            }
+            let v2 = gid_type(ctx, port, index) == Some(ffi::IBV_GID_TYPE_ROCE_V2);
+            if best.as_ref().is_none_or(|b| v2 && !b.1) {
+                best = Some((
+                    Port {
+                        ctx: ctx.clone(),
+                        port,
+                        gid_index: index,
+                        gid: raw,
+                        mtu: pa.active_mtu,
+                    },
+                    v2,
+                ));
+            }
+        }
+    }
+    best
+}
+
+/// A protection domain: the queue pair and memory regions of one peer's session.
+#[derive(Debug)]
+pub struct Pd {
+    pd: NonNull<ffi::ibv_pd>,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: as for Context.
+unsafe impl Send for Pd {}
+unsafe impl Sync for Pd {}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: everything made in this domain holds an Arc to it, so nothing is left.
+        unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
+    }
+}
+
+impl Pd {
+    /// Allocates a protection domain on `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> io::Result<Arc<Pd>> {
+        // SAFETY: the context is open.
+        let pd =
+            NonNull::new(unsafe { ffi::ibv_alloc_pd(ctx.ctx.as_ptr()) }).ok_or_else(last_error)?;
+        Ok(Arc::new(Pd {
+            pd,
+            _ctx: ctx.clone(),
+        }))
+    }
+}
+
+/// The memory behind a region: owned by it, so it outlives the registration.
+enum MrMem {
+    /// Private memory this side copies into (send staging) or the adapter fills (receives).
+    Heap(Box<[u8]>),
+    /// A pool arena the peer's writes land in (held, never read here).
+    Shared(#[allow(dead_code)] SharedRegion),
+}
+
+/// A registered memory region.
+pub struct Mr {
+    mr: NonNull<ffi::ibv_mr>,
+    mem: MrMem,
+    _pd: Arc<Pd>,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("len", &self.len())
+            .field("rkey", &self.rkey())
+            .finish()
+    }
+}
+
+// SAFETY: the region is only read through its keys and the memory it owns.
+unsafe impl Send for Mr {}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: `mr` came from ibv_reg_mr; its memory is still owned (dropped after this).
+        unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+/// Access rights of a region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Local use only: a send buffer.
+    Local,
+    /// The adapter writes it on receipt: posted receives (local write).
+    LocalWrite,
+    /// The peer writes it with RDMA WRITE: a pool arena (remote write, no remote read).
+    RemoteWrite,
+}
+
+impl Mr {
+    /// Registers `len` bytes of zeroed private memory.
+    pub fn heap(pd: &Arc<Pd>, len: usize, access: Access) -> io::Result<Mr> {
+        let mut mem = vec![0u8; len].into_boxed_slice();
+        let ptr = mem.as_mut_ptr();
+        // SAFETY: `mem` is `len` bytes that the region owns from now on (a Box's heap memory
+        // does not move when the Box does).
+        unsafe { Mr::register(pd, ptr, len, access, MrMem::Heap(mem)) }
+    }
+
+    /// Registers a pool arena for the peer's RDMA writes.
+    pub fn shared(pd: &Arc<Pd>, region: SharedRegion) -> io::Result<Mr> {
+        let words = region.words();
+        let (ptr, len) = (words.as_ptr() as *mut u8, words.len() * 4);
+        // SAFETY: the arena's mapping stays while the region holds the Arc; it is only ever
+        // accessed through atomics on this side, so the adapter's writes race with nothing
+        // Rust considers plain memory.
+        unsafe { Mr::register(pd, ptr, len, Access::RemoteWrite, MrMem::Shared(region)) }
+    }
+
+    /// # Safety
+    /// `ptr..ptr + len` must stay valid as long as `mem` lives.
+    unsafe fn register(
+        pd: &Arc<Pd>,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        mem: MrMem,
+    ) -> io::Result<Mr> {
+        let flags = match access {
+            Access::Local => 0,
+            Access::LocalWrite => ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0,
+            Access::RemoteWrite => {
+                ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+                    | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            }
+        };
+        // SAFETY: the caller guarantees the memory; the domain is alive.
+        let mr = unsafe { ffi::ibv_reg_mr(pd.pd.as_ptr(), ptr.cast(), len, flags as i32) };
+        let mr = NonNull::new(mr).ok_or_else(|| {
+            let e = last_error();
+            let hint = match e.raw_os_error() {
+                Some(libc::ENOMEM) | Some(libc::EPERM) => {
+                    " (pinned memory is limited by RLIMIT_MEMLOCK: LimitMEMLOCK= in the unit, ulimit -l, or CAP_IPC_LOCK)"
+                }
+                _ => "",
+            };
+            io::Error::new(e.kind(), format!("cannot register {len} bytes with the adapter: {e}{hint}"))
+        })?;
+        Ok(Mr {
+            mr,
+            mem,
+            _pd: pd.clone(),
+        })
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: `mr` is a live registration.
+        unsafe { self.mr.as_ref().lkey }
+    }
+
+    /// Remote key: what the peer names this region by.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { self.mr.as_ref().rkey }
+    }
+
+    /// Address of the first byte (the peer's remote address for it).
+    pub fn addr(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { self.mr.as_ref().addr as u64 }
+    }
+
+    /// Bytes registered.
+    pub fn len(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { self.mr.as_ref().length }
+    }
+
+    /// The private bytes (empty for a pool arena).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.mem {
+            MrMem::Heap(m) => m,
+            MrMem::Shared(_) => &[],
+        }
+    }
+
+    /// The private bytes, writable (empty for a pool arena). Only while the adapter does
+    /// not use them: a send staging range not in flight, a receive buffer not posted.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        match &mut self.mem {
+            MrMem::Heap(m) => m,
+            MrMem::Shared(_) => &mut [],
+        }
+    }
+}
+
+/// A work completion, copied out of the completion queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wc {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// `enum ibv_wc_status`: 0 is success.
+    pub status: u32,
+    /// `enum ibv_wc_opcode`.
+    pub opcode: u32,
+    /// Bytes received (receives only).
+    pub byte_len: u32,
+    /// Immediate data in host order, when the completion carries some.
+    pub imm: Option<u32>,
+}
+
+/// `IBV_WC_RECV`: a SEND arrived.
+pub const WC_RECV: u32 = ffi::ibv_wc_opcode::IBV_WC_RECV;
+/// `IBV_WC_RECV_RDMA_WITH_IMM`: an RDMA WRITE WITH IMMEDIATE arrived.
+pub const WC_RECV_RDMA_WITH_IMM: u32 = ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
+
+/// What a failed completion's status means.
+pub fn status_str(status: u32) -> String {
+    // SAFETY: ibv_wc_status_str returns a static string for any value.
+    unsafe { CStr::from_ptr(ffi::ibv_wc_status_str(status)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A completion queue with its own completion channel: a descriptor that becomes readable
+/// when the queue, armed, gets a completion.
+#[derive(Debug)]
+pub struct Cq {
+    cq: NonNull<ffi::ibv_cq>,
+    channel: NonNull<ffi::ibv_comp_channel>,
+    /// Events read from the channel and not yet acknowledged.
+    unacked: u32,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: as for Context.
+unsafe impl Send for Cq {}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: the queue pair using this queue holds no reference to it but is dropped
+        // first by its owner (field order); every event read is acknowledged before the
+        // queue is destroyed, as verbs requires.
+        unsafe {
+            ffi::ibv_ack_cq_events(self.cq.as_ptr(), self.unacked);
+            ffi::ibv_destroy_cq(self.cq.as_ptr());
+            ffi::ibv_destroy_comp_channel(self.channel.as_ptr());
+        }
+    }
+}
+
+/// Completions read per `ibv_poll_cq`.
+const POLL_BATCH: usize = 32;
+
+impl Cq {
+    /// A completion queue of `depth` entries on `ctx`, with a non-blocking channel.
+    pub fn new(ctx: &Arc<Context>, depth: u32) -> io::Result<Cq> {
+        // SAFETY: the context is open.
+        let channel = NonNull::new(unsafe { ffi::ibv_create_comp_channel(ctx.ctx.as_ptr()) })
+            .ok_or_else(last_error)?;
+        // SAFETY: `channel` is live; its descriptor is ours.
+        let fd: RawFd = unsafe { channel.as_ref().fd };
+        // SAFETY: fcntl on a descriptor we own.
+        let nonblock = unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+        };
+        let cqe = i32::try_from(depth).unwrap_or(i32::MAX);
+        // SAFETY: as above.
+        let cq = unsafe {
+            ffi::ibv_create_cq(ctx.ctx.as_ptr(), cqe, ptr::null_mut(), channel.as_ptr(), 0)
+        };
+        let fail = |e: io::Error| {
+            // SAFETY: nothing else uses the channel yet.
+            unsafe { ffi::ibv_destroy_comp_channel(channel.as_ptr()) };
+            e
+        };
+        if !nonblock {
+            return Err(fail(last_error()));
+        }
+        let cq = NonNull::new(cq).ok_or_else(|| fail(last_error()))?;
+        Ok(Cq {
+            cq,
+            channel,
+            unacked: 0,
+            _ctx: ctx.clone(),
+        })
+    }
+
+    /// The channel's descriptor: readable once an armed queue got a completion.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel and its descriptor live as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.channel.as_ref().fd) }
+    }
+
+    /// Appends the completions waiting (at most `POLL_BATCH`) to `out`; returns how many.
+    pub fn poll(&mut self, out: &mut Vec<Wc>) -> io::Result<usize> {
+        let mut wcs = [MaybeUninit::<ffi::ibv_wc>::zeroed(); POLL_BATCH];
+        // SAFETY: `wcs` has room for POLL_BATCH completions.
+        let n = unsafe {
+            ffi::ibv_poll_cq(self.cq.as_ptr(), POLL_BATCH as i32, wcs.as_mut_ptr().cast())
+        };
+        if n < 0 {
+            return Err(io::Error::other(format!("ibv_poll_cq failed ({n})")));
+        }
+        for wc in &wcs[..n as usize] {
+            // SAFETY: the first `n` entries were written.
+            let wc = unsafe { wc.assume_init_ref() };
+            let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            out.push(Wc {
+                wr_id: wc.wr_id,
+                status: wc.status,
+                opcode: wc.opcode,
+                byte_len: wc.byte_len,
+                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate data
+                // (big-endian on the wire and here).
+                imm: with_imm
+                    .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+            });
+        }
+        Ok(n as usize)
+    }
+
+    /// Asks for an event on the channel at the next completion.
+    pub fn arm(&mut self) -> io::Result<()> {
+        // SAFETY: the queue is live.
+        check(unsafe { ffi::ibv_req_notify_cq(self.cq.as_ptr(), 0) })
+    }
+
+    /// Reads the events the channel holds (none: `Ok(0)`).
+    pub fn take_events(&mut self) -> io::Result<u32> {
+        let mut n = 0;
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut ctx = ptr::null_mut();
+            // SAFETY: the channel is live and non-blocking.
+            let rc = unsafe { ffi::ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut ctx) };
+            if rc != 0 {
+                let e = last_error();
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    return Err(e);
+                }
+                break;
+            }
+            n += 1;
+            self.unacked += 1;
+        }
+        if self.unacked >= 64 {
+            // SAFETY: these events were read from this queue's channel.
+            unsafe { ffi::ibv_ack_cq_events(self.cq.as_ptr(), self.unacked) };
+            self.unacked = 0;
+        }
+        Ok(n)
+    }
+}
+
+/// One entry of a batch of sends: `len` bytes at `off` of a registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr {
+    /// Id the completion carries.
+    pub wr_id: u64,
+    /// What to do.
+    pub kind: SendKind,
+    /// Offset of the payload in the source region.
+    pub off: usize,
+    /// Payload bytes.
+    pub len: u32,
+    /// Ask for a completion.
+    pub signaled: bool,
+}
+
+/// The operation of a [`SendWr`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendKind {
+    /// SEND.
+    Send,
+    /// SEND WITH IMMEDIATE.
+    SendImm(u32),
+    /// RDMA WRITE to `addr` of the peer's region `rkey`.
+    Write {
+        /// Remote address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE WITH IMMEDIATE.
+    WriteImm {
+        /// Remote address.
+        addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data (host order).
+        imm: u32,
+    },
+}
+
+/// Remote attributes a queue pair connects to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    /// The peer's queue pair number.
+    pub qpn: u32,
+    /// The first packet sequence number the peer sends.
+    pub psn: u32,
+    /// The peer's GID.
+    pub gid: [u8; 16],
+    /// Path MTU (`enum ibv_mtu`), the smaller of both ports'.
+    pub mtu: u32,
+}
+
+/// A reliable-connected queue pair.
+pub struct Qp {
+    qp: NonNull<ffi::ibv_qp>,
+    port: Port,
+    wrs: Vec<ffi::ibv_send_wr>,
+    sges: Vec<ffi::ibv_sge>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: as for Context.
+unsafe impl Send for Qp {}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp").field("qpn", &self.qpn()).finish()
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the queue pair is ours; its completion queue outlives it (field order).
+        unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+impl Qp {
+    /// An RC queue pair in `pd` on `port`, both queues completing on `cq`, moved to INIT
+    /// with remote write access to this side's regions (their own rights still apply).
+    pub fn new(
+        pd: &Arc<Pd>,
+        port: &Port,
+        cq: &Cq,
+        send_depth: u32,
+        recv_depth: u32,
+    ) -> io::Result<Qp> {
+        // SAFETY: zero is a valid ibv_qp_init_attr (null pointers, zero counts).
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.cq.as_ptr();
+        init.recv_cq = cq.cq.as_ptr();
+        init.cap.max_send_wr = send_depth;
+        init.cap.max_recv_wr = recv_depth;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+        // SAFETY: the domain and queue are live; `init` is initialised.
+        let qp = NonNull::new(unsafe { ffi::ibv_create_qp(pd.pd.as_ptr(), &mut init) })
+            .ok_or_else(last_error)?;
+        let mut q = Qp {
+            qp,
+            port: port.clone(),
+            wrs: Vec::new(),
+            sges: Vec::new(),
+            _pd: pd.clone(),
+        };
+        // SAFETY: zero is a valid ibv_qp_attr.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port.port;
+        a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        use ffi::ibv_qp_attr_mask as m;
+        q.modify(
+            &mut a,
+            m::IBV_QP_STATE.0
+                | m::IBV_QP_PKEY_INDEX.0
+                | m::IBV_QP_PORT.0
+                | m::IBV_QP_ACCESS_FLAGS.0,
+        )?;
+        Ok(q)
+    }
+
+    fn modify(&mut self, a: &mut ffi::ibv_qp_attr, mask: u32) -> io::Result<()> {
+        // SAFETY: the queue pair is live; `a` is initialised.
+        check(unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), a, mask as i32) })
+    }
+
+    /// The queue pair number.
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: live queue pair.
+        unsafe { self.qp.as_ref().qp_num }
+    }
+
+    /// Connects to `remote` (INIT to RTR to RTS); `psn` is this side's first sequence number.
+    pub fn connect(&mut self, remote: &Remote, psn: u32) -> io::Result<()> {
+        use ffi::ibv_qp_attr_mask as m;
+        // SAFETY: zero is a valid ibv_qp_attr.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = remote.mtu;
+        a.dest_qp_num = remote.qpn;
+        a.rq_psn = remote.psn;
+        a.max_dest_rd_atomic = 0;
+        // 0.01 ms, the shortest: a receiver out of posted receives is back quickly.
+        a.min_rnr_timer = 1;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = self.port.port;
+        a.ah_attr.grh.dgid = ffi::ibv_gid { raw: remote.gid };
+        a.ah_attr.grh.sgid_index = self.port.gid_index;
+        a.ah_attr.grh.hop_limit = 64;
+        self.modify(
+            &mut a,
+            m::IBV_QP_STATE.0
+                | m::IBV_QP_AV.0
+                | m::IBV_QP_PATH_MTU.0
+                | m::IBV_QP_DEST_QPN.0
+                | m::IBV_QP_RQ_PSN.0
+                | m::IBV_QP_MAX_DEST_RD_ATOMIC.0
+                | m::IBV_QP_MIN_RNR_TIMER.0,
+        )?;
+        // SAFETY: as above.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = psn;
+        // 4.096 us * 2^14 = 67 ms before a retransmission, 7 retries: a peer silent for
+        // about half a second breaks the connection (the keepalive notices sooner).
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        // 7: retry forever while the receiver has no receive posted (back-pressure, no loss).
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 0;
+        self.modify(
+            &mut a,
+            m::IBV_QP_STATE.0
+                | m::IBV_QP_SQ_PSN.0
+                | m::IBV_QP_TIMEOUT.0
+                | m::IBV_QP_RETRY_CNT.0
+                | m::IBV_QP_RNR_RETRY.0
+                | m::IBV_QP_MAX_QP_RD_ATOMIC.0,
+        )
+    }
+
+    /// Moves the queue pair to the error state: everything posted completes with a flush
+    /// error, and nothing more is sent or received.
+    pub fn shut(&mut self) -> io::Result<()> {
+        // SAFETY: zero is a valid ibv_qp_attr.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut a, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0)
+    }
+
+    /// Posts `batch` with one `ibv_post_send` (one doorbell), each payload from `src`.
+    /// Refused (nothing posted) if a payload lies outside `src`.
+    pub fn post_send(&mut self, src: &Mr, batch: &[SendWr]) -> io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.wrs.clear();
+        self.sges.clear();
+        for w in batch {
+            let end = w.off.checked_add(w.len as usize);
+            if end.is_none_or(|e| e > src.len()) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "send outside its staging region",
+                ));
+            }
+            self.sges.push(ffi::ibv_sge {
+                addr: src.addr() + w.off as u64,
+                length: w.len,
+                lkey: src.lkey(),
+            });
+            // SAFETY: zero is a valid ibv_send_wr (null links, no flags).
+            let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+            wr.wr_id = w.wr_id;
+            wr.num_sge = i32::from(w.len > 0);
+            if w.signaled {
+                wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            use ffi::ibv_wr_opcode as op;
+            match w.kind {
+                SendKind::Send => wr.opcode = op::IBV_WR_SEND,
+                SendKind::SendImm(imm) => {
+                    wr.opcode = op::IBV_WR_SEND_WITH_IMM;
+                    wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                }
+                SendKind::Write { addr, rkey } => {
+                    wr.opcode = op::IBV_WR_RDMA_WRITE;
+                    wr.wr.rdma = ffi::rdma_t {
+                        remote_addr: addr,
+                        rkey,
+                    };
+                }
+                SendKind::WriteImm { addr, rkey, imm } => {
+                    wr.opcode = op::IBV_WR_RDMA_WRITE_WITH_IMM;
+                    wr.wr.rdma = ffi::rdma_t {
+                        remote_addr: addr,
+                        rkey,
+                    };
+                    wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                }
+            }
+            self.wrs.push(wr);
+        }
+        // Link the list now that neither vector moves any more.
+        let n = self.wrs.len();
+        for i in 0..n {
+            let sge: *mut ffi::ibv_sge = &mut self.sges[i];
+            self.wrs[i].sg_list = sge;
+            self.wrs[i].next = if i + 1 < n {
+                &mut self.wrs[i + 1]
+            } else {
+                ptr::null_mut()
+            };
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: the list is well formed; every payload lies in `src`, a live registration
+        // whose memory the caller does not touch until the completion.
+        check(unsafe { ffi::ibv_post_send(self.qp.as_ptr(), self.wrs.as_mut_ptr(), &mut bad) })
+    }
+
+    /// Posts receives, one per `(wr_id, off)`, each of `len` bytes of `dst`, with one call.
+    pub fn post_recv(&mut self, dst: &Mr, slots: &[(u64, usize)], len: u32) -> io::Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let mut sges = Vec::with_capacity(slots.len());
+        for &(_, off) in slots {
+            if off.checked_add(len as usize).is_none_or(|e| e > dst.len()) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "receive outside its region",
+                ));
+            }
+            sges.push(ffi::ibv_sge {
+                addr: dst.addr() + off as u64,
+                length: len,
+                lkey: dst.lkey(),
+            });
+        }
+        let mut wrs: Vec<ffi::ibv_recv_wr> = slots
+            .iter()
+            .map(|&(wr_id, _)| ffi::ibv_recv_wr {
+                wr_id,
+                next: ptr::null_mut(),
+                sg_list: ptr::null_mut(),
+                num_sge: 1,
+            })
+            .collect();
+        let n = wrs.len();
+        for i in 0..n {
+            wrs[i].sg_list = &mut sges[i];
+            if i + 1 < n {
+                wrs[i].next = &mut wrs[i + 1];
+            }
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: the list is well formed and every buffer lies in `dst`, which the caller
+        // does not touch until the completion.
+        check(unsafe { ffi::ibv_post_recv(self.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) })
+    }
+}
+
+/// The IPv6 form of a GID, for messages.
+pub fn gid_display(gid: &[u8; 16]) -> Ipv6Addr {
+    Ipv6Addr::from(*gid)
+}

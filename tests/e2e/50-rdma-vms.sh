@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# The data channel over RDMA verbs, between two QEMU/TCG virtual machines on Debian's stock
+# kernel (tests/vm/), "ioc" and "host", joined by a virtio-net wire (UDP on 127.0.0.1), each
+# with Soft-RoCE (rdma_rxe) on eth0. The IOC takes RDMA data channels (fabric.rdma = true) and
+# owns lan0, a veth whose peer lan1 (10.50.0.2, fd50::2) is in namespace "lan"; host-driver
+# connects with fabric.ioc = "rdma:10.201.0.1:7400" and makes sd0 (10.50.0.1, fd50::1).
+# Through sd0: ping over IPv4 and IPv6, 20 MiB each way with SHA-256 checks, iperf3 each way;
+# then the IOC is killed and started again and the host reconnects by itself (ping again); the
+# host stops gracefully. Both daemons say what their queue pairs carried (the frames as RDMA
+# WRITE WITH IMMEDIATE); the ioc VM's rxe counters are printed. Functional checks only: TCG is
+# ~10x slower, nothing here is timed.
+#
+# The same file runs inside each VM (tests/vm/guest.sh sources it):
+#   50-rdma-vms.sh guest ioc|host CONF_DIR BIN_DIR
+# In the ioc VM first: the verbs transport's integration test (fabric/tests/tcp_loopback.rs,
+# `frames_each_way_over_rdma_verbs`: two queue pairs of rxe0 looped back, frames of every size
+# each way checked byte for byte, the largest as RDMA WRITE with a BufferRDMAIndicate).
+set -u
+
+FILE_BYTES=$((20 * 1024 * 1024))
+# Frames each way in the integration test (100,000 on a real machine; TCG is ~10x slower).
+VERBS_FRAMES=20000
+
+# ---------------------------------------------------------------------------------------------
+# Inside the VMs (helpers vm_step, vm_run, vm_result, ... from tests/vm/guest.sh; guest_* from
+# tests/vm/splitnet.sh)
+
+# ioc_start CONF BIN: ioc-driver, its log appended to; waits until it listens. Sets IOC.
+ioc_start() {
+    "$2/ioc-driver" --config "$1/ioc.toml" --control-socket /run/ioc.sock \
+        >>"$VM_OUT/ioc-driver.log" 2>&1 &
+    IOC=$!
+    guest_wait_daemon "$IOC" "$VM_OUT/ioc-driver.log" 60 guest_listening 7400
+}
+
+# guest_ioc CONF BIN: the IOC with the LAN peer in namespace "lan"; restarts when the host
+# asks; stays up until the host VM is done, then records the transfers and rxe0's counters.
+guest_ioc() {
+    local conf=$1 bin=$2 up down iperf
+    guest_common 10.201.0.1
+    vm_step "LAN: veth lan0, peer lan1 (10.50.0.2/24, fd50::2/64) in namespace lan"
+    vm_run modprobe veth
+    vm_run ip netns add lan
+    vm_run ip link add lan0 type veth peer name lan1 netns lan
+    vm_run ip -n lan addr add 10.50.0.2/24 dev lan1
+    vm_run ip -n lan addr add fd50::2/64 dev lan1 nodad
+    vm_run ip -n lan link set lo up
+    vm_run ip -n lan link set lan1 up
+    vm_run ip link set lan0 up
+    vm_step "the verbs transport's integration test: $VERBS_FRAMES frames each way over rxe0"
+    SPLITNET_VERBS_ADDR=10.201.0.1 SPLITNET_VERBS_FRAMES=$VERBS_FRAMES "$bin/tcp_loopback" \
+        --ignored --exact frames_each_way_over_rdma_verbs >"$VM_OUT/verbs-test.txt" 2>&1 ||
+        vm_die "frames_each_way_over_rdma_verbs: $(tail -n 20 "$VM_OUT/verbs-test.txt" | tr '\n' ' ')"
+    vm_result verbs_test "$(grep '^test result' "$VM_OUT/verbs-test.txt")"
+    vm_step "ioc-driver on 10.201.0.1:7400 taking RDMA data channels, owning lan0"
+    ioc_start "$conf" "$bin"
+    vm_step "LAN peer: file receiver on 5001, sender on 5002, iperf3 server on 5201"
+    mkdir -p /run/xfer
+    head -c "$FILE_BYTES" /dev/urandom >/run/xfer/down.bin
+    ip netns exec lan python3 "$VM_ROOT/tests/vm/tcpfile.py" listen 5001 recv /run/xfer/up.bin 300 \
+        >"$VM_OUT/lan-recv.txt" 2>&1 &
+    up=$!
+    ip netns exec lan python3 "$VM_ROOT/tests/vm/tcpfile.py" listen 5002 send /run/xfer/down.bin 300 \
+        >"$VM_OUT/lan-send.txt" 2>&1 &
+    down=$!
+    ip netns exec lan iperf3 -s -p 5201 >"$VM_OUT/iperf3-server.txt" 2>&1 &
+    iperf=$!
+    vm_until 60 guest_listening lan 5001 && vm_until 60 guest_listening lan 5002 &&
+        vm_until 60 guest_listening lan 5201 || vm_die "the LAN peer does not listen after 60 s"
+    vm_signal ioc-ready
+    vm_step "waiting for the host to ask for an IOC restart"
+    vm_await kill-ioc 420 || vm_die "the host VM did not get to the IOC restart within 420 s"
+    vm_step "SIGKILL ioc-driver, then start it again"
+    kill -KILL "$IOC"
+    wait "$IOC" 2>/dev/null
+    echo "=== ioc-driver killed, started again" >>"$VM_OUT/ioc-driver.log"
+    ioc_start "$conf" "$bin"
+    vm_signal ioc-restarted
+    vm_step "waiting for the host VM to finish"
+    vm_await_exit host 300 || vm_die "the host VM did not finish within 300 s"
+    vm_step "LAN peer: transfer results"
+    wait "$up"
+    vm_result lan_recv "rc=$? $(cat "$VM_OUT/lan-recv.txt")"
+    wait "$down"
+    vm_result lan_send "rc=$? $(cat "$VM_OUT/lan-send.txt")"
+    kill "$iperf" 2>/dev/null
+    guest_stop "$IOC" ioc_driver
+    vm_step "rxe counters"
+    for f in /sys/class/infiniband/*/ports/1/hw_counters/*; do
+        printf '%s=%s\n' "$(basename "$f")" "$(cat "$f")"
+    done | tee "$VM_OUT/rxe-counters"
+}
+
+# guest_iperf NAME ARGS...: a 3 s iperf3 run to the LAN peer; records NAME=BYTES RETRANSMITS
+# (bytes the receiver got) from its JSON.
+guest_iperf() {
+    local name=$1 out
+    shift
+    out=$(iperf3 -c 10.50.0.2 -p 5201 -t 3 -J "$@" 2>&1) || vm_die "iperf3 $*: $(echo "$out" | tail -n 5)"
+    vm_result "$name" "$(echo "$out" | python3 -c 'import json, sys
+e = json.load(sys.stdin)["end"]
+print(int(e["sum_received"]["bytes"]), e["sum_sent"].get("retransmits", 0))')"
+}
+
+# guest_host CONF BIN: host-driver over RDMA with sd0; once the IOC is ready: pings, files,
+# iperf3, the IOC's restart, a graceful stop.
+guest_host() {
+    local conf=$1 bin=$2 host out
+    guest_common 10.201.0.2
+    vm_step "host-driver: sd0 10.50.0.1/24, fd50::1/64"
+    vm_run modprobe tun
+    "$bin/host-driver" --config "$conf/host.toml" --control-socket /run/host.sock \
+        >"$VM_OUT/host-driver.log" 2>&1 &
+    host=$!
+    guest_wait_daemon "$host" "$VM_OUT/host-driver.log" 60 guest_has_link sd0
+    vm_run ip addr add 10.50.0.1/24 dev sd0
+    vm_run ip addr add fd50::1/64 dev sd0 nodad
+    vm_run ip link set sd0 up
+    vm_step "waiting for the ioc VM (ioc-driver and the LAN peer ready)"
+    vm_until 300 eval '[ -e "$VM_SHARED/ioc-ready" ] || [ -e "$VM_SHARED/ioc.status" ]' &&
+        [ -e "$VM_SHARED/ioc-ready" ] || vm_die "the ioc VM ended or was not ready within 300 s"
+    vm_step "carrier on sd0"
+    vm_until 60 eval "ip link show sd0 | grep -q LOWER_UP" || vm_die "no carrier on sd0 within 60 s"
+    vm_step "ping 10.50.0.2 and fd50::2 through sd0"
+    out=$(ping -c 5 -i 0.5 -W 5 10.50.0.2 2>&1) || vm_die "ping 10.50.0.2: $out"
+    vm_result ping4 "$(echo "$out" | grep 'packets transmitted')"
+    out=$(ping -6 -c 5 -i 0.5 -W 5 fd50::2 2>&1) || vm_die "ping fd50::2: $out"
+    vm_result ping6 "$(echo "$out" | grep 'packets transmitted')"
+    vm_step "upload: $FILE_BYTES random bytes to 10.50.0.2:5001"
+    mkdir -p /run/xfer
+    head -c "$FILE_BYTES" /dev/urandom >/run/xfer/up.bin
+    out=$(python3 "$VM_ROOT/tests/vm/tcpfile.py" connect 10.50.0.2 5001 send /run/xfer/up.bin 120 2>&1) ||
+        vm_die "upload: $out"
+    vm_result upload "$out"
+    vm_step "download: from 10.50.0.2:5002"
+    out=$(python3 "$VM_ROOT/tests/vm/tcpfile.py" connect 10.50.0.2 5002 recv /run/xfer/down.bin 120 2>&1) ||
+        vm_die "download: $out"
+    vm_result download "$out"
+    vm_step "iperf3 to and from 10.50.0.2"
+    guest_iperf iperf_up
+    guest_iperf iperf_down -R
+    "$bin/splitnetctl" -s /run/host.sock --json stats >"$VM_OUT/host-stats.json" ||
+        vm_die "splitnetctl stats (host-driver) failed"
+    vm_step "the IOC is killed and started again"
+    vm_signal kill-ioc
+    vm_await ioc-restarted 120 || vm_die "the IOC did not come back within 120 s"
+    vm_step "host-driver reconnects by itself: ping 10.50.0.2"
+    vm_until 90 ping -c 1 -W 2 10.50.0.2 || vm_die "no ping through sd0 within 90 s of the IOC's restart"
+    # 1,000 bytes: more than SendData carries, so these cross as RDMA writes.
+    out=$(ping -c 3 -s 1000 -i 0.5 -W 5 10.50.0.2 2>&1) || vm_die "ping after the IOC's restart: $out"
+    vm_result ping_after_restart "$(echo "$out" | grep 'packets transmitted')"
+    vm_step "graceful stop of host-driver"
+    guest_stop "$host" host_driver
+}
+
+if [ "${1:-}" = guest ]; then
+    # shellcheck source=../vm/splitnet.sh
+    . "$VM_ROOT/tests/vm/splitnet.sh"
+    case ${2:-} in
+        ioc) guest_ioc "$3" "$4" ;;
+        host) guest_host "$3" "$4" ;;
+        *) vm_die "unknown VM role '${2:-}'" ;;
+    esac
+    exit
+fi
+
+# ---------------------------------------------------------------------------------------------
+# On this machine
+
+. "$(dirname "$0")/../lib.sh"
+# shellcheck source=../vm/lib.sh
+. "$ROOT/tests/vm/lib.sh"
+# shellcheck source=../vm/splitnet.sh
+. "$ROOT/tests/vm/splitnet.sh"
+
+# qp_stats LOG KEY: KEY's values in LOG's "RDMA queue pair closed" lines, one per line.
+qp_stats() { grep 'RDMA queue pair closed' "$1" | grep -o "\<$2=[0-9]*" | cut -d= -f2; }
+
+# qp_total LOG KEY: their sum.
+qp_total() { qp_stats "$1" "$2" | awk '{ s += $1 } END { print s + 0 }'; }
+
+need_root; need_tool python3 ss iperf3; need_daemons
+SELF=$(realpath "$0")
+start=$SECONDS
+vm_setup || fail "VM set-up: $VM_ERROR"
+log "VMs: kernel $VM_KVER, set-up $((SECONDS - start)) s (cache: $VM_CACHE)"
+mkdir -p "$T/bin"
+cp "$BIN/ioc-driver" "$BIN/host-driver" "$BIN/splitnetctl" "$T/bin/" || fail "cannot copy the daemons from $BIN"
+# The integration test's binary, as `cargo test` built it (built now if it is not).
+. "$ROOT/tests/cargo.sh"
+need_cargo || fail "cargo is needed to find the verbs integration test"
+testbin=$(cd "$ROOT" && as_user cargo test -q -p splitnet-fabric --test tcp_loopback --no-run \
+    --message-format=json 2>/dev/null | python3 -c 'import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "tcp_loopback":
+        print(m["executable"])')
+[ -x "$testbin" ] || fail "cannot build or find fabric's tcp_loopback test binary"
+cp "$testbin" "$T/bin/tcp_loopback"
+vm_configs "$T/conf" rdma
+ln -s vm-ioc/out/ioc-driver.log "$T/ioc.log"
+ln -s vm-host/out/host-driver.log "$T/host.log"
+
+vm_pair ioc host || fail "$VM_ERROR"
+start=$SECONDS
+vm_start ioc "$SELF" guest ioc "$T/conf" "$T/bin" || fail "$VM_ERROR"
+vm_start host "$SELF" guest host "$T/conf" "$T/bin" || fail "$VM_ERROR"
+vm_wait_all ioc host || fail "$VM_ERROR"
+log "both VMs done in $((SECONDS - start)) s (ioc ${VM_ELAPSED[ioc]} s, host ${VM_ELAPSED[host]} s)"
+
+for vm in ioc host; do
+    assert_match "$(vm_result_get $vm rxe)" '^link rxe0/1 state ACTIVE .*netdev eth0' "$vm VM: rxe0"
+done
+ioc_log=$(vm_out ioc)/ioc-driver.log
+host_log=$(vm_out host)/host-driver.log
+assert_grep "$ioc_log" 'data channels over RDMA on rxe0 port 1' "the IOC found rxe0 for 10.201.0.1"
+assert_grep "$ioc_log" 'host connected peer=[^ ]*, RDMA' "the IOC took the host's data channel over RDMA"
+assert_match "$(vm_result_get ioc verbs_test)" '^test result: ok\. 1 passed' "the verbs integration test in the ioc VM"
+log "verbs integration test ($VERBS_FRAMES frames each way over rxe0): $(vm_result_get ioc verbs_test)"
+
+assert_match "$(vm_result_get host ping4)" '^5 packets transmitted, 5 received' "ping 10.50.0.2 through sd0"
+assert_match "$(vm_result_get host ping6)" '^5 packets transmitted, 5 received' "ping fd50::2 through sd0"
+log "ping through sd0: $(vm_result_get host ping4); IPv6: $(vm_result_get host ping6)"
+
+up=$(vm_result_get host upload)
+down=$(vm_result_get host download)
+lan_recv=$(vm_result_get ioc lan_recv)
+lan_send=$(vm_result_get ioc lan_send)
+assert_eq "$(field rc "$lan_recv")" 0 "LAN peer's receiver exit status ($lan_recv)"
+assert_eq "$(field rc "$lan_send")" 0 "LAN peer's sender exit status ($lan_send)"
+assert_transfer "upload host VM -> LAN peer" "$up" "$lan_recv"
+assert_transfer "download LAN peer -> host VM" "$lan_send" "$down"
+log "upload: $up; download: $down (TCG: not a throughput figure)"
+for dir in up down; do
+    read -r bytes retr <<<"$(vm_result_get host "iperf_$dir")"
+    assert_ge "${bytes:-0}" 1000000 "iperf3 $dir: bytes the receiver got in 3 s"
+    log "iperf3 $dir: ${bytes:-0} bytes in 3 s, ${retr:-?} retransmits (TCG: not a throughput figure)"
+done
+
+read -r tx rx errors < <(fabric_counters "$(vm_out host)/host-stats.json") ||
+    fail "cannot read the host VM's daemon stats"
+assert_eq "$errors" 0 "protocol and protection errors host-driver saw"
+log "host-driver, fabric before the IOC's restart: tx $tx bytes, rx $rx bytes, 0 errors"
+
+# The frames crossed as RDMA WRITE WITH IMMEDIATE: the queue pairs' own counts, as both
+# daemons logged them when their queue pairs closed (the IOC's first instance was killed and
+# logged nothing: the host's first queue pair and the IOC's second say it all).
+assert_ge "$(qp_stats "$host_log" write_imm_tx | wc -l)" 2 "host-driver's queue pairs closed (before and after the IOC's restart)"
+host_imm=$(qp_total "$host_log" write_imm_tx)
+host_imm_rx=$(qp_total "$host_log" write_imm_rx)
+# Each file alone is at least this many writes of at most 64 KiB.
+assert_ge "$host_imm" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host-driver posted"
+assert_ge "$host_imm_rx" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host-driver received"
+assert_ge "$(qp_total "$ioc_log" write_imm_rx)" 3 "RDMA WRITE WITH IMMEDIATE the restarted IOC received (the pings)"
+log "host-driver's queue pairs:"
+grep 'RDMA queue pair closed' "$host_log" | sed 's/.*closed: /    /'
+log "the restarted IOC's queue pair:"
+grep 'RDMA queue pair closed' "$ioc_log" | sed 's/.*closed: /    /'
+
+assert_match "$(vm_result_get host ping_after_restart)" '^3 packets transmitted, 3 received' "ping after the IOC's restart"
+assert_ge "$(grep -c 'host connected peer=[^ ]*, RDMA' "$ioc_log")" 2 "the host reconnected to the restarted IOC over RDMA"
+assert_grep "$host_log" 'pools flushed' "host-driver's graceful stop flushed its pools with the IOC over RDMA"
+for d in ioc:ioc_driver host:host_driver; do
+    assert_eq "$(vm_result_get "${d%%:*}" "${d#*:}")" running "${d#*:} alive until the end"
+    assert_eq "$(vm_result_get "${d%%:*}" "${d#*:}_exit")" 0 "${d#*:} exit status on SIGTERM"
+done
+
+counters=$(vm_out ioc)/rxe-counters
+assert_ge "$(grep -c . "$counters")" 1 "rxe0 counters in the ioc VM"
+assert_no_grep "$counters" '^([^=]*$|[^=]*=.*[^0-9].*|[^=]*=$)' "rxe0 counters are name=number"
+log "ioc VM rxe0 counters ($(grep -c . "$counters")):"
+sed 's/^/    /' "$counters"
+pass "RDMA verbs between two VMs: ping v4/v6, 20 MiB each way intact, iperf3 both ways, frames as RDMA WRITE WITH IMMEDIATE, reconnect after an IOC restart"
