@@ -5,8 +5,9 @@
 //! For each TAP queue (a session of its own): its pools (`pools.max_granted_bytes`, their
 //! bookkeeping included), its fabric sockets at the kernel's largest buffers, or over shared
 //! memory its rings and the IOC's arena it writes into (taken as large as its own pools, as
-//! with the shipped configurations: the IOC's arena is sized by the IOC's), and its send
-//! buffers; and the daemon itself.
+//! with the shipped configurations: the IOC's arena is sized by the IOC's), or over RDMA its
+//! control socket and the queue pair's pinned staging and receives, and its send buffers; and
+//! the daemon itself.
 
 use crate::datapath::SEND_BUFFERS;
 use splitnet_config::{FabricAddr, HostConfig};
@@ -23,9 +24,10 @@ const BASE: u64 = 16 << 20;
 pub fn budget(cfg: &HostConfig, tcp: u64) -> Budget {
     let pools = Setup::pool_size_for(cfg.pools.max_granted_bytes);
     let shm = cfg.fabric.shared_memory && matches!(cfg.fabric.ioc, FabricAddr::Unix(_));
-    let transport = match shm {
-        true => tcp.max(4 * u64::from(RING_DATA) + pools),
-        false => tcp,
+    let transport = match (shm, &cfg.fabric.ioc) {
+        (true, _) => tcp.max(4 * u64::from(RING_DATA) + pools),
+        (false, FabricAddr::Rdma(_)) => tcp / 2 + splitnet_fabric::verbs::PINNED,
+        (false, _) => tcp,
     };
     let queue = pools + transport + (SEND_BUFFERS * wire::MAX_SEND_DATA) as u64;
     let queues = u64::from(cfg.interface.queues);

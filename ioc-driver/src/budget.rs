@@ -6,7 +6,8 @@
 //! group as well as what it allocates: for each session its pools (one budget with their
 //! bookkeeping, `pools.max_granted_bytes`; over shared memory, as much again at most in the
 //! host's arena, whose pages the IOC writes first), its fabric sockets at the kernel's
-//! largest buffers or its rings, its control backlog and its own LAN queue; for each worker
+//! largest buffers or its rings (over RDMA: its control socket and the queue pair's pinned
+//! staging and receives), its control backlog and its own LAN queue; for each worker
 //! its send buffers and its NIC socket; and the daemon itself.
 
 use crate::state::{buffer_plan, MAX_CONTROL_BACKLOG};
@@ -29,7 +30,9 @@ pub fn budget(cfg: &IocConfig, workers: usize, tcp: u64) -> Budget {
     let pools = Setup::pool_size_for(cfg.pools.max_granted_bytes);
     // Over shared memory: four rings, and the host's arena (no larger than the IOC's own).
     let rings = 4 * u64::from(RING_DATA);
-    let transport = tcp.max(rings + pools);
+    let transport = tcp
+        .max(rings + pools)
+        .max(tcp / 2 + splitnet_fabric::verbs::PINNED);
     let session = pools + transport + MAX_CONTROL_BACKLOG as u64 + RCVBUF as u64;
     let (_, buffers) = buffer_plan(cfg.fabric.max_hosts);
     let worker = buffers as u64 * wire::MAX_SEND_DATA as u64 + RCVBUF as u64 + NIC_SNDBUF;

@@ -20,47 +20,23 @@ FILE_BYTES=$((20 * 1024 * 1024))
 # guest_ioc CONF BIN: the IOC with the LAN peer in namespace "lan"; stays up until the host VM
 # is done, then records the transfers and rxe0's counters.
 guest_ioc() {
-    local conf=$1 bin=$2 ioc up down
+    local conf=$1 bin=$2 ioc
     guest_common 10.201.0.1
-    vm_step "LAN: veth lan0, peer lan1 (10.50.0.2/24) in namespace lan"
-    vm_run modprobe veth
-    vm_run ip netns add lan
-    vm_run ip link add lan0 type veth peer name lan1 netns lan
-    vm_run ip -n lan addr add 10.50.0.2/24 dev lan1
-    vm_run ip -n lan link set lo up
-    vm_run ip -n lan link set lan1 up
-    vm_run ip link set lan0 up
+    guest_lan
     vm_step "ioc-driver on 10.201.0.1:7400, owning lan0"
     "$bin/ioc-driver" --config "$conf/ioc.toml" --control-socket /run/ioc.sock \
         >"$VM_OUT/ioc-driver.log" 2>&1 &
     ioc=$!
     guest_wait_daemon "$ioc" "$VM_OUT/ioc-driver.log" 60 guest_listening 7400
-    vm_step "LAN peer: one-shot receiver on 5001, sender on 5002 ($FILE_BYTES random bytes)"
-    mkdir -p /run/xfer
-    head -c "$FILE_BYTES" /dev/urandom >/run/xfer/down.bin
-    ip netns exec lan python3 "$VM_ROOT/tests/vm/tcpfile.py" listen 5001 recv /run/xfer/up.bin 300 \
-        >"$VM_OUT/lan-recv.txt" 2>&1 &
-    up=$!
-    ip netns exec lan python3 "$VM_ROOT/tests/vm/tcpfile.py" listen 5002 send /run/xfer/down.bin 300 \
-        >"$VM_OUT/lan-send.txt" 2>&1 &
-    down=$!
-    vm_until 60 guest_listening lan 5001 && vm_until 60 guest_listening lan 5002 ||
-        vm_die "the LAN peer's transfer ends do not listen after 60 s"
+    guest_lan_files
     vm_signal ioc-ready
     vm_step "waiting for the host VM to finish"
     vm_await_exit host 480 || vm_die "the host VM did not finish within 480 s"
-    vm_step "LAN peer: transfer results"
-    wait "$up"
-    vm_result lan_recv "rc=$? $(cat "$VM_OUT/lan-recv.txt")"
-    wait "$down"
-    vm_result lan_send "rc=$? $(cat "$VM_OUT/lan-send.txt")"
+    guest_lan_files_done
     "$bin/splitnetctl" -s /run/ioc.sock --json stats >"$VM_OUT/ioc-stats.json" ||
         vm_die "splitnetctl stats (ioc-driver) failed"
     guest_stop "$ioc" ioc_driver
-    vm_step "rxe counters"
-    for f in /sys/class/infiniband/*/ports/1/hw_counters/*; do
-        printf '%s=%s\n' "$(basename "$f")" "$(cat "$f")"
-    done | tee "$VM_OUT/rxe-counters"
+    guest_rxe_counters
 }
 
 # guest_host CONF BIN: host-driver with sd0 10.50.0.1/24; once the IOC is ready: ping the LAN
@@ -71,32 +47,12 @@ guest_host() {
     vm_step "fabric: ping the ioc VM over eth0"
     out=$(ping -c 3 -i 0.5 -W 5 10.201.0.1 2>&1) || vm_die "ping 10.201.0.1 over eth0: $out"
     vm_result fabric_ping "$(echo "$out" | grep 'packets transmitted')"
-    vm_step "host-driver: sd0 10.50.0.1/24"
-    vm_run modprobe tun
-    "$bin/host-driver" --config "$conf/host.toml" --control-socket /run/host.sock \
-        >"$VM_OUT/host-driver.log" 2>&1 &
-    host=$!
-    guest_wait_daemon "$host" "$VM_OUT/host-driver.log" 60 guest_has_link sd0
-    vm_run ip addr add 10.50.0.1/24 dev sd0
-    vm_run ip link set sd0 up
-    vm_step "waiting for the ioc VM (ioc-driver and the LAN peer ready)"
-    vm_until 300 eval '[ -e "$VM_SHARED/ioc-ready" ] || [ -e "$VM_SHARED/ioc.status" ]' &&
-        [ -e "$VM_SHARED/ioc-ready" ] || vm_die "the ioc VM ended or was not ready within 300 s"
-    vm_step "carrier on sd0"
-    vm_until 60 eval "ip link show sd0 | grep -q LOWER_UP" || vm_die "no carrier on sd0 within 60 s"
+    guest_host_driver "$conf" "$bin"
+    host=$HOST
     vm_step "ping 10.50.0.2 through sd0"
     out=$(ping -c 5 -i 0.5 -W 5 10.50.0.2 2>&1) || vm_die "ping 10.50.0.2: $out"
     vm_result lan_ping "$(echo "$out" | grep 'packets transmitted')"
-    vm_step "upload: $FILE_BYTES random bytes to 10.50.0.2:5001"
-    mkdir -p /run/xfer
-    head -c "$FILE_BYTES" /dev/urandom >/run/xfer/up.bin
-    out=$(python3 "$VM_ROOT/tests/vm/tcpfile.py" connect 10.50.0.2 5001 send /run/xfer/up.bin 120 2>&1) ||
-        vm_die "upload: $out"
-    vm_result upload "$out"
-    vm_step "download: from 10.50.0.2:5002"
-    out=$(python3 "$VM_ROOT/tests/vm/tcpfile.py" connect 10.50.0.2 5002 recv /run/xfer/down.bin 120 2>&1) ||
-        vm_die "download: $out"
-    vm_result download "$out"
+    guest_host_files
     "$bin/splitnetctl" -s /run/host.sock --json stats >"$VM_OUT/host-stats.json" ||
         vm_die "splitnetctl stats (host-driver) failed"
     guest_stop "$host" host_driver
@@ -105,12 +61,7 @@ guest_host() {
 if [ "${1:-}" = guest ]; then
     # shellcheck source=../vm/splitnet.sh
     . "$VM_ROOT/tests/vm/splitnet.sh"
-    case ${2:-} in
-        ioc) guest_ioc "$3" "$4" ;;
-        host) guest_host "$3" "$4" ;;
-        *) vm_die "unknown VM role '${2:-}'" ;;
-    esac
-    exit
+    guest_main "$@"
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -155,15 +106,7 @@ assert_match "$(vm_result_get host fabric_ping)" '^3 packets transmitted, 3 rece
 assert_match "$(vm_result_get host lan_ping)" '^5 packets transmitted, 5 received' "ping 10.50.0.2 through sd0"
 log "ping through sd0: $(vm_result_get host lan_ping)"
 
-up=$(vm_result_get host upload)
-down=$(vm_result_get host download)
-lan_recv=$(vm_result_get ioc lan_recv)
-lan_send=$(vm_result_get ioc lan_send)
-assert_eq "$(field rc "$lan_recv")" 0 "LAN peer's receiver exit status ($lan_recv)"
-assert_eq "$(field rc "$lan_send")" 0 "LAN peer's sender exit status ($lan_send)"
-assert_transfer "upload host VM -> LAN peer" "$up" "$lan_recv"
-assert_transfer "download LAN peer -> host VM" "$lan_send" "$down"
-log "upload: $up; download: $down (TCG: not a throughput figure)"
+assert_files
 
 # What each daemon counted on the fabric: both files went through them, without errors.
 for d in host ioc; do
@@ -175,14 +118,6 @@ for d in host ioc; do
     log "$d VM daemon, fabric: tx $tx bytes, rx $rx bytes, 0 errors"
 done
 log "fabric sessions the IOC accepted: $(grep -c 'host connected' "$(vm_out ioc)/ioc-driver.log") (1 unless TCG stalls tripped a keepalive)"
-for d in ioc:ioc_driver host:host_driver; do
-    assert_eq "$(vm_result_get "${d%%:*}" "${d#*:}")" running "${d#*:} alive until the end"
-    assert_eq "$(vm_result_get "${d%%:*}" "${d#*:}_exit")" 0 "${d#*:} exit status on SIGTERM"
-done
-
-counters=$(vm_out ioc)/rxe-counters
-assert_ge "$(grep -c . "$counters")" 1 "rxe0 counters in the ioc VM"
-assert_no_grep "$counters" '^([^=]*$|[^=]*=.*[^0-9].*|[^=]*=$)' "rxe0 counters are name=number"
-log "ioc VM rxe0 counters ($(grep -c . "$counters")):"
-sed 's/^/    /' "$counters"
+assert_daemons_stopped
+assert_rxe_counters
 pass "two VMs: fq_codel, 802.1Q, bonding, Soft-RoCE ACTIVE; splitnet over TCP: ping and 20 MiB each way intact"

@@ -5,8 +5,10 @@
 # owns lan0, a veth whose peer lan1 (10.50.0.2, fd50::2) is in namespace "lan"; host-driver
 # connects with fabric.ioc = "rdma:10.201.0.1:7400" and makes sd0 (10.50.0.1, fd50::1).
 # Through sd0: ping over IPv4 and IPv6, 20 MiB each way with SHA-256 checks, iperf3 each way;
-# then the IOC is killed and started again and the host reconnects by itself (ping again); the
-# host stops gracefully. Both daemons say what their queue pairs carried (the frames as RDMA
+# a rogue host (an admitted key) writes beyond its credit, outside the IOC's pool arena, with a
+# wrong key and with its previous session's key, each refused (the IOC's checks, its adapter)
+# while host 1 pings on; then the IOC is killed and started again and the host reconnects by
+# itself (ping again); the host stops gracefully. Both daemons say what their queue pairs carried (the frames as RDMA
 # WRITE WITH IMMEDIATE); the ioc VM's rxe counters are printed. Functional checks only: TCG is
 # ~10x slower, nothing here is timed.
 #
@@ -36,17 +38,9 @@ ioc_start() {
 # guest_ioc CONF BIN: the IOC with the LAN peer in namespace "lan"; restarts when the host
 # asks; stays up until the host VM is done, then records the transfers and rxe0's counters.
 guest_ioc() {
-    local conf=$1 bin=$2 up down iperf
+    local conf=$1 bin=$2 iperf
     guest_common 10.201.0.1
-    vm_step "LAN: veth lan0, peer lan1 (10.50.0.2/24, fd50::2/64) in namespace lan"
-    vm_run modprobe veth
-    vm_run ip netns add lan
-    vm_run ip link add lan0 type veth peer name lan1 netns lan
-    vm_run ip -n lan addr add 10.50.0.2/24 dev lan1
-    vm_run ip -n lan addr add fd50::2/64 dev lan1 nodad
-    vm_run ip -n lan link set lo up
-    vm_run ip -n lan link set lan1 up
-    vm_run ip link set lan0 up
+    guest_lan fd50::2/64
     vm_step "the verbs transport's integration test: $VERBS_FRAMES frames each way over rxe0"
     SPLITNET_VERBS_ADDR=10.201.0.1 SPLITNET_VERBS_FRAMES=$VERBS_FRAMES "$bin/tcp_loopback" \
         --ignored --exact frames_each_way_over_rdma_verbs >"$VM_OUT/verbs-test.txt" 2>&1 ||
@@ -54,19 +48,11 @@ guest_ioc() {
     vm_result verbs_test "$(grep '^test result' "$VM_OUT/verbs-test.txt")"
     vm_step "ioc-driver on 10.201.0.1:7400 taking RDMA data channels, owning lan0"
     ioc_start "$conf" "$bin"
-    vm_step "LAN peer: file receiver on 5001, sender on 5002, iperf3 server on 5201"
-    mkdir -p /run/xfer
-    head -c "$FILE_BYTES" /dev/urandom >/run/xfer/down.bin
-    ip netns exec lan python3 "$VM_ROOT/tests/vm/tcpfile.py" listen 5001 recv /run/xfer/up.bin 300 \
-        >"$VM_OUT/lan-recv.txt" 2>&1 &
-    up=$!
-    ip netns exec lan python3 "$VM_ROOT/tests/vm/tcpfile.py" listen 5002 send /run/xfer/down.bin 300 \
-        >"$VM_OUT/lan-send.txt" 2>&1 &
-    down=$!
+    guest_lan_files
+    vm_step "LAN peer: iperf3 server on 5201"
     ip netns exec lan iperf3 -s -p 5201 >"$VM_OUT/iperf3-server.txt" 2>&1 &
     iperf=$!
-    vm_until 60 guest_listening lan 5001 && vm_until 60 guest_listening lan 5002 &&
-        vm_until 60 guest_listening lan 5201 || vm_die "the LAN peer does not listen after 60 s"
+    vm_until 60 guest_listening lan 5201 || vm_die "the LAN peer's iperf3 does not listen after 60 s"
     vm_signal ioc-ready
     vm_step "waiting for the host to ask for an IOC restart"
     vm_await kill-ioc 420 || vm_die "the host VM did not get to the IOC restart within 420 s"
@@ -78,17 +64,10 @@ guest_ioc() {
     vm_signal ioc-restarted
     vm_step "waiting for the host VM to finish"
     vm_await_exit host 300 || vm_die "the host VM did not finish within 300 s"
-    vm_step "LAN peer: transfer results"
-    wait "$up"
-    vm_result lan_recv "rc=$? $(cat "$VM_OUT/lan-recv.txt")"
-    wait "$down"
-    vm_result lan_send "rc=$? $(cat "$VM_OUT/lan-send.txt")"
+    guest_lan_files_done
     kill "$iperf" 2>/dev/null
     guest_stop "$IOC" ioc_driver
-    vm_step "rxe counters"
-    for f in /sys/class/infiniband/*/ports/1/hw_counters/*; do
-        printf '%s=%s\n' "$(basename "$f")" "$(cat "$f")"
-    done | tee "$VM_OUT/rxe-counters"
+    guest_rxe_counters
 }
 
 # guest_iperf NAME ARGS...: a 3 s iperf3 run to the LAN peer; records NAME=BYTES RETRANSMITS
@@ -107,40 +86,27 @@ print(int(e["sum_received"]["bytes"]), e["sum_sent"].get("retransmits", 0))')"
 guest_host() {
     local conf=$1 bin=$2 host out
     guest_common 10.201.0.2
-    vm_step "host-driver: sd0 10.50.0.1/24, fd50::1/64"
-    vm_run modprobe tun
-    "$bin/host-driver" --config "$conf/host.toml" --control-socket /run/host.sock \
-        >"$VM_OUT/host-driver.log" 2>&1 &
-    host=$!
-    guest_wait_daemon "$host" "$VM_OUT/host-driver.log" 60 guest_has_link sd0
-    vm_run ip addr add 10.50.0.1/24 dev sd0
-    vm_run ip addr add fd50::1/64 dev sd0 nodad
-    vm_run ip link set sd0 up
-    vm_step "waiting for the ioc VM (ioc-driver and the LAN peer ready)"
-    vm_until 300 eval '[ -e "$VM_SHARED/ioc-ready" ] || [ -e "$VM_SHARED/ioc.status" ]' &&
-        [ -e "$VM_SHARED/ioc-ready" ] || vm_die "the ioc VM ended or was not ready within 300 s"
-    vm_step "carrier on sd0"
-    vm_until 60 eval "ip link show sd0 | grep -q LOWER_UP" || vm_die "no carrier on sd0 within 60 s"
+    guest_host_driver "$conf" "$bin" fd50::1/64
+    host=$HOST
     vm_step "ping 10.50.0.2 and fd50::2 through sd0"
     out=$(ping -c 5 -i 0.5 -W 5 10.50.0.2 2>&1) || vm_die "ping 10.50.0.2: $out"
     vm_result ping4 "$(echo "$out" | grep 'packets transmitted')"
     out=$(ping -6 -c 5 -i 0.5 -W 5 fd50::2 2>&1) || vm_die "ping fd50::2: $out"
     vm_result ping6 "$(echo "$out" | grep 'packets transmitted')"
-    vm_step "upload: $FILE_BYTES random bytes to 10.50.0.2:5001"
-    mkdir -p /run/xfer
-    head -c "$FILE_BYTES" /dev/urandom >/run/xfer/up.bin
-    out=$(python3 "$VM_ROOT/tests/vm/tcpfile.py" connect 10.50.0.2 5001 send /run/xfer/up.bin 120 2>&1) ||
-        vm_die "upload: $out"
-    vm_result upload "$out"
-    vm_step "download: from 10.50.0.2:5002"
-    out=$(python3 "$VM_ROOT/tests/vm/tcpfile.py" connect 10.50.0.2 5002 recv /run/xfer/down.bin 120 2>&1) ||
-        vm_die "download: $out"
-    vm_result download "$out"
+    guest_host_files
     vm_step "iperf3 to and from 10.50.0.2"
     guest_iperf iperf_up
     guest_iperf iperf_down -R
     "$bin/splitnetctl" -s /run/host.sock --json stats >"$VM_OUT/host-stats.json" ||
         vm_die "splitnetctl stats (host-driver) failed"
+    vm_step "a rogue host (host 2's key) writes beyond its credit, outside the arena, with wrong and stale keys; host 1 pings meanwhile"
+    ping -c 100 -i 0.1 -W 2 10.50.0.2 >"$VM_OUT/ping-during-rogue.txt" 2>&1 &
+    out=$!
+    "$bin/rogue" rdma 10.201.0.1:7400 "$conf/host2.key" "$(cat "$conf/ioc.pub")" 2 \
+        >"$VM_OUT/rogue.txt" 2>&1
+    vm_result rogue_rc "$?"
+    wait "$out"
+    vm_result ping_during_rogue "$(grep 'packets transmitted' "$VM_OUT/ping-during-rogue.txt")"
     vm_step "the IOC is killed and started again"
     vm_signal kill-ioc
     vm_await ioc-restarted 120 || vm_die "the IOC did not come back within 120 s"
@@ -156,12 +122,7 @@ guest_host() {
 if [ "${1:-}" = guest ]; then
     # shellcheck source=../vm/splitnet.sh
     . "$VM_ROOT/tests/vm/splitnet.sh"
-    case ${2:-} in
-        ioc) guest_ioc "$3" "$4" ;;
-        host) guest_host "$3" "$4" ;;
-        *) vm_die "unknown VM role '${2:-}'" ;;
-    esac
-    exit
+    guest_main "$@"
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -197,7 +158,12 @@ for l in sys.stdin:
         print(m["executable"])')
 [ -x "$testbin" ] || fail "cannot build or find fabric's tcp_loopback test binary"
 cp "$testbin" "$T/bin/tcp_loopback"
+# The rogue host, with host 2's key and the IOC's public key.
+need_rogue
+cp "$ROGUE" "$T/bin/rogue" || fail "cannot copy $ROGUE"
 vm_configs "$T/conf" rdma
+cp "$T/cred/host2/splitnet.key" "$T/conf/host2.key" && printf '%s\n' "$IOC_PUB" >"$T/conf/ioc.pub" ||
+    fail "cannot give the VMs host 2's key and the IOC's public key"
 ln -s vm-ioc/out/ioc-driver.log "$T/ioc.log"
 ln -s vm-host/out/host-driver.log "$T/host.log"
 
@@ -222,15 +188,7 @@ assert_match "$(vm_result_get host ping4)" '^5 packets transmitted, 5 received' 
 assert_match "$(vm_result_get host ping6)" '^5 packets transmitted, 5 received' "ping fd50::2 through sd0"
 log "ping through sd0: $(vm_result_get host ping4); IPv6: $(vm_result_get host ping6)"
 
-up=$(vm_result_get host upload)
-down=$(vm_result_get host download)
-lan_recv=$(vm_result_get ioc lan_recv)
-lan_send=$(vm_result_get ioc lan_send)
-assert_eq "$(field rc "$lan_recv")" 0 "LAN peer's receiver exit status ($lan_recv)"
-assert_eq "$(field rc "$lan_send")" 0 "LAN peer's sender exit status ($lan_send)"
-assert_transfer "upload host VM -> LAN peer" "$up" "$lan_recv"
-assert_transfer "download LAN peer -> host VM" "$lan_send" "$down"
-log "upload: $up; download: $down (TCG: not a throughput figure)"
+assert_files
 for dir in up down; do
     read -r bytes retr <<<"$(vm_result_get host "iperf_$dir")"
     assert_ge "${bytes:-0}" 1000000 "iperf3 $dir: bytes the receiver got in 3 s"
@@ -251,23 +209,31 @@ host_imm_rx=$(qp_total "$host_log" write_imm_rx)
 # Each file alone is at least this many writes of at most 64 KiB.
 assert_ge "$host_imm" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host-driver posted"
 assert_ge "$host_imm_rx" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host-driver received"
-assert_ge "$(qp_total "$ioc_log" write_imm_rx)" 3 "RDMA WRITE WITH IMMEDIATE the restarted IOC received (the pings)"
+assert_ge "$(qp_stats "$ioc_log" write_imm_rx | tail -n 1)" 3 "RDMA WRITE WITH IMMEDIATE the restarted IOC received from host 1 (the pings)"
 log "host-driver's queue pairs:"
 grep 'RDMA queue pair closed' "$host_log" | sed 's/.*closed: /    /'
-log "the restarted IOC's queue pair:"
+log "the IOC's queue pairs (the rogue's four sessions, then host 1's after the restart):"
 grep 'RDMA queue pair closed' "$ioc_log" | sed 's/.*closed: /    /'
+
+# The rogue: each write refused (the first by the IOC's checks, the others by its adapter),
+# and host 1 never noticed.
+rogue=$(vm_out host)/rogue.txt
+assert_eq "$(vm_result_get host rogue_rc)" 0 "rogue rdma exit status ($(tr '\n' ';' <"$rogue"))"
+assert_grep "$rogue" '^rdma write beyond credit: .*session ended' "a write beyond its credit ends the rogue's session"
+assert_grep "$ioc_log" 'protection error.*not granted' "the IOC refused the write beyond credit as a protection error"
+for what in 'outside the arena' 'with a wrong key' "with the previous session's key"; do
+    assert_grep "$rogue" "^rdma write $what: .*refused by the adapter" "a write $what is refused by the IOC's adapter"
+done
+assert_ge "$(grep -c 'host removed: .*RDMA receive failed: remote access error' "$ioc_log")" 3 "the IOC ended the sessions its adapter refused writes of"
+assert_match "$(vm_result_get host ping_during_rogue)" '^100 packets transmitted, 100 received' "host 1's pings during the rogue's attacks"
+assert_eq "$(grep -c 'fabric lost' "$host_log")" 1 "host 1's session ended only when the IOC was killed"
+log "rogue over RDMA:"
+sed 's/^/    /' "$rogue"
+log "host 1 meanwhile: $(vm_result_get host ping_during_rogue)"
 
 assert_match "$(vm_result_get host ping_after_restart)" '^3 packets transmitted, 3 received' "ping after the IOC's restart"
 assert_ge "$(grep -c 'host connected peer=[^ ]*, RDMA' "$ioc_log")" 2 "the host reconnected to the restarted IOC over RDMA"
 assert_grep "$host_log" 'pools flushed' "host-driver's graceful stop flushed its pools with the IOC over RDMA"
-for d in ioc:ioc_driver host:host_driver; do
-    assert_eq "$(vm_result_get "${d%%:*}" "${d#*:}")" running "${d#*:} alive until the end"
-    assert_eq "$(vm_result_get "${d%%:*}" "${d#*:}_exit")" 0 "${d#*:} exit status on SIGTERM"
-done
-
-counters=$(vm_out ioc)/rxe-counters
-assert_ge "$(grep -c . "$counters")" 1 "rxe0 counters in the ioc VM"
-assert_no_grep "$counters" '^([^=]*$|[^=]*=.*[^0-9].*|[^=]*=$)' "rxe0 counters are name=number"
-log "ioc VM rxe0 counters ($(grep -c . "$counters")):"
-sed 's/^/    /' "$counters"
+assert_daemons_stopped
+assert_rxe_counters
 pass "RDMA verbs between two VMs: ping v4/v6, 20 MiB each way intact, iperf3 both ways, frames as RDMA WRITE WITH IMMEDIATE, reconnect after an IOC restart"

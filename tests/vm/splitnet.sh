@@ -6,6 +6,17 @@
 # ---------------------------------------------------------------------------------------------
 # Inside the VMs
 
+# guest_main guest ioc|host CONF BIN: runs the test's guest_ioc or guest_host with CONF and BIN
+# (a test's arguments in its VMs), and ends the script.
+guest_main() {
+    case ${2:-} in
+        ioc) guest_ioc "$3" "$4" ;;
+        host) guest_host "$3" "$4" ;;
+        *) vm_die "unknown VM role '${2:-}'" ;;
+    esac
+    exit
+}
+
 # guest_common ADDR: eth0 up with ADDR/24; fq_codel, 802.1Q and bonding exist; Soft-RoCE rxe0
 # on eth0. Records what it found, for the host's assertions.
 guest_common() {
@@ -66,6 +77,91 @@ guest_stop() {
     vm_result "$2_exit" "$?"
 }
 
+# guest_host_driver CONF BIN [fd50::1/64]: host-driver with sd0 10.50.0.1/24 (and the IPv6
+# address if given) up; returns once the ioc VM said it is ready and sd0 has its carrier. Its
+# pid in HOST.
+guest_host_driver() {
+    vm_step "host-driver: sd0 10.50.0.1/24${3:+, $3}"
+    vm_run modprobe tun
+    "$2/host-driver" --config "$1/host.toml" --control-socket /run/host.sock \
+        >"$VM_OUT/host-driver.log" 2>&1 &
+    HOST=$!
+    guest_wait_daemon "$HOST" "$VM_OUT/host-driver.log" 60 guest_has_link sd0
+    vm_run ip addr add 10.50.0.1/24 dev sd0
+    [ -z "${3:-}" ] || vm_run ip addr add "$3" dev sd0 nodad
+    vm_run ip link set sd0 up
+    vm_step "waiting for the ioc VM (ioc-driver and the LAN peer ready)"
+    vm_until 300 eval '[ -e "$VM_SHARED/ioc-ready" ] || [ -e "$VM_SHARED/ioc.status" ]' &&
+        [ -e "$VM_SHARED/ioc-ready" ] || vm_die "the ioc VM ended or was not ready within 300 s"
+    vm_step "carrier on sd0"
+    vm_until 60 eval "ip link show sd0 | grep -q LOWER_UP" || vm_die "no carrier on sd0 within 60 s"
+}
+
+# guest_lan [fd50::2/64]: the LAN: veth lan0, its peer lan1 (10.50.0.2/24, and the IPv6
+# address if given) in namespace "lan".
+guest_lan() {
+    vm_step "LAN: veth lan0, peer lan1 (10.50.0.2/24${1:+, $1}) in namespace lan"
+    vm_run modprobe veth
+    vm_run ip netns add lan
+    vm_run ip link add lan0 type veth peer name lan1 netns lan
+    vm_run ip -n lan addr add 10.50.0.2/24 dev lan1
+    [ -z "${1:-}" ] || vm_run ip -n lan addr add "$1" dev lan1 nodad
+    vm_run ip -n lan link set lo up
+    vm_run ip -n lan link set lan1 up
+    vm_run ip link set lan0 up
+}
+
+# guest_lan_files: the LAN peer's one-shot file receiver on 5001 and sender on 5002
+# (FILE_BYTES random bytes), listening when it returns; their pids in LAN_FILES.
+guest_lan_files() {
+    vm_step "LAN peer: one-shot receiver on 5001, sender on 5002 ($FILE_BYTES random bytes)"
+    mkdir -p /run/xfer
+    head -c "$FILE_BYTES" /dev/urandom >/run/xfer/down.bin
+    ip netns exec lan python3 "$VM_ROOT/tests/vm/tcpfile.py" listen 5001 recv /run/xfer/up.bin 300 \
+        >"$VM_OUT/lan-recv.txt" 2>&1 &
+    LAN_FILES=$!
+    ip netns exec lan python3 "$VM_ROOT/tests/vm/tcpfile.py" listen 5002 send /run/xfer/down.bin 300 \
+        >"$VM_OUT/lan-send.txt" 2>&1 &
+    LAN_FILES="$LAN_FILES $!"
+    vm_until 60 guest_listening lan 5001 && vm_until 60 guest_listening lan 5002 ||
+        vm_die "the LAN peer's transfer ends do not listen after 60 s"
+}
+
+# guest_lan_files_done: records what the LAN peer's file ends saw (lan_recv, lan_send).
+guest_lan_files_done() {
+    local recv send
+    read -r recv send <<<"$LAN_FILES"
+    vm_step "LAN peer: transfer results"
+    wait "$recv"
+    vm_result lan_recv "rc=$? $(cat "$VM_OUT/lan-recv.txt")"
+    wait "$send"
+    vm_result lan_send "rc=$? $(cat "$VM_OUT/lan-send.txt")"
+}
+
+# guest_host_files: the host sends the LAN peer FILE_BYTES random bytes and fetches its file
+# (results upload, download).
+guest_host_files() {
+    local out
+    vm_step "upload: $FILE_BYTES random bytes to 10.50.0.2:5001"
+    mkdir -p /run/xfer
+    head -c "$FILE_BYTES" /dev/urandom >/run/xfer/up.bin
+    out=$(python3 "$VM_ROOT/tests/vm/tcpfile.py" connect 10.50.0.2 5001 send /run/xfer/up.bin 120 2>&1) ||
+        vm_die "upload: $out"
+    vm_result upload "$out"
+    vm_step "download: from 10.50.0.2:5002"
+    out=$(python3 "$VM_ROOT/tests/vm/tcpfile.py" connect 10.50.0.2 5002 recv /run/xfer/down.bin 120 2>&1) ||
+        vm_die "download: $out"
+    vm_result download "$out"
+}
+
+# guest_rxe_counters: every counter of the VM's rxe device, name=value, in VM_OUT/rxe-counters.
+guest_rxe_counters() {
+    vm_step "rxe counters"
+    for f in /sys/class/infiniband/*/ports/1/hw_counters/*; do
+        printf '%s=%s\n' "$(basename "$f")" "$(cat "$f")"
+    done | tee "$VM_OUT/rxe-counters"
+}
+
 # ---------------------------------------------------------------------------------------------
 # On this machine
 
@@ -117,3 +213,36 @@ f = json.load(open(sys.argv[1]))['stats']['fabric']
 print(f['tx']['bytes'], f['rx']['bytes'], f['protocol_errors'] + f['protection_errors'])" "$1"
 }
 
+# assert_files: both files went through intact (host VM's upload and download against the
+# LAN peer's ends), and says so.
+assert_files() {
+    local up down lan_recv lan_send
+    up=$(vm_result_get host upload)
+    down=$(vm_result_get host download)
+    lan_recv=$(vm_result_get ioc lan_recv)
+    lan_send=$(vm_result_get ioc lan_send)
+    assert_eq "$(field rc "$lan_recv")" 0 "LAN peer's receiver exit status ($lan_recv)"
+    assert_eq "$(field rc "$lan_send")" 0 "LAN peer's sender exit status ($lan_send)"
+    assert_transfer "upload host VM -> LAN peer" "$up" "$lan_recv"
+    assert_transfer "download LAN peer -> host VM" "$lan_send" "$down"
+    log "upload: $up; download: $down (TCG: not a throughput figure)"
+}
+
+# assert_daemons_stopped: both daemons ran until the end and exited 0 on SIGTERM.
+assert_daemons_stopped() {
+    local d
+    for d in ioc:ioc_driver host:host_driver; do
+        assert_eq "$(vm_result_get "${d%%:*}" "${d#*:}")" running "${d#*:} alive until the end"
+        assert_eq "$(vm_result_get "${d%%:*}" "${d#*:}_exit")" 0 "${d#*:} exit status on SIGTERM"
+    done
+}
+
+# assert_rxe_counters: the ioc VM's rxe counters were read, each name=number; prints them.
+assert_rxe_counters() {
+    local counters
+    counters=$(vm_out ioc)/rxe-counters
+    assert_ge "$(grep -c . "$counters")" 1 "rxe0 counters in the ioc VM"
+    assert_no_grep "$counters" '^([^=]*$|[^=]*=.*[^0-9].*|[^=]*=$)' "rxe0 counters are name=number"
+    log "ioc VM rxe0 counters ($(grep -c . "$counters")):"
+    sed 's/^/    /' "$counters"
+}

@@ -9,13 +9,15 @@
 //! to the IOC's local socket with its data channel in shared memory, then corrupts its ring
 //! and rings the IOC's doorbell, and (other sessions) floods that doorbell, and asks to be
 //! woken for every answer without ever reading its own doorbell. `rogue noisy ADDR KIND
-//! SECONDS` is a host that storms its IOC (see `noisy`). Exit status 0 when every
+//! SECONDS` is a host that storms its IOC (see `noisy`). `rogue rdma ADDR KEY IOC_KEY NODE_ID`
+//! writes over RDMA where it may not (see `rdma`). Exit status 0 when every
 //! attack was refused (or, the last, survived) as expected.
 //!
 //! Blocking sockets with timeouts keep it simple; it is a test tool, not a daemon.
 
 mod admission;
 mod noisy;
+mod rdma;
 
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
@@ -1015,6 +1017,13 @@ fn main() {
             Some(kind) => noisy::storm(addr, kind, number(args.get(4), 5)),
             None => vec!["a storm: setmac, setmulticast or broadcast"],
         },
+        (Some("rdma"), Some(addr)) => match admission_keys(&args[3..]) {
+            Ok((keys, node_id)) => rdma::attack(addr, &keys, node_id),
+            Err(e) => {
+                eprintln!("rogue rdma: {e}");
+                std::process::exit(2);
+            }
+        },
         (Some("auth"), Some(addr)) => match admission_keys(&args[3..]) {
             Ok((keys, claimed)) => admission::attack(addr, &keys, claimed),
             Err(e) => {
@@ -1024,7 +1033,7 @@ fn main() {
         },
         _ => {
             eprintln!(
-                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET | rogue noisy IOC_ADDR setmac|setmulticast|broadcast SECONDS | rogue auth IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY CLAIMED_NODE_ID"
+                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET | rogue noisy IOC_ADDR setmac|setmulticast|broadcast SECONDS | rogue auth IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY CLAIMED_NODE_ID | rogue rdma IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY NODE_ID"
             );
             std::process::exit(2);
         }

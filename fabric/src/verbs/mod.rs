@@ -23,28 +23,27 @@
 //! only an `rdma:` address fails, with an error that names what is missing.
 
 mod endpoint;
+mod setup;
 mod stage;
 #[allow(unsafe_code)]
 mod sys;
 
 pub use endpoint::{Endpoint, EndpointError, ENDPOINT_LEN};
+pub use setup::{accept, check_address, offer};
 
-use super::{FabricError, Stream};
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, OpHeader, Payload, RxCompletion, RxError, MAX_PREFIX, OP_HEADER_LEN,
 };
 use splitnet_messaging::memory::{
-    DomainId, ProtectionError, Registry, SendBuf, SendBufCache, SharedRegion,
+    DomainId, Placement, ProtectionError, Registry, SendBuf, SendBufCache, SharedRegion,
 };
 use stage::Stage;
 use std::collections::VecDeque;
 use std::io;
-use std::net::IpAddr;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 use sys::{Cq, Mr, Pd, Qp, Remote, SendKind, SendWr, Wc};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Channel number a data channel's Hello names to travel over an RDMA queue pair.
 pub const VERBS_CHANNEL: u8 = 4;
@@ -61,8 +60,12 @@ const RECV_DEPTH: u32 = 128;
 const RECV_BUF: u32 = splitnet_messaging::wire::MAX_MESSAGE_LEN as u32;
 /// Bytes of the send staging ring: room for several of the largest frames.
 const STAGE_BYTES: usize = 4 << 20;
+/// Memory a queue pair registers (pins) besides the pool arena: send staging and receives.
+pub const PINNED: u64 = STAGE_BYTES as u64 + RECV_DEPTH as u64 * RECV_BUF as u64;
 /// At most this many unsignalled work requests in a row.
 const SIGNAL_EVERY: u64 = 16;
+/// Receives handled before they are posted again with one call (all before sleeping).
+const REPOST_BATCH: usize = 16;
 /// Byte that confirms the host's queue pair is connected.
 const READY: u8 = 1;
 /// Least time the set-up after the HelloReply may take: registering memory pins it, which
@@ -211,123 +214,6 @@ impl std::fmt::Debug for VerbsTransport {
     }
 }
 
-/// A queue pair and its memory, before it is connected.
-struct Prepared {
-    pd: Arc<Pd>,
-    cq: Cq,
-    qp: Qp,
-    stage_mr: Mr,
-    recv_mr: Mr,
-    arena_mr: Mr,
-    pools: SharedRegion,
-    port: sys::Port,
-    psn: u32,
-}
-
-impl Prepared {
-    fn new(ip: IpAddr, pools: SharedRegion) -> io::Result<Prepared> {
-        let port = sys::port_for(ip)?;
-        let on = |what: &str| {
-            let dev = port.ctx.name().to_string();
-            let what = what.to_string();
-            move |e: io::Error| io::Error::new(e.kind(), format!("{dev}: {what}: {e}"))
-        };
-        let pd = Pd::new(&port.ctx).map_err(on("protection domain"))?;
-        let cq = Cq::new(&port.ctx, SEND_DEPTH + RECV_DEPTH).map_err(on("completion queue"))?;
-        let qp = Qp::new(&pd, &port, &cq, SEND_DEPTH, RECV_DEPTH).map_err(on("queue pair"))?;
-        let stage_mr = Mr::heap(&pd, STAGE_BYTES, sys::Access::Local)?;
-        let recv_mr = Mr::heap(
-            &pd,
-            (RECV_DEPTH * RECV_BUF) as usize,
-            sys::Access::LocalWrite,
-        )?;
-        let arena_mr = Mr::shared(&pd, pools.clone())?;
-        let psn = random_psn();
-        Ok(Prepared {
-            pd,
-            cq,
-            qp,
-            stage_mr,
-            recv_mr,
-            arena_mr,
-            pools,
-            port,
-            psn,
-        })
-    }
-
-    fn endpoint(&self) -> Endpoint {
-        Endpoint {
-            qpn: self.qp.qpn(),
-            psn: self.psn,
-            gid: self.port.gid,
-            mtu: self.port.mtu,
-            rkey: self.arena_mr.rkey(),
-            arena_addr: self.arena_mr.addr(),
-            arena_len: self.arena_mr.len() as u64,
-            recv_buf: RECV_BUF,
-            recv_depth: RECV_DEPTH,
-        }
-    }
-
-    /// Posts every receive and connects to `peer`.
-    fn connect(mut self, peer: &Endpoint, domain: DomainId) -> io::Result<VerbsTransport> {
-        let slots: Vec<(u64, usize)> = (0..RECV_DEPTH)
-            .map(|i| (u64::from(i), (i * RECV_BUF) as usize))
-            .collect();
-        self.qp.post_recv(&self.recv_mr, &slots, RECV_BUF)?;
-        let remote = Remote {
-            qpn: peer.qpn,
-            psn: peer.psn,
-            gid: peer.gid,
-            mtu: peer.mtu.min(self.port.mtu),
-        };
-        self.qp.connect(&remote, self.psn)?;
-        Ok(VerbsTransport {
-            qp: self.qp,
-            cq: self.cq,
-            stage_mr: self.stage_mr,
-            recv_mr: self.recv_mr,
-            _arena_mr: self.arena_mr,
-            pools: self.pools,
-            _pd: self.pd,
-            peer: Peer {
-                arena_addr: peer.arena_addr,
-                arena_len: peer.arena_len,
-                rkey: peer.rkey,
-                recv_buf: peer.recv_buf,
-            },
-            domain,
-            writes_allowed: false,
-            tx: VecDeque::new(),
-            tx_bytes: 0,
-            tx_bufs: 0,
-            done: Vec::new(),
-            stage: Stage::new(STAGE_BYTES),
-            next_wr: 1,
-            unsignalled: 0,
-            batch: Vec::new(),
-            wcs: VecDeque::new(),
-            scratch: Vec::new(),
-            last_recv: None,
-            repost: Vec::new(),
-            failed: None,
-            stats: VerbsStats {
-                post_recv: 1,
-                ..VerbsStats::default()
-            },
-        })
-    }
-}
-
-/// A first packet sequence number: 24 bits, differing between connections.
-fn random_psn() -> u32 {
-    let mut b = [0u8; 4];
-    // getrandom cannot fail on Linux with a small buffer; a fixed value would do as well.
-    let _ = getrandom::fill(&mut b);
-    u32::from_le_bytes(b) & 0x00ff_ffff
-}
-
 /// Work request ids: sends count up from 1 with this bit set; receives are their slot index.
 const SEND_BIT: u64 = 1 << 63;
 
@@ -350,6 +236,49 @@ impl VerbsTransport {
     /// The completion channel's descriptor: readable once an armed queue got a completion.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.cq.fd()
+    }
+
+    /// The peer's pool arena: its length and remote key.
+    pub fn peer_arena(&self) -> (u64, u32) {
+        (self.peer.arena_len, self.peer.rkey)
+    }
+
+    /// For tests of a peer's defences: posts an RDMA WRITE WITH IMMEDIATE of `len` zero
+    /// bytes to byte `offset` of the peer's pool arena with remote key `rkey` and immediate
+    /// data `imm`, past every check this side makes (credits, bounds, the arena's key). A
+    /// peer must refuse what its grants do not allow; its adapter refuses what lies outside
+    /// its arena or names another key, and then this queue pair breaks (the error comes
+    /// from the next [`Channel::poll_recv`] or [`Channel::flush`]).
+    pub fn post_unchecked_write(
+        &mut self,
+        offset: u64,
+        len: u32,
+        rkey: u32,
+        imm: u32,
+    ) -> Result<(), ChannelError> {
+        self.broken()?;
+        let id = self.next_wr;
+        if self.stage.outstanding() >= SEND_DEPTH as usize {
+            return Err(io_err("send queue full".into()));
+        }
+        let Some(off) = self.stage.take(id, len as usize, 1) else {
+            return Err(io_err("no staging room".into()));
+        };
+        self.stage_mr.bytes_mut()[off..off + len as usize].fill(0);
+        self.next_wr += 1;
+        let addr = self.peer.arena_addr.wrapping_add(offset);
+        let wr = SendWr {
+            wr_id: SEND_BIT | id,
+            kind: SendKind::WriteImm { addr, rkey, imm },
+            off,
+            len,
+            signaled: true,
+        };
+        self.stats.post_send += 1;
+        self.stats.write_imm_tx += 1;
+        self.qp
+            .post_send(&self.stage_mr, &[wr])
+            .map_err(|e| self.fail(format!("ibv_post_send: {e}")))
     }
 
     /// Polls the completion queue: send completions give staging back at once; receive
@@ -401,12 +330,13 @@ impl VerbsTransport {
         }
     }
 
-    /// Gives received buffers back to the adapter.
-    fn repost(&mut self) -> Result<(), ChannelError> {
+    /// Gives received buffers back to the adapter, in batches of [`REPOST_BATCH`] unless
+    /// `all`.
+    fn repost(&mut self, all: bool) -> Result<(), ChannelError> {
         if let Some((id, off, _)) = self.last_recv.take() {
             self.repost.push((id, off));
         }
-        if !self.repost.is_empty() {
+        if self.repost.len() >= if all { 1 } else { REPOST_BATCH } {
             if let Err(e) = self.qp.post_recv(&self.recv_mr, &self.repost, RECV_BUF) {
                 return Err(self.fail(format!("ibv_post_recv: {e}")));
             }
@@ -434,17 +364,8 @@ impl VerbsTransport {
                     return Err(RxError::WriteNotAllowed.into());
                 }
                 self.stats.write_imm_rx += 1;
-                let p = reg
-                    .begin_write_idata(self.domain, imm, len)
-                    .map_err(RxError::from)?;
-                // The adapter placed the bytes before the completion: nothing to copy.
-                reg.finish_write(&p);
-                Ok(RxCompletion::Write {
-                    handle: p.handle,
-                    element: p.element,
-                    len,
-                    imm: Some(imm),
-                })
+                let checked = reg.begin_write_idata(self.domain, imm, len);
+                placed(reg, checked, Some(imm))
             }
             (sys::WC_RECV, Some(NOTICE)) => {
                 self.repost.push(slot);
@@ -464,19 +385,8 @@ impl VerbsTransport {
                     return Err(io_err("RDMA write notice names no plain RDMA WRITE".into()));
                 };
                 self.stats.write_rx += 1;
-                let p = reg
-                    .begin_write(self.domain, handle, addr, header.len)
-                    .map_err(RxError::from)?;
-                reg.finish_write(&p);
-                if !reg.is_shared(p.handle) {
-                    return Err(RxError::Protection(ProtectionError::NoAccess(p.handle)).into());
-                }
-                Ok(RxCompletion::Write {
-                    handle: p.handle,
-                    element: p.element,
-                    len: header.len,
-                    imm: None,
-                })
+                let checked = reg.begin_write(self.domain, handle, addr, header.len);
+                placed(reg, checked, None)
             }
             (sys::WC_RECV, None) => {
                 self.stats.send_rx += 1;
@@ -491,6 +401,27 @@ impl VerbsTransport {
             }
         }
     }
+}
+
+/// The completion of a write the adapter placed, once the registry checked it (`checked`):
+/// nothing to copy; a pool outside the arena (which the adapter cannot have written) is
+/// refused.
+fn placed(
+    reg: &mut Registry,
+    checked: Result<Placement, ProtectionError>,
+    imm: Option<u32>,
+) -> Result<RxCompletion, ChannelError> {
+    let p = checked.map_err(RxError::from)?;
+    reg.finish_write(&p);
+    if !reg.is_shared(p.handle) {
+        return Err(RxError::Protection(ProtectionError::NoAccess(p.handle)).into());
+    }
+    Ok(RxCompletion::Write {
+        handle: p.handle,
+        element: p.element,
+        len: p.len,
+        imm,
+    })
 }
 
 impl Channel for VerbsTransport {
@@ -513,6 +444,9 @@ impl Channel for VerbsTransport {
         self.broken()?;
         self.reap()?;
         self.batch.clear();
+        // An operation this side cannot post (the peer's pools or limits are wrong): what
+        // was staged before it is posted, then the queue pair is given up.
+        let mut refused = None;
         while let Some(op) = self.tx.front() {
             let len = op.len();
             // A plain write takes two work requests (the write and its notice).
@@ -521,24 +455,27 @@ impl Channel for VerbsTransport {
             } else {
                 1
             };
-            if self.stage.outstanding() + self.batch.len() + wrs > SEND_DEPTH as usize {
+            // The batch's work requests are counted in `outstanding` once staged.
+            if self.stage.outstanding() + wrs > SEND_DEPTH as usize {
                 break;
             }
             let (kind, notice) = match op.op {
                 Op::Send => {
                     if len > self.peer.recv_buf as usize {
-                        return Err(io_err(format!(
+                        refused = Some(format!(
                             "SEND of {len} bytes exceeds the peer's receive buffers of {}",
                             self.peer.recv_buf
-                        )));
+                        ));
+                        break;
                     }
                     (SendKind::Send, None)
                 }
                 Op::WriteImm { addr, imm, .. } => {
                     let Some(raddr) = self.remote(addr, len) else {
-                        return Err(io_err(format!(
+                        refused = Some(format!(
                             "RDMA write of {len} bytes at {addr:#x} outside the peer's pool arena"
-                        )));
+                        ));
+                        break;
                     };
                     (
                         SendKind::WriteImm {
@@ -551,9 +488,10 @@ impl Channel for VerbsTransport {
                 }
                 Op::Write { addr, .. } => {
                     let Some(raddr) = self.remote(addr, len) else {
-                        return Err(io_err(format!(
+                        refused = Some(format!(
                             "RDMA write of {len} bytes at {addr:#x} outside the peer's pool arena"
-                        )));
+                        ));
+                        break;
                     };
                     let header = OpHeader {
                         op: op.op,
@@ -571,7 +509,7 @@ impl Channel for VerbsTransport {
             };
             let staged = len + notice.map_or(0, |h| h.len());
             let id = self.next_wr;
-            let Some(off) = self.stage.take(id, staged) else {
+            let Some(off) = self.stage.take(id, staged, wrs) else {
                 break;
             };
             let bytes = &mut self.stage_mr.bytes_mut()[off..off + staged];
@@ -623,19 +561,25 @@ impl Channel for VerbsTransport {
             }
         }
         if self.batch.is_empty() {
-            return Ok(self.tx.is_empty());
+            return match refused {
+                Some(why) => Err(self.fail(why)),
+                None => Ok(self.tx.is_empty()),
+            };
         }
         self.stats.post_send += 1;
         let posted = self.qp.post_send(&self.stage_mr, &self.batch);
         if let Err(e) = posted {
             return Err(self.fail(format!("ibv_post_send: {e}")));
         }
+        if let Some(why) = refused {
+            return Err(self.fail(why));
+        }
         Ok(self.tx.is_empty())
     }
 
     fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
         self.broken()?;
-        self.repost()?;
+        self.repost(false)?;
         if self.wcs.is_empty() {
             self.reap()?;
         }
@@ -693,7 +637,7 @@ impl Channel for VerbsTransport {
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        if !self.wcs.is_empty() || self.failed.is_some() {
+        if !self.wcs.is_empty() || self.failed.is_some() || self.repost(true).is_err() {
             return false;
         }
         self.stats.arm += 1;
@@ -725,106 +669,23 @@ impl Channel for VerbsTransport {
     }
 }
 
-/// The host's side of the set-up, on its data channel's connection once the HelloReply was
-/// read (`unread`: bytes read after it): sends its endpoint, reads the IOC's, connects, and
-/// confirms. `pools` is the arena the host lays its receive pools out in.
-pub async fn offer(
-    sock: Stream,
-    unread: Vec<u8>,
-    pools: SharedRegion,
-    max_arena: u64,
-    timeout: Duration,
-) -> Result<VerbsTransport, FabricError> {
-    let (mut s, ip) = tokio_tcp(sock)?;
-    let work = async {
-        let prepared = Prepared::new(ip, pools).map_err(verbs_err)?;
-        s.write_all(&prepared.endpoint().emit()).await?;
-        let peer = read_endpoint(&mut s, unread, max_arena).await?;
-        let t = prepared.connect(&peer, DomainId(0)).map_err(verbs_err)?;
-        s.write_all(&[READY]).await?;
-        Ok::<_, FabricError>(t)
-    };
-    let timeout = timeout.max(SETUP_MIN);
-    tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| FabricError::Timeout(timeout))?
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The IOC's side of the set-up, after it sent the HelloReply: reads the host's endpoint,
-/// connects, answers with its own (`pools`: the arena it laid this host's pools out in), and
-/// waits for the host's confirmation.
-pub async fn accept(
-    sock: Stream,
-    unread: Vec<u8>,
-    domain: DomainId,
-    pools: SharedRegion,
-    max_arena: u64,
-    timeout: Duration,
-) -> Result<VerbsTransport, FabricError> {
-    let (mut s, ip) = tokio_tcp(sock)?;
-    let work = async {
-        let peer = read_endpoint(&mut s, unread, max_arena).await?;
-        let prepared = Prepared::new(ip, pools).map_err(verbs_err)?;
-        let mine = prepared.endpoint();
-        let t = prepared.connect(&peer, domain).map_err(verbs_err)?;
-        s.write_all(&mine.emit()).await?;
-        let mut ready = [0u8; 1];
-        s.read_exact(&mut ready).await?;
-        if ready[0] != READY {
-            return Err(FabricError::Verbs(format!(
-                "the host confirmed with {:#04x}, not {READY:#04x}",
-                ready[0]
-            )));
-        }
-        Ok(t)
-    };
-    let timeout = timeout.max(SETUP_MIN);
-    tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| FabricError::Timeout(timeout))?
-}
-
-/// Checks that this machine can carry a data channel over verbs from `ip`: an RDMA device
-/// holds it in its GID table. The error says what is missing.
-pub fn check_address(ip: IpAddr) -> Result<String, FabricError> {
-    let p = sys::port_for(ip).map_err(verbs_err)?;
-    Ok(format!(
-        "{} port {} GID {}",
-        p.ctx.name(),
-        p.port,
-        sys::gid_display(&p.gid)
-    ))
-}
-
-fn verbs_err(e: io::Error) -> FabricError {
-    FabricError::Verbs(e.to_string())
-}
-
-/// The set-up connection as a tokio socket, with its local address.
-fn tokio_tcp(sock: Stream) -> Result<(tokio::net::TcpStream, IpAddr), FabricError> {
-    let Stream::Tcp(s) = sock else {
-        return Err(FabricError::Verbs(
-            "RDMA set-up needs a TCP connection".into(),
-        ));
-    };
-    let ip = s.local_addr()?.ip();
-    Ok((tokio::net::TcpStream::from_std(s)?, ip))
-}
-
-/// Reads the peer's endpoint: `unread` first, then the socket.
-async fn read_endpoint(
-    s: &mut tokio::net::TcpStream,
-    unread: Vec<u8>,
-    max_arena: u64,
-) -> Result<Endpoint, FabricError> {
-    if unread.len() > ENDPOINT_LEN {
-        return Err(FabricError::Verbs(format!(
-            "{} bytes after the handshake, not an RDMA set-up",
-            unread.len()
-        )));
+    /// No device holds a loopback address: whatever this machine has (no libibverbs, no
+    /// device, devices), the error names what is missing, in one line.
+    #[test]
+    fn asking_for_rdma_where_it_cannot_be_had_says_what_is_missing() {
+        let e = check_address("127.0.0.1".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\n'), "{e}");
+        assert!(
+            e.contains("no RDMA stack")
+                || e.contains("no RDMA device (")
+                || e.contains("no RDMA device has 127.0.0.1 in its GID table"),
+            "{e}"
+        );
     }
-    let mut b = [0u8; ENDPOINT_LEN];
-    b[..unread.len()].copy_from_slice(&unread);
-    s.read_exact(&mut b[unread.len()..]).await?;
-    Endpoint::parse(&b, max_arena).map_err(|e| FabricError::Verbs(e.to_string()))
 }

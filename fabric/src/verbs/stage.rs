@@ -16,8 +16,10 @@ pub struct Stage {
     /// Bytes ever taken (free-running), and ever given back.
     head: u64,
     tail: u64,
-    /// Work requests posted and not completed: (id, `head` after it).
-    held: VecDeque<(u64, u64)>,
+    /// Staged operations not completed: (id, `head` after it, work requests it takes).
+    held: VecDeque<(u64, u64, usize)>,
+    /// Work requests of those.
+    wrs: usize,
 }
 
 impl Stage {
@@ -28,12 +30,14 @@ impl Stage {
             head: 0,
             tail: 0,
             held: VecDeque::new(),
+            wrs: 0,
         }
     }
 
-    /// Takes `len` contiguous bytes for work request `wr_id` (ids increase); returns their
-    /// offset, or `None` until completions free enough.
-    pub fn take(&mut self, wr_id: u64, len: usize) -> Option<usize> {
+    /// Takes `len` contiguous bytes for operation `wr_id` (ids increase), posted as `wrs`
+    /// work requests completing under that id; returns their offset, or `None` until
+    /// completions free enough.
+    pub fn take(&mut self, wr_id: u64, len: usize, wrs: usize) -> Option<usize> {
         let len = len as u64;
         let at = self.head % self.size;
         // Skip to the start when it does not fit before the end.
@@ -46,22 +50,24 @@ impl Stage {
             return None;
         }
         self.head += skip + len;
-        self.held.push_back((wr_id, self.head));
+        self.held.push_back((wr_id, self.head, wrs));
+        self.wrs += wrs;
         Some(((self.head - len) % self.size) as usize)
     }
 
-    /// Work request `wr_id` completed: it and every earlier one give their bytes back.
+    /// Operation `wr_id` completed: it and every earlier one give their bytes back.
     /// Returns how many work requests that was.
     pub fn complete(&mut self, wr_id: u64) -> usize {
         let mut n = 0;
-        while let Some(&(id, end)) = self.held.front() {
+        while let Some(&(id, end, wrs)) = self.held.front() {
             if id > wr_id {
                 break;
             }
             self.tail = end;
             self.held.pop_front();
-            n += 1;
+            n += wrs;
         }
+        self.wrs -= n;
         n
     }
 
@@ -70,15 +76,16 @@ impl Stage {
         (self.head - self.tail) as usize
     }
 
-    /// Work requests not completed.
+    /// Work requests posted and not completed.
     pub fn outstanding(&self) -> usize {
-        self.held.len()
+        self.wrs
     }
 
     /// Forgets everything staged (the queue pair is gone).
     pub fn clear(&mut self) {
         self.tail = self.head;
         self.held.clear();
+        self.wrs = 0;
     }
 }
 
@@ -90,18 +97,20 @@ mod tests {
     #[test]
     fn space_comes_back_in_order_and_wraps_whole() {
         let mut s = Stage::new(100);
-        assert_eq!(s.take(1, 40), Some(0));
-        assert_eq!(s.take(2, 40), Some(40));
+        assert_eq!(s.take(1, 40, 1), Some(0));
+        // A write with its notice: two work requests, one completion.
+        assert_eq!(s.take(2, 40, 2), Some(40));
+        assert_eq!(s.outstanding(), 3);
         // 20 bytes left at the end, 30 wanted: nothing at the start is free yet.
-        assert_eq!(s.take(3, 30), None);
+        assert_eq!(s.take(3, 30, 1), None);
         assert_eq!(s.complete(1), 1);
         // Now it wraps: the 20 bytes at the end are skipped, 30 taken at 0.
-        assert_eq!(s.take(3, 30), Some(0));
+        assert_eq!(s.take(3, 30, 1), Some(0));
         assert_eq!(s.used(), 40 + 20 + 30);
         // A completion covers every earlier work request.
-        assert_eq!(s.complete(3), 2);
+        assert_eq!(s.complete(3), 3);
         assert_eq!((s.used(), s.outstanding()), (0, 0));
-        assert_eq!(s.take(4, 101), None);
+        assert_eq!(s.take(4, 101, 1), None);
     }
 
     proptest! {
@@ -121,7 +130,7 @@ mod tests {
                     continue;
                 }
                 id += 1;
-                if let Some(off) = s.take(id, len) {
+                if let Some(off) = s.take(id, len, 1) {
                     prop_assert!(off + len <= 128);
                     for &(_, o, l) in &live {
                         prop_assert!(off + len <= o || o + l <= off, "{off}+{len} overlaps {o}+{l}");

@@ -31,6 +31,7 @@ fn check(rc: i32) -> io::Result<()> {
     match rc {
         0 => Ok(()),
         e if e > 0 => Err(io::Error::from_raw_os_error(e)),
+        e if e > i32::MIN => Err(io::Error::from_raw_os_error(-e)),
         _ => Err(last_error()),
     }
 }
@@ -95,8 +96,25 @@ pub fn port_for(ip: IpAddr) -> io::Result<Port> {
     // emulation): each address's port is found once per process.
     static PORTS: std::sync::Mutex<Vec<(IpAddr, Port)>> = std::sync::Mutex::new(Vec::new());
     let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, p)) = ports.iter().find(|(a, _)| *a == ip) {
-        return Ok(p.clone());
+    // Still there? An address removed and added again may have another index, a device
+    // removed and added again is another device.
+    if let Some(i) = ports.iter().position(|(a, _)| *a == ip) {
+        let p = &ports[i].1;
+        let mut gid = MaybeUninit::<ffi::ibv_gid>::zeroed();
+        // SAFETY: `gid` is writable; the context is open.
+        let rc = unsafe {
+            ffi::ibv_query_gid(
+                p.ctx.ctx.as_ptr(),
+                p.port,
+                i32::from(p.gid_index),
+                gid.as_mut_ptr(),
+            )
+        };
+        // SAFETY: written by the successful call; any bit pattern is a GID.
+        if rc == 0 && unsafe { gid.assume_init().raw } == p.gid {
+            return Ok(p.clone());
+        }
+        ports.swap_remove(i);
     }
     let p = find_port(ip)?;
     ports.push((ip, p.clone()));
@@ -464,19 +482,19 @@ impl Cq {
             let fl = libc::fcntl(fd, libc::F_GETFL);
             fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
         };
-        let cqe = i32::try_from(depth).unwrap_or(i32::MAX);
-        // SAFETY: as above.
-        let cq = unsafe {
-            ffi::ibv_create_cq(ctx.ctx.as_ptr(), cqe, ptr::null_mut(), channel.as_ptr(), 0)
-        };
         let fail = |e: io::Error| {
-            // SAFETY: nothing else uses the channel yet.
+            // SAFETY: nothing uses the channel (no queue was made on it).
             unsafe { ffi::ibv_destroy_comp_channel(channel.as_ptr()) };
             e
         };
         if !nonblock {
             return Err(fail(last_error()));
         }
+        let cqe = i32::try_from(depth).unwrap_or(i32::MAX);
+        // SAFETY: as above.
+        let cq = unsafe {
+            ffi::ibv_create_cq(ctx.ctx.as_ptr(), cqe, ptr::null_mut(), channel.as_ptr(), 0)
+        };
         let cq = NonNull::new(cq).ok_or_else(|| fail(last_error()))?;
         Ok(Cq {
             cq,
@@ -799,21 +817,24 @@ impl Qp {
             }
             self.wrs.push(wr);
         }
-        // Link the list now that neither vector moves any more.
+        // Link the list now that neither vector moves any more, through one pointer to each.
         let n = self.wrs.len();
+        let (wrs, sges) = (self.wrs.as_mut_ptr(), self.sges.as_mut_ptr());
         for i in 0..n {
-            let sge: *mut ffi::ibv_sge = &mut self.sges[i];
-            self.wrs[i].sg_list = sge;
-            self.wrs[i].next = if i + 1 < n {
-                &mut self.wrs[i + 1]
-            } else {
-                ptr::null_mut()
-            };
+            // SAFETY: `i` (and `i + 1` where used) are below both vectors' lengths.
+            unsafe {
+                (*wrs.add(i)).sg_list = sges.add(i);
+                (*wrs.add(i)).next = if i + 1 < n {
+                    wrs.add(i + 1)
+                } else {
+                    ptr::null_mut()
+                };
+            }
         }
         let mut bad = ptr::null_mut();
         // SAFETY: the list is well formed; every payload lies in `src`, a live registration
         // whose memory the caller does not touch until the completion.
-        check(unsafe { ffi::ibv_post_send(self.qp.as_ptr(), self.wrs.as_mut_ptr(), &mut bad) })
+        check(unsafe { ffi::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) })
     }
 
     /// Posts receives, one per `(wr_id, off)`, each of `len` bytes of `dst`, with one call.
@@ -845,16 +866,22 @@ impl Qp {
             })
             .collect();
         let n = wrs.len();
+        let (w, g) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
         for i in 0..n {
-            wrs[i].sg_list = &mut sges[i];
-            if i + 1 < n {
-                wrs[i].next = &mut wrs[i + 1];
+            // SAFETY: as in post_send.
+            unsafe {
+                (*w.add(i)).sg_list = g.add(i);
+                (*w.add(i)).next = if i + 1 < n {
+                    w.add(i + 1)
+                } else {
+                    ptr::null_mut()
+                };
             }
         }
         let mut bad = ptr::null_mut();
         // SAFETY: the list is well formed and every buffer lies in `dst`, which the caller
         // does not touch until the completion.
-        check(unsafe { ffi::ibv_post_recv(self.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) })
+        check(unsafe { ffi::ibv_post_recv(self.qp.as_ptr(), w, &mut bad) })
     }
 }
 

@@ -1,0 +1,210 @@
+//! `rogue rdma`: a host whose data channel is an RDMA queue pair (docs/protocol.md section
+//! 10) and which writes where it may not: into an element it holds no credit for, outside the
+//! IOC's pool arena, with a key that is not the arena's, and with the key of its previous
+//! session's arena. The first is refused by the IOC's checks (the session ends); the others by
+//! the IOC's adapter (this queue pair breaks with a remote access error) and end the session
+//! too. Each attack is a session of its own, as an admitted host (its key).
+
+use crate::admission::Keys;
+use crate::verdict;
+use splitnet_fabric::verbs::VerbsTransport;
+use splitnet_fabric::{self as fabric, DataPath, FabricChannel, HostKeys};
+use splitnet_messaging::adapter::{Channel, Op, Payload, RxCompletion};
+use splitnet_messaging::memory::{arena_offset, Registry};
+use splitnet_messaging::wire::{Idata, Message, PoolEntry, Queue};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A session: its control channel, its data channel's queue pair, the IOC's pools.
+struct Session {
+    ctrl: FabricChannel,
+    data: Box<VerbsTransport>,
+    reg: Registry,
+    pools: Vec<PoolEntry>,
+}
+
+async fn connect(addr: SocketAddr, keys: &Keys, node_id: u64) -> Result<Session, String> {
+    let host = HostKeys {
+        private: keys.host,
+        ioc: keys.ioc,
+        seal_data: false,
+    };
+    let path = DataPath::Verbs {
+        pool_bytes: 8 << 20,
+    };
+    let dial = || fabric::dial_tcp(addr);
+    let (mut ctrl, data, _) =
+        fabric::connect(dial, path, node_id, Queue::SINGLE, 0, TIMEOUT, Some(&host))
+            .await
+            .map_err(|e| e.to_string())?;
+    let FabricChannel::Verbs(data) = data else {
+        return Err("the data channel is not on a queue pair".into());
+    };
+    let mut reg = Registry::new(0);
+    let mut pools = Vec::new();
+    // The IOC advertises its pools on the control channel, one message each: read them for
+    // 300 ms after the first, keeping the session alive meanwhile.
+    let start = Instant::now();
+    let mut last_keepalive = None;
+    let mut first = None;
+    while start.elapsed() < Duration::from_secs(5)
+        && first.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(300))
+    {
+        if last_keepalive.is_none_or(|t: Instant| t.elapsed() > Duration::from_millis(100)) {
+            send_keepalive(&mut ctrl);
+            last_keepalive = Some(Instant::now());
+        }
+        match ctrl.poll_recv(&mut reg) {
+            Ok(Some(RxCompletion::Recv { .. })) => {
+                if let Ok((_, Message::BufferRecvPool(p))) = Message::parse(ctrl.received()) {
+                    pools.extend(p);
+                    first.get_or_insert_with(Instant::now);
+                }
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            Err(e) => return Err(format!("control channel: {e}")),
+        }
+    }
+    if pools.is_empty() {
+        return Err("no BufferRecvPool from the IOC".into());
+    }
+    Ok(Session {
+        ctrl,
+        data,
+        reg,
+        pools,
+    })
+}
+
+/// A Keepalive on the control channel.
+fn send_keepalive(ctrl: &mut FabricChannel) {
+    let mut m = Vec::new();
+    Message::Keepalive.emit(0, &mut m);
+    ctrl.post(Op::Send, &[], Payload::Bytes(m));
+    let _ = ctrl.flush();
+}
+
+impl Session {
+    /// Whether the IOC ends the session within `within`: its control channel closes, or the
+    /// queue pair breaks. Returns what was seen.
+    async fn ended(&mut self, within: Duration) -> Option<String> {
+        let end = Instant::now() + within;
+        let mut last_keepalive = Instant::now();
+        while Instant::now() < end {
+            // Alive as far as keepalives go: only the attack may end the session.
+            if last_keepalive.elapsed() > Duration::from_millis(100) {
+                send_keepalive(&mut self.ctrl);
+                last_keepalive = Instant::now();
+            }
+            if let Err(e) = self.data.poll_recv(&mut self.reg) {
+                return Some(format!("queue pair: {e}"));
+            }
+            match self.ctrl.poll_recv(&mut self.reg) {
+                Ok(Some(RxCompletion::Recv { .. })) => {
+                    if let Ok((_, Message::Goodbye(g))) = Message::parse(self.ctrl.received()) {
+                        return Some(format!("Goodbye {:?}", g.code));
+                    }
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+                Err(e) => return Some(format!("control channel: {e}")),
+            }
+        }
+        None
+    }
+
+    /// Byte offset of `element` of the IOC's first pool in its arena, and idata for a write
+    /// of `len` bytes there.
+    fn target(&self, element: u32, len: u32) -> (u64, u32) {
+        let p = &self.pools[0];
+        let off = arena_offset(p.address) + u64::from(element) * u64::from(p.element_size);
+        let imm = Idata::new(p.pool_ref, element, len).map_or(0, Idata::to_u32);
+        (off, imm)
+    }
+}
+
+/// Runs every attack against the IOC at `addr` as the host of `keys`, claiming `node_id`.
+pub fn attack(addr: &str, keys: &Keys, node_id: u64) -> Vec<&'static str> {
+    let Ok(addr) = addr.parse::<SocketAddr>() else {
+        return vec!["an IOC address ip:port"];
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(_) => return vec!["a runtime"],
+    };
+    rt.block_on(attacks(addr, keys, node_id))
+}
+
+async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static str> {
+    let mut missed = Vec::new();
+    let wait = Duration::from_secs(10);
+    // Beyond its credit: element 0 twice (the IOC granted it once).
+    let name = "rdma write beyond credit";
+    let mut old_key = None;
+    match connect(addr, keys, node_id).await {
+        Ok(mut s) => {
+            let (_, key) = s.data.peer_arena();
+            old_key = Some(key);
+            let (off, imm) = s.target(0, 64);
+            let posted = s
+                .data
+                .post_unchecked_write(off, 64, key, imm)
+                .and_then(|()| s.data.post_unchecked_write(off, 64, key, imm));
+            let seen = match posted {
+                Ok(()) => s.ended(wait).await,
+                Err(e) => Some(format!("cannot post: {e}")),
+            };
+            println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
+            verdict(&mut missed, name, seen.is_some(), "session ended");
+        }
+        Err(e) => {
+            println!("{name}: cannot connect: {e}");
+            missed.push(name);
+        }
+    }
+    // Outside the arena, with a key that is not the arena's, and with the previous
+    // session's key: the adapter refuses each.
+    // Where to write and with which key, from the arena's length, its key and the previous
+    // session's key.
+    type Aim = fn(u64, u32, Option<u32>) -> (u64, u32);
+    let cases: [(&'static str, Aim); 3] = [
+        ("rdma write outside the arena", |len, key, _| (len, key)),
+        ("rdma write with a wrong key", |_, key, _| {
+            (0, key ^ 0x5a5a_0000)
+        }),
+        ("rdma write with the previous session's key", |_, _, old| {
+            (0, old.unwrap_or(0))
+        }),
+    ];
+    for (name, aim) in cases {
+        match connect(addr, keys, node_id).await {
+            Ok(mut s) => {
+                let (len, key) = s.data.peer_arena();
+                let (off, rkey) = aim(len, key, old_key);
+                if name.contains("previous") && rkey == key {
+                    println!("{name}: the IOC reused the key {key:#x}: cannot tell");
+                }
+                let (_, imm) = s.target(0, 64);
+                let seen = match s.data.post_unchecked_write(off, 64, rkey, imm) {
+                    Ok(()) => s.ended(wait).await,
+                    Err(e) => Some(format!("cannot post: {e}")),
+                };
+                println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
+                let refused = seen
+                    .as_deref()
+                    .is_some_and(|m| m.contains("remote access") || m.contains("Remote access"));
+                verdict(&mut missed, name, refused, "refused by the adapter");
+                old_key = Some(key);
+            }
+            Err(e) => {
+                println!("{name}: cannot connect: {e}");
+                missed.push(name);
+            }
+        }
+    }
+    missed
+}
