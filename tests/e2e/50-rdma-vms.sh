@@ -5,8 +5,9 @@
 # owns lan0, a veth whose peer lan1 (10.50.0.2, fd50::2) is in namespace "lan"; host-driver
 # connects with fabric.ioc = "rdma:10.201.0.1:7400" and makes sd0 (10.50.0.1, fd50::1).
 # Through sd0: ping over IPv4 and IPv6, 20 MiB each way with SHA-256 checks, iperf3 each way;
-# a rogue host (an admitted key) writes beyond its credit, outside the IOC's pool arena, with a
-# wrong key and with its previous session's key, each refused (the IOC's checks, its adapter)
+# a rogue host (an admitted key) writes beyond its credit, past the end of the pool its key
+# registers, with a key that is no pool's and with its previous session's key, each refused (the
+# IOC's checks, its adapter)
 # while host 1 pings on; then the IOC is killed and started again and the host reconnects by
 # itself (ping again); the host stops gracefully. Both daemons say what their queue pairs carried (the frames as RDMA
 # WRITE WITH IMMEDIATE); the ioc VM's rxe counters are printed. Functional checks only: TCG is
@@ -99,7 +100,7 @@ guest_host() {
     guest_iperf iperf_down -R
     "$bin/splitnetctl" -s /run/host.sock --json stats >"$VM_OUT/host-stats.json" ||
         vm_die "splitnetctl stats (host-driver) failed"
-    vm_step "a rogue host (host 2's key) writes beyond its credit, outside the arena, with wrong and stale keys; host 1 pings meanwhile"
+    vm_step "a rogue host (host 2's key) writes beyond its credit, past its pool, with wrong and stale keys; host 1 pings meanwhile"
     ping -c 100 -i 0.1 -W 2 10.50.0.2 >"$VM_OUT/ping-during-rogue.txt" 2>&1 &
     out=$!
     "$bin/rogue" rdma 10.201.0.1:7400 "$conf/host2.key" "$(cat "$conf/ioc.pub")" 2 \
@@ -221,7 +222,7 @@ rogue=$(vm_out host)/rogue.txt
 assert_eq "$(vm_result_get host rogue_rc)" 0 "rogue rdma exit status ($(tr '\n' ';' <"$rogue"))"
 assert_grep "$rogue" '^rdma write beyond credit: .*session ended' "a write beyond its credit ends the rogue's session"
 assert_grep "$ioc_log" 'protection error.*not granted' "the IOC refused the write beyond credit as a protection error"
-for what in 'outside the arena' 'with a wrong key' "with the previous session's key"; do
+for what in "past its pool's end" 'with a wrong key' "with the previous session's key"; do
     assert_grep "$rogue" "^rdma write $what: .*refused by the adapter" "a write $what is refused by the IOC's adapter"
 done
 assert_ge "$(grep -c 'host removed: .*RDMA receive failed: remote access error' "$ioc_log")" 3 "the IOC ended the sessions its adapter refused writes of"

@@ -1,9 +1,9 @@
 //! `rogue rdma`: a host whose data channel is an RDMA queue pair (docs/protocol.md section
-//! 10) and which writes where it may not: into an element it holds no credit for, outside the
-//! IOC's pool arena, with a key that is not the arena's, and with the key of its previous
-//! session's arena. The first is refused by the IOC's checks (the session ends); the others by
-//! the IOC's adapter (this queue pair breaks with a remote access error) and end the session
-//! too. Each attack is a session of its own, as an admitted host (its key).
+//! 10) and which writes where it may not: into an element it holds no credit for, past the end
+//! of the pool its key registers, with a key that is no pool's, and with the key of its
+//! previous session's pool. The first is refused by the IOC's checks (the session ends); the
+//! others by the IOC's adapter (this queue pair breaks with a remote access error) and end the
+//! session too. Each attack is a session of its own, as an admitted host (its key).
 
 use crate::admission::Keys;
 use crate::verdict;
@@ -70,6 +70,18 @@ async fn connect(addr: SocketAddr, keys: &Keys, node_id: u64) -> Result<Session,
     if pools.is_empty() {
         return Err("no BufferRecvPool from the IOC".into());
     }
+    // The first pool's key comes on the queue pair.
+    let first = arena_offset(pools[0].address);
+    let mut data = data;
+    while data.peer_key(first).1.is_none() {
+        if start.elapsed() > Duration::from_secs(8) {
+            return Err("no key notice for the IOC's first pool".into());
+        }
+        send_keepalive(&mut ctrl);
+        data.poll_recv(&mut reg)
+            .map_err(|e| format!("queue pair: {e}"))?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     Ok(Session {
         ctrl,
         data,
@@ -122,6 +134,17 @@ impl Session {
         let imm = Idata::new(p.pool_ref, element, len).map_or(0, Idata::to_u32);
         (off, imm)
     }
+
+    /// The first pool's key, and the offset just past its end.
+    fn first_pool(&self) -> (u32, u64) {
+        let p = &self.pools[0];
+        let off = arena_offset(p.address);
+        let key = self.data.peer_key(off).1.unwrap_or(0);
+        (
+            key,
+            off + u64::from(p.element_size) * u64::from(p.element_count),
+        )
+    }
 }
 
 /// Runs every attack against the IOC at `addr` as the host of `keys`, claiming `node_id`.
@@ -147,7 +170,7 @@ async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static st
     let mut old_key = None;
     match connect(addr, keys, node_id).await {
         Ok(mut s) => {
-            let (_, key) = s.data.peer_arena();
+            let (key, _) = s.first_pool();
             old_key = Some(key);
             let (off, imm) = s.target(0, 64);
             let posted = s
@@ -166,14 +189,13 @@ async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static st
             missed.push(name);
         }
     }
-    // Outside the arena, with a key that is not the arena's, and with the previous
-    // session's key: the adapter refuses each.
-    // Where to write and with which key, from the arena's length, its key and the previous
-    // session's key.
-    type Aim = fn(u64, u32, Option<u32>) -> (u64, u32);
+    // Past the end of the pool its key registers, with a key that is no pool's, and with the
+    // previous session's key: the adapter refuses each. Where to write and with which key,
+    // from the first pool's key, the offset past its end and the previous session's key.
+    type Aim = fn(u32, u64, Option<u32>) -> (u64, u32);
     let cases: [(&'static str, Aim); 3] = [
-        ("rdma write outside the arena", |len, key, _| (len, key)),
-        ("rdma write with a wrong key", |_, key, _| {
+        ("rdma write past its pool's end", |key, end, _| (end, key)),
+        ("rdma write with a wrong key", |key, _, _| {
             (0, key ^ 0x5a5a_0000)
         }),
         ("rdma write with the previous session's key", |_, _, old| {
@@ -183,8 +205,10 @@ async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static st
     for (name, aim) in cases {
         match connect(addr, keys, node_id).await {
             Ok(mut s) => {
-                let (len, key) = s.data.peer_arena();
-                let (off, rkey) = aim(len, key, old_key);
+                let (key, end) = s.first_pool();
+                let (aimed, rkey) = aim(key, end, old_key);
+                // At the first pool's offset unless aimed past its end.
+                let off = if aimed == 0 { s.target(0, 64).0 } else { aimed };
                 if name.contains("previous") && rkey == key {
                     println!("{name}: the IOC reused the key {key:#x}: cannot tell");
                 }

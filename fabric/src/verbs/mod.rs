@@ -35,7 +35,8 @@ use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, OpHeader, Payload, RxCompletion, RxError, MAX_PREFIX, OP_HEADER_LEN,
 };
 use splitnet_messaging::memory::{
-    DomainId, Placement, ProtectionError, Registry, SendBuf, SendBufCache, SharedRegion,
+    DomainId, Handle, LayoutWatch, Placement, ProtectionError, Registry, SendBuf, SendBufCache,
+    SharedRegion,
 };
 use stage::Stage;
 use std::collections::VecDeque;
@@ -49,6 +50,8 @@ use sys::{Cq, Mr, Pd, Qp, Remote, SendKind, SendWr, Wc};
 pub const VERBS_CHANNEL: u8 = 4;
 /// Immediate data of a SEND that carries the operation header of the RDMA WRITE before it.
 pub const NOTICE: u32 = 0x4e4f_5443;
+/// Immediate data of a SEND that gives the key of one of the sender's pools ([`KeyNotice`]).
+pub const KEYS: u32 = 0x4b45_5953;
 /// Work requests the send queue holds.
 const SEND_DEPTH: u32 = 256;
 /// Receives kept posted: each RDMA WRITE WITH IMMEDIATE takes one too, so this many writes
@@ -105,7 +108,6 @@ fn payload_bytes(p: &Payload) -> &[u8] {
 struct Peer {
     arena_addr: u64,
     arena_len: u64,
-    rkey: u32,
     recv_buf: u32,
 }
 
@@ -161,6 +163,51 @@ impl std::fmt::Display for VerbsStats {
     }
 }
 
+/// One of this side's pools registered for the peer's writes.
+struct PoolKey {
+    handle: Handle,
+    /// Its registration: dropped, it is deregistered.
+    _mr: Mr,
+}
+
+/// Bytes of a key notice: the pool's offset in the sender's arena (u64), its length (u64)
+/// and its remote key (u32), big-endian.
+pub const KEY_NOTICE_LEN: usize = 20;
+
+/// A key notice: one of the sender's pools, where it lies in its arena and its remote key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyNotice {
+    /// Offset of the pool in the sender's arena.
+    pub off: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Its remote key.
+    pub rkey: u32,
+}
+
+impl KeyNotice {
+    /// Encodes the notice.
+    pub fn emit(&self) -> [u8; KEY_NOTICE_LEN] {
+        let mut b = [0u8; KEY_NOTICE_LEN];
+        b[0..8].copy_from_slice(&self.off.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// Decodes a notice of a pool inside an arena of `arena_len` bytes; `None` for anything
+    /// else (not 20 bytes, empty, outside the arena).
+    pub fn parse(b: &[u8], arena_len: u64) -> Option<KeyNotice> {
+        let b: &[u8; KEY_NOTICE_LEN] = b.try_into().ok()?;
+        let n = KeyNotice {
+            off: u64::from_be_bytes(b[0..8].try_into().ok()?),
+            len: u64::from_be_bytes(b[8..16].try_into().ok()?),
+            rkey: u32::from_be_bytes(b[16..20].try_into().ok()?),
+        };
+        (n.len > 0 && n.off.checked_add(n.len)? <= arena_len).then_some(n)
+    }
+}
+
 /// A channel over an RC queue pair. Fields drop in order: the queue pair before the
 /// completion queue and the memory regions it uses, all before their protection domain.
 pub struct VerbsTransport {
@@ -168,9 +215,18 @@ pub struct VerbsTransport {
     cq: Cq,
     stage_mr: Mr,
     recv_mr: Mr,
-    _arena_mr: Mr,
+    /// This side's pools, each registered for the peer's writes on its own (its key told
+    /// the peer in a key notice), and the registry's layout they mirror.
+    keys: Vec<PoolKey>,
+    layout: Option<u64>,
+    /// The registry's layout count, for [`Channel::prepare_sleep`] (no registry there).
+    watch: Option<LayoutWatch>,
+    /// Key notices to send.
+    key_tx: VecDeque<[u8; KEY_NOTICE_LEN]>,
+    /// The peer's pools: arena offset, length, key.
+    peer_keys: Vec<(u64, u64, u32)>,
     pools: SharedRegion,
-    _pd: Arc<Pd>,
+    pd: Arc<Pd>,
     peer: Peer,
     domain: DomainId,
     writes_allowed: bool,
@@ -231,6 +287,8 @@ impl VerbsTransport {
     /// Changes the protection domain whose writes this channel carries.
     pub fn set_domain(&mut self, domain: DomainId) {
         self.domain = domain;
+        // Its pools are another domain's now: look again.
+        self.layout = None;
     }
 
     /// The completion channel's descriptor: readable once an armed queue got a completion.
@@ -238,9 +296,41 @@ impl VerbsTransport {
         self.cq.fd()
     }
 
-    /// The peer's pool arena: its length and remote key.
-    pub fn peer_arena(&self) -> (u64, u32) {
-        (self.peer.arena_len, self.peer.rkey)
+    /// The peer's pool arena's length, and the remote key of its pool at arena offset
+    /// `off`, once its key notice came.
+    pub fn peer_key(&self, off: u64) -> (u64, Option<u32>) {
+        let key = self
+            .peer_keys
+            .iter()
+            .find(|k| k.0 <= off && off < k.0 + k.1);
+        (self.peer.arena_len, key.map(|k| k.2))
+    }
+
+    /// Registers this side's pools that the registry added since the last look (each on its
+    /// own, with a key notice for the peer) and deregisters those it freed: a write that
+    /// arrives for a freed pool, with its old key, fails in the adapter.
+    fn sync_keys(&mut self, reg: &Registry) -> Result<(), ChannelError> {
+        self.watch.get_or_insert_with(|| reg.layout_watch());
+        if self.layout == Some(reg.layout()) {
+            return Ok(());
+        }
+        self.layout = Some(reg.layout());
+        let now = reg.arena_regions(self.domain);
+        self.keys
+            .retain(|k| now.iter().any(|(h, ..)| *h == k.handle));
+        for (handle, off, len) in now {
+            if self.keys.iter().any(|k| k.handle == handle) {
+                continue;
+            }
+            let mr = match Mr::shared(&self.pd, self.pools.clone(), off, len) {
+                Ok(mr) => mr,
+                Err(e) => return Err(self.fail(format!("cannot register a pool: {e}"))),
+            };
+            let rkey = mr.rkey();
+            self.key_tx.push_back(KeyNotice { off, len, rkey }.emit());
+            self.keys.push(PoolKey { handle, _mr: mr });
+        }
+        Ok(())
     }
 
     /// For tests of a peer's defences: posts an RDMA WRITE WITH IMMEDIATE of `len` zero
@@ -347,14 +437,28 @@ impl VerbsTransport {
     }
 
     /// Where a write to `addr` (the peer's registry address) of `len` bytes lands in the
-    /// peer's arena, if it lies inside it.
-    fn remote(&self, addr: u64, len: usize) -> Option<u64> {
+    /// peer's arena, and the key of the pool it lies in: `Err(false)` while that pool's key
+    /// has not come yet, `Err(true)` if it lies outside the arena.
+    fn remote(&self, addr: u64, len: usize) -> Result<(u64, u32), bool> {
         let off = splitnet_messaging::memory::arena_offset(addr);
-        (off.checked_add(len as u64)? <= self.peer.arena_len).then(|| self.peer.arena_addr + off)
+        let end = off.checked_add(len as u64).ok_or(true)?;
+        if end > self.peer.arena_len {
+            return Err(true);
+        }
+        let key = self
+            .peer_keys
+            .iter()
+            .find(|k| k.0 <= off && end <= k.0 + k.1);
+        key.map(|k| (self.peer.arena_addr + off, k.2)).ok_or(false)
     }
 
-    /// Handles one receive completion.
-    fn on_recv(&mut self, wc: Wc, reg: &mut Registry) -> Result<RxCompletion, ChannelError> {
+    /// Handles one receive completion: a completion for the caller, or `None` for a key
+    /// notice (taken here).
+    fn on_recv(
+        &mut self,
+        wc: Wc,
+        reg: &mut Registry,
+    ) -> Result<Option<RxCompletion>, ChannelError> {
         let slot = (wc.wr_id, (wc.wr_id as usize) * RECV_BUF as usize);
         let len = wc.byte_len;
         match (wc.opcode, wc.imm) {
@@ -365,7 +469,7 @@ impl VerbsTransport {
                 }
                 self.stats.write_imm_rx += 1;
                 let checked = reg.begin_write_idata(self.domain, imm, len);
-                placed(reg, checked, Some(imm))
+                placed(reg, checked, Some(imm)).map(Some)
             }
             (sys::WC_RECV, Some(NOTICE)) => {
                 self.repost.push(slot);
@@ -386,12 +490,26 @@ impl VerbsTransport {
                 };
                 self.stats.write_rx += 1;
                 let checked = reg.begin_write(self.domain, handle, addr, header.len);
-                placed(reg, checked, None)
+                placed(reg, checked, None).map(Some)
+            }
+            (sys::WC_RECV, Some(KEYS)) => {
+                self.repost.push(slot);
+                let bytes = self.recv_mr.bytes().get(slot.1..slot.1 + len as usize);
+                let Some(n) = bytes.and_then(|b| KeyNotice::parse(b, self.peer.arena_len)) else {
+                    return Err(io_err(format!(
+                        "a key notice of {len} bytes that names no pool of the arena"
+                    )));
+                };
+                // A pool registered again where another was replaces it.
+                self.peer_keys
+                    .retain(|k| k.0 + k.1 <= n.off || n.off + n.len <= k.0);
+                self.peer_keys.push((n.off, n.len, n.rkey));
+                Ok(None)
             }
             (sys::WC_RECV, None) => {
                 self.stats.send_rx += 1;
                 self.last_recv = Some((slot.0, slot.1, len as usize));
-                Ok(RxCompletion::Recv { len: len as usize })
+                Ok(Some(RxCompletion::Recv { len: len as usize }))
             }
             (op, imm) => {
                 self.repost.push(slot);
@@ -447,7 +565,32 @@ impl Channel for VerbsTransport {
         // An operation this side cannot post (the peer's pools or limits are wrong): what
         // was staged before it is posted, then the queue pair is given up.
         let mut refused = None;
+        // The keys of this side's new pools go first.
+        while let Some(notice) = self.key_tx.front() {
+            let id = self.next_wr;
+            if self.stage.outstanding() >= SEND_DEPTH as usize {
+                break;
+            }
+            let Some(off) = self.stage.take(id, KEY_NOTICE_LEN, 1) else {
+                break;
+            };
+            self.stage_mr.bytes_mut()[off..off + KEY_NOTICE_LEN].copy_from_slice(notice);
+            self.key_tx.pop_front();
+            self.next_wr += 1;
+            self.unsignalled = 0;
+            self.stats.send_tx += 1;
+            self.batch.push(SendWr {
+                wr_id: SEND_BIT | id,
+                kind: SendKind::SendImm(KEYS),
+                off,
+                len: KEY_NOTICE_LEN as u32,
+                signaled: true,
+            });
+        }
         while let Some(op) = self.tx.front() {
+            if !self.key_tx.is_empty() {
+                break;
+            }
             let len = op.len();
             // A plain write takes two work requests (the write and its notice).
             let wrs = if matches!(op.op, Op::Write { .. }) {
@@ -471,40 +614,43 @@ impl Channel for VerbsTransport {
                     (SendKind::Send, None)
                 }
                 Op::WriteImm { addr, imm, .. } => {
-                    let Some(raddr) = self.remote(addr, len) else {
-                        refused = Some(format!(
-                            "RDMA write of {len} bytes at {addr:#x} outside the peer's pool arena"
-                        ));
-                        break;
+                    let (raddr, rkey) = match self.remote(addr, len) {
+                        Ok(r) => r,
+                        // The pool's key is on its way: wait for it.
+                        Err(false) => break,
+                        Err(true) => {
+                            refused = Some(format!(
+                                "RDMA write of {len} bytes at {addr:#x} outside the peer's pool arena"
+                            ));
+                            break;
+                        }
                     };
                     (
                         SendKind::WriteImm {
                             addr: raddr,
-                            rkey: self.peer.rkey,
+                            rkey,
                             imm,
                         },
                         None,
                     )
                 }
                 Op::Write { addr, .. } => {
-                    let Some(raddr) = self.remote(addr, len) else {
-                        refused = Some(format!(
-                            "RDMA write of {len} bytes at {addr:#x} outside the peer's pool arena"
-                        ));
-                        break;
+                    let (raddr, rkey) = match self.remote(addr, len) {
+                        Ok(r) => r,
+                        Err(false) => break,
+                        Err(true) => {
+                            refused = Some(format!(
+                                "RDMA write of {len} bytes at {addr:#x} outside the peer's pool arena"
+                            ));
+                            break;
+                        }
                     };
                     let header = OpHeader {
                         op: op.op,
                         len: len as u32,
                     }
                     .emit();
-                    (
-                        SendKind::Write {
-                            addr: raddr,
-                            rkey: self.peer.rkey,
-                        },
-                        Some(header),
-                    )
+                    (SendKind::Write { addr: raddr, rkey }, Some(header))
                 }
             };
             let staged = len + notice.map_or(0, |h| h.len());
@@ -579,19 +725,24 @@ impl Channel for VerbsTransport {
 
     fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
         self.broken()?;
+        self.sync_keys(reg)?;
         self.repost(false)?;
-        if self.wcs.is_empty() {
-            self.reap()?;
-        }
-        match self.wcs.pop_front() {
-            Some(wc) => match self.on_recv(wc, reg) {
-                Ok(c) => Ok(Some(c)),
+        loop {
+            if self.wcs.is_empty() {
+                self.reap()?;
+            }
+            let Some(wc) = self.wcs.pop_front() else {
+                return Ok(None);
+            };
+            match self.on_recv(wc, reg) {
+                Ok(Some(c)) => return Ok(Some(c)),
+                // A key notice: the transport's own.
+                Ok(None) => {}
                 Err(e) => {
                     self.failed.get_or_insert(e.to_string());
-                    Err(e)
+                    return Err(e);
                 }
-            },
-            None => Ok(None),
+            }
         }
     }
 
@@ -609,7 +760,7 @@ impl Channel for VerbsTransport {
     }
 
     fn pending(&self) -> usize {
-        self.tx_bytes
+        self.tx_bytes + self.key_tx.len() * KEY_NOTICE_LEN
     }
 
     fn held_buffers(&self) -> usize {
@@ -638,6 +789,12 @@ impl Channel for VerbsTransport {
 
     fn prepare_sleep(&mut self) -> bool {
         if !self.wcs.is_empty() || self.failed.is_some() || self.repost(true).is_err() {
+            return false;
+        }
+        // Pools registered or freed since the last poll (or none seen yet): poll, which
+        // registers them and sends their keys, before sleeping.
+        let layout = self.watch.as_ref().map(LayoutWatch::get);
+        if layout.is_none() || layout != self.layout {
             return false;
         }
         self.stats.arm += 1;
@@ -672,6 +829,38 @@ impl Channel for VerbsTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_key_notice_round_trips_and_must_name_a_pool_of_the_arena() {
+        let n = KeyNotice {
+            off: 4096,
+            len: 8192,
+            rkey: 0xabcd,
+        };
+        assert_eq!(KeyNotice::parse(&n.emit(), 12288), Some(n));
+        // One byte past the arena, empty, or not 20 bytes: refused.
+        assert_eq!(KeyNotice::parse(&n.emit(), 12287), None);
+        let empty = KeyNotice { len: 0, ..n };
+        assert_eq!(KeyNotice::parse(&empty.emit(), 1 << 20), None);
+        let wraps = KeyNotice {
+            off: u64::MAX - 10,
+            ..n
+        };
+        assert_eq!(KeyNotice::parse(&wraps.emit(), u64::MAX), None);
+        assert_eq!(KeyNotice::parse(&n.emit()[..19], 1 << 20), None);
+    }
+
+    proptest! {
+        /// Any bytes: no notice, or one inside the arena that round-trips.
+        #[test]
+        fn any_key_notice_is_refused_or_inside_the_arena(b in proptest::collection::vec(any::<u8>(), 0..24), arena in 1u64..u64::MAX) {
+            if let Some(n) = KeyNotice::parse(&b, arena) {
+                prop_assert!(n.len > 0 && n.off + n.len <= arena);
+                prop_assert_eq!(&n.emit()[..], &b[..]);
+            }
+        }
+    }
 
     /// No device holds a loopback address: whatever this machine has (no libibverbs, no
     /// device, devices), the error names what is missing, in one line.

@@ -21,7 +21,6 @@ struct Prepared {
     cq: Cq,
     stage_mr: Mr,
     recv_mr: Mr,
-    arena_mr: Mr,
     pools: SharedRegion,
     pd: Arc<Pd>,
     port: sys::Port,
@@ -45,7 +44,6 @@ impl Prepared {
             (RECV_DEPTH * RECV_BUF) as usize,
             sys::Access::LocalWrite,
         )?;
-        let arena_mr = Mr::shared(&pd, pools.clone())?;
         let psn = random_psn();
         Ok(Prepared {
             pd,
@@ -53,7 +51,6 @@ impl Prepared {
             qp,
             stage_mr,
             recv_mr,
-            arena_mr,
             pools,
             port,
             psn,
@@ -66,9 +63,10 @@ impl Prepared {
             psn: self.psn,
             gid: self.port.gid,
             mtu: self.port.mtu,
-            rkey: self.arena_mr.rkey(),
-            arena_addr: self.arena_mr.addr(),
-            arena_len: self.arena_mr.len() as u64,
+            // Each pool's key comes in a key notice once it is registered.
+            rkey: 0,
+            arena_addr: sys::region_addr(&self.pools),
+            arena_len: self.pools.len() as u64,
             recv_buf: RECV_BUF,
             recv_depth: RECV_DEPTH,
         }
@@ -92,13 +90,16 @@ impl Prepared {
             cq: self.cq,
             stage_mr: self.stage_mr,
             recv_mr: self.recv_mr,
-            _arena_mr: self.arena_mr,
+            keys: Vec::new(),
+            layout: None,
+            watch: None,
+            key_tx: VecDeque::new(),
+            peer_keys: Vec::new(),
             pools: self.pools,
-            _pd: self.pd,
+            pd: self.pd,
             peer: Peer {
                 arena_addr: peer.arena_addr,
                 arena_len: peer.arena_len,
-                rkey: peer.rkey,
                 recv_buf: peer.recv_buf,
             },
             domain,

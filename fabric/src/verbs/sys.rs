@@ -323,14 +323,31 @@ impl Mr {
         unsafe { Mr::register(pd, ptr, len, access, MrMem::Heap(mem)) }
     }
 
-    /// Registers a pool arena for the peer's RDMA writes.
-    pub fn shared(pd: &Arc<Pd>, region: SharedRegion) -> io::Result<Mr> {
+    /// Registers `len` bytes at `off` of a pool arena for the peer's RDMA writes: one
+    /// pool's range. Refused (nothing registered) if the range leaves the arena.
+    pub fn shared(pd: &Arc<Pd>, region: SharedRegion, off: u64, len: u64) -> io::Result<Mr> {
         let words = region.words();
-        let (ptr, len) = (words.as_ptr() as *mut u8, words.len() * 4);
-        // SAFETY: the arena's mapping stays while the region holds the Arc; it is only ever
-        // accessed through atomics on this side, so the adapter's writes race with nothing
-        // Rust considers plain memory.
-        unsafe { Mr::register(pd, ptr, len, Access::RemoteWrite, MrMem::Shared(region)) }
+        let size = words.len() as u64 * 4;
+        if len == 0 || off.checked_add(len).is_none_or(|end| end > size) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "pool outside its arena",
+            ));
+        }
+        // SAFETY: `off` is inside the mapping (checked above).
+        let ptr = unsafe { (words.as_ptr() as *mut u8).add(off as usize) };
+        // SAFETY: the arena's mapping stays while the region holds the Arc, and the range lies
+        // in it; it is only ever accessed through atomics on this side, so the adapter's
+        // writes race with nothing Rust considers plain memory.
+        unsafe {
+            Mr::register(
+                pd,
+                ptr,
+                len as usize,
+                Access::RemoteWrite,
+                MrMem::Shared(region),
+            )
+        }
     }
 
     /// # Safety
@@ -883,6 +900,11 @@ impl Qp {
         // does not touch until the completion.
         check(unsafe { ffi::ibv_post_recv(self.qp.as_ptr(), w, &mut bad) })
     }
+}
+
+/// The address of a pool arena's first byte (what the peer adds a pool's offset to).
+pub fn region_addr(region: &SharedRegion) -> u64 {
+    region.words().as_ptr() as u64
 }
 
 /// The IPv6 form of a GID, for messages.

@@ -275,6 +275,26 @@ pub struct Registry {
     stats: RegistryStats,
     /// Pool arenas, by the domain whose regions they hold.
     arenas: Vec<(DomainId, Arena)>,
+    /// Regions registered or freed since creation: a transport that mirrors the regions
+    /// (one adapter registration per pool) looks again when it changes.
+    layout: LayoutWatch,
+}
+
+/// The count of regions registered and freed ([`Registry::layout`]), readable without the
+/// registry: a transport that mirrors the regions holds one to know, before it sleeps,
+/// whether it must look again.
+#[derive(Debug, Clone, Default)]
+pub struct LayoutWatch(Arc<std::sync::atomic::AtomicU64>);
+
+impl LayoutWatch {
+    /// The count now.
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn bump(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Registry {
@@ -296,6 +316,7 @@ impl Registry {
             limit,
             stats: RegistryStats::default(),
             arenas: Vec::new(),
+            layout: LayoutWatch::default(),
         }
     }
 
@@ -410,6 +431,7 @@ impl Registry {
         let slot = &mut self.slots[index as usize];
         slot.region = Some(region);
         self.stats.regions += 1;
+        self.layout.bump();
         self.stats.bytes += size;
         Ok(Handle::new(index, slot.generation))
     }
@@ -527,8 +549,41 @@ impl Registry {
         }
         self.free.push(handle.index());
         self.stats.regions -= 1;
+        self.layout.bump();
         self.stats.bytes -= size;
         Ok(())
+    }
+
+    /// Counts the regions registered and freed so far: unchanged, so are the regions.
+    pub fn layout(&self) -> u64 {
+        self.layout.get()
+    }
+
+    /// A handle on [`Registry::layout`] that reads it without the registry.
+    pub fn layout_watch(&self) -> LayoutWatch {
+        self.layout.clone()
+    }
+
+    /// Every live region of `domain` that lies in its pool arena: its handle, its offset in
+    /// the arena and its size in bytes.
+    pub fn arena_regions(&self, domain: DomainId) -> Vec<(Handle, u64, u64)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match &s.region {
+                Some(
+                    r @ Region {
+                        mem: Mem::Shared { off, len, .. },
+                        ..
+                    },
+                ) if r.domain == domain => Some((
+                    Handle::new(i as u32, s.generation),
+                    *off as u64,
+                    *len as u64,
+                )),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Handles of every live region owned by `domain`.

@@ -412,3 +412,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_layout_count_moves_with_every_region_and_arena_regions_are_listed() {
+    let mut reg = Registry::new(1 << 20);
+    let arena: SharedRegion = std::sync::Arc::new(HeapShared::new(64 << 10));
+    reg.attach_arena(PD_A, arena).unwrap();
+    let before = reg.layout();
+    let watch = reg.layout_watch();
+    let a = pool(&mut reg, PD_A, Access::REMOTE_WRITE, false);
+    let b = pool(&mut reg, PD_B, Access::REMOTE_WRITE, false);
+    assert_eq!(reg.layout(), before + 2);
+    // Domain A's pool lies in its arena; B's is in private memory and is not listed.
+    let listed = reg.arena_regions(PD_A);
+    assert_eq!(listed.len(), 1);
+    let (h, off, len) = listed[0];
+    assert_eq!((h, len), (a, 1024));
+    assert_eq!(Registry::base_address(a) + off, reg.address(a).unwrap());
+    assert!(reg.arena_regions(PD_B).is_empty());
+    reg.deregister(a).unwrap();
+    reg.deregister(b).unwrap();
+    assert_eq!(reg.layout(), before + 4);
+    assert_eq!(watch.get(), before + 4, "the watch follows the registry");
+    assert!(reg.arena_regions(PD_A).is_empty());
+}
