@@ -6,6 +6,8 @@
 //!   and [`RegisteredLink`], a link with its registrations.
 //! * [`shm`]: channels in shared memory (on one machine), with all of that transport's
 //!   `unsafe` (mappings, descriptor passing, the doorbell) in its two submodules.
+//! * `verbs` (feature `verbs`, on by default): the data channel over an RDMA queue pair
+//!   (rdma-core), libibverbs loaded at run time.
 //!
 //! A [`RegisteredLink`] owns a [`Link`] over two non-blocking stream sockets (channel 0,
 //! control, and channel 1, data: TCP between machines, Unix stream sockets between daemons
@@ -13,9 +15,10 @@
 //! [`RegisteredLink::ready`] and then drive the link until the sockets would block; nothing here
 //! buffers or copies frames.
 //!
-//! `unsafe` is denied but in three places, each with its `// SAFETY:` note: the two `shm`
-//! submodules, and [`Ready::new`], whose registration with the reactor tokio declares unsafe
-//! (the descriptor must stay open while registered: it is a duplicate the `Ready` owns).
+//! `unsafe` is denied but in five places, each with its `// SAFETY:` notes: the two `shm`
+//! submodules, the two `verbs` submodules that call libibverbs (`sys`, `device`), and
+//! [`Ready::new`], whose registration with the reactor tokio declares unsafe (the descriptor
+//! must stay open while registered: it is a duplicate the `Ready` owns).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

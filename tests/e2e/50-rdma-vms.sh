@@ -5,9 +5,9 @@
 # owns lan0, a veth whose peer lan1 (10.50.0.2, fd50::2) is in namespace "lan"; host-driver
 # connects with fabric.ioc = "rdma:10.201.0.1:7400" and makes sd0 (10.50.0.1, fd50::1).
 # Through sd0: ping over IPv4 and IPv6, 20 MiB each way with SHA-256 checks, iperf3 each way;
-# a rogue host (an admitted key) writes beyond its credit, past the end of the pool its key
-# registers, with a key that is no pool's and with its previous session's key, each refused (the
-# IOC's checks, its adapter)
+# a rogue host (an admitted key) writes where no credit of its covers, past the end of the pool its key
+# registers, with a key that is no pool's, with its previous session's key and with the key of a
+# pool it flushed, each refused (the IOC's checks, its adapter)
 # while host 1 pings on; then the IOC is killed and started again and the host reconnects by
 # itself (ping again); the host stops gracefully. Both daemons say what their queue pairs carried (the frames as RDMA
 # WRITE WITH IMMEDIATE); the ioc VM's rxe counters are printed. Functional checks only: TCG is
@@ -100,7 +100,7 @@ guest_host() {
     guest_iperf iperf_down -R
     "$bin/splitnetctl" -s /run/host.sock --json stats >"$VM_OUT/host-stats.json" ||
         vm_die "splitnetctl stats (host-driver) failed"
-    vm_step "a rogue host (host 2's key) writes beyond its credit, past its pool, with wrong and stale keys; host 1 pings meanwhile"
+    vm_step "a rogue host (host 2's key) writes without a credit, past its pool, with wrong and stale keys; host 1 pings meanwhile"
     ping -c 100 -i 0.1 -W 2 10.50.0.2 >"$VM_OUT/ping-during-rogue.txt" 2>&1 &
     out=$!
     "$bin/rogue" rdma 10.201.0.1:7400 "$conf/host2.key" "$(cat "$conf/ioc.pub")" 2 \
@@ -213,19 +213,21 @@ assert_ge "$host_imm_rx" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host
 assert_ge "$(qp_stats "$ioc_log" write_imm_rx | tail -n 1)" 3 "RDMA WRITE WITH IMMEDIATE the restarted IOC received from host 1 (the pings)"
 log "host-driver's queue pairs:"
 grep 'RDMA queue pair closed' "$host_log" | sed 's/.*closed: /    /'
-log "the IOC's queue pairs (the rogue's four sessions, then host 1's after the restart):"
+log "the IOC's queue pairs (the rogue's five sessions, then host 1's after the restart):"
 grep 'RDMA queue pair closed' "$ioc_log" | sed 's/.*closed: /    /'
 
 # The rogue: each write refused (the first by the IOC's checks, the others by its adapter),
 # and host 1 never noticed.
 rogue=$(vm_out host)/rogue.txt
 assert_eq "$(vm_result_get host rogue_rc)" 0 "rogue rdma exit status ($(tr '\n' ';' <"$rogue"))"
-assert_grep "$rogue" '^rdma write beyond credit: .*session ended' "a write beyond its credit ends the rogue's session"
-assert_grep "$ioc_log" 'protection error.*not granted' "the IOC refused the write beyond credit as a protection error"
-for what in "past its pool's end" 'with a wrong key' "with the previous session's key"; do
+assert_grep "$rogue" '^rdma write naming no pool of its session: .*session ended' "a write its credits cannot cover ends the rogue's session"
+assert_grep "$ioc_log" 'protection error: immediate data names pool reference 200, which this side never advertised' \
+    "the IOC refused it as a protection error"
+for what in "past its pool's end" 'with a wrong key' "with the previous session's key" \
+    'into a pool it flushed, with its old key'; do
     assert_grep "$rogue" "^rdma write $what: .*refused by the adapter" "a write $what is refused by the IOC's adapter"
 done
-assert_ge "$(grep -c 'host removed: .*RDMA receive failed: remote access error' "$ioc_log")" 3 "the IOC ended the sessions its adapter refused writes of"
+assert_ge "$(grep -c 'host removed: .*RDMA receive failed: remote access error' "$ioc_log")" 4 "the IOC ended the sessions its adapter refused writes of"
 assert_match "$(vm_result_get host ping_during_rogue)" '^100 packets transmitted, 100 received' "host 1's pings during the rogue's attacks"
 assert_eq "$(grep -c 'fabric lost' "$host_log")" 1 "host 1's session ended only when the IOC was killed"
 log "rogue over RDMA:"

@@ -1,9 +1,10 @@
 //! `rogue rdma`: a host whose data channel is an RDMA queue pair (docs/protocol.md section
-//! 10) and which writes where it may not: into an element it holds no credit for, past the end
-//! of the pool its key registers, with a key that is no pool's, and with the key of its
-//! previous session's pool. The first is refused by the IOC's checks (the session ends); the
-//! others by the IOC's adapter (this queue pair breaks with a remote access error) and end the
-//! session too. Each attack is a session of its own, as an admitted host (its key).
+//! 10) and which writes where it may not: into an element its immediate data does not name a
+//! pool of (no credit it holds can cover it), past the end
+//! of the pool its key registers, with a key that is no pool's, with the key of its previous
+//! session's pool, and with the key of a pool it flushed (seed 001). The first is refused by
+//! the IOC's checks (the session ends); the others by the IOC's adapter (this queue pair breaks
+//! with a remote access error) and end the session too. Each attack is a session of its own, as an admitted host (its key).
 
 use crate::admission::Keys;
 use crate::verdict;
@@ -165,18 +166,19 @@ pub fn attack(addr: &str, keys: &Keys, node_id: u64) -> Vec<&'static str> {
 async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static str> {
     let mut missed = Vec::new();
     let wait = Duration::from_secs(10);
-    // Beyond its credit: element 0 twice (the IOC granted it once).
-    let name = "rdma write beyond credit";
+    // Beyond any credit: a write into the first pool whose immediate data names a pool
+    // reference the IOC never advertised. (Writing one element twice is no test: the IOC
+    // grants an element again as soon as its frame is consumed, which may be before the
+    // second write arrives.)
+    let name = "rdma write naming no pool of its session";
     let mut old_key = None;
     match connect(addr, keys, node_id).await {
         Ok(mut s) => {
             let (key, _) = s.first_pool();
             old_key = Some(key);
-            let (off, imm) = s.target(0, 64);
-            let posted = s
-                .data
-                .post_unchecked_write(off, 64, key, imm)
-                .and_then(|()| s.data.post_unchecked_write(off, 64, key, imm));
+            let (off, _) = s.target(0, 64);
+            let imm = Idata::new(200, 0, 64).map_or(0, Idata::to_u32);
+            let posted = s.data.post_unchecked_write(off, 64, key, imm);
             let seen = match posted {
                 Ok(()) => s.ended(wait).await,
                 Err(e) => Some(format!("cannot post: {e}")),
@@ -230,5 +232,55 @@ async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static st
             }
         }
     }
+    // A pool it flushed: the IOC frees it, and its registration with it.
+    let name = "rdma write into a pool it flushed, with its old key";
+    match connect(addr, keys, node_id).await {
+        Ok(mut s) => {
+            let seen = match flush_first_pool(&mut s).await {
+                Ok(key) => {
+                    let (off, imm) = s.target(0, 64);
+                    match s.data.post_unchecked_write(off, 64, key, imm) {
+                        Ok(()) => s.ended(wait).await,
+                        Err(e) => Some(format!("cannot post: {e}")),
+                    }
+                }
+                Err(e) => Some(format!("cannot flush: {e}")),
+            };
+            println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
+            let refused = seen.as_deref().is_some_and(|m| m.contains("remote access"));
+            verdict(&mut missed, name, refused, "refused by the adapter");
+        }
+        Err(e) => {
+            println!("{name}: cannot connect: {e}");
+            missed.push(name);
+        }
+    }
     missed
+}
+
+/// Flushes the IOC's first pool as its initiator (a BufferPoolFlushRequest on the data
+/// channel) and waits for the IOC's reply, then a little for its adapter to drop the pool's
+/// registration; returns the pool's key.
+async fn flush_first_pool(s: &mut Session) -> Result<u32, String> {
+    let (key, _) = s.first_pool();
+    let mut m = Vec::new();
+    Message::BufferPoolFlushRequest(vec![s.pools[0].pool_ref]).emit(7, &mut m);
+    s.data.post(Op::Send, &[], Payload::Bytes(m));
+    s.data.flush().map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut replied = None;
+    while replied.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(500)) {
+        if start.elapsed() > Duration::from_secs(8) {
+            return Err("no BufferPoolFlushReply".into());
+        }
+        send_keepalive(&mut s.ctrl);
+        if let Ok(Some(RxCompletion::Recv { .. })) = s.ctrl.poll_recv(&mut s.reg) {
+            if let Ok((_, Message::BufferPoolFlushReply)) = Message::parse(s.ctrl.received()) {
+                replied.get_or_insert_with(Instant::now);
+            }
+        }
+        s.data.poll_recv(&mut s.reg).map_err(|e| e.to_string())?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(key)
 }

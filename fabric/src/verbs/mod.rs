@@ -22,6 +22,8 @@
 //! no device is configured. Its libibverbs is loaded when first needed: without rdma-core
 //! only an `rdma:` address fails, with an error that names what is missing.
 
+#[allow(unsafe_code)]
+mod device;
 mod endpoint;
 mod setup;
 mod stage;

@@ -2,8 +2,8 @@
 //! each side's [`Endpoint`], then the host's ready byte.
 
 use super::{
-    sys, Cq, Endpoint, Mr, Pd, Peer, Qp, Remote, Stage, VerbsStats, VerbsTransport, ENDPOINT_LEN,
-    READY, RECV_BUF, RECV_DEPTH, SEND_DEPTH, SETUP_MIN, STAGE_BYTES,
+    device, sys, Cq, Endpoint, Mr, Pd, Peer, Qp, Remote, Stage, VerbsStats, VerbsTransport,
+    ENDPOINT_LEN, READY, RECV_BUF, RECV_DEPTH, SEND_DEPTH, SETUP_MIN, STAGE_BYTES,
 };
 use crate::{FabricError, Stream};
 use splitnet_messaging::memory::{DomainId, SharedRegion};
@@ -23,13 +23,13 @@ struct Prepared {
     recv_mr: Mr,
     pools: SharedRegion,
     pd: Arc<Pd>,
-    port: sys::Port,
+    port: device::Port,
     psn: u32,
 }
 
 impl Prepared {
     fn new(ip: IpAddr, pools: SharedRegion) -> io::Result<Prepared> {
-        let port = sys::port_for(ip)?;
+        let port = device::port_for(ip)?;
         let on = |what: &str| {
             let dev = port.ctx.name().to_string();
             let what = what.to_string();
@@ -195,12 +195,12 @@ pub async fn accept(
 /// Checks that this machine can carry a data channel over verbs from `ip`: an RDMA device
 /// holds it in its GID table. The error says what is missing.
 pub fn check_address(ip: IpAddr) -> Result<String, FabricError> {
-    let p = sys::port_for(ip).map_err(verbs_err)?;
+    let p = device::port_for(ip).map_err(verbs_err)?;
     Ok(format!(
         "{} port {} GID {}",
         p.ctx.name(),
         p.port,
-        sys::gid_display(&p.gid)
+        device::gid_display(&p.gid)
     ))
 }
 
@@ -246,10 +246,10 @@ async fn read_endpoint(
     s.read_exact(&mut b[unread.len()..]).await?;
     let e = Endpoint::parse(&b, max_arena).map_err(|e| FabricError::Verbs(e.to_string()))?;
     // The peer's queue pair is where its connection comes from: no side sends elsewhere.
-    if e.gid != sys::gid_of(peer_ip) {
+    if e.gid != device::gid_of(peer_ip) {
         return Err(FabricError::Verbs(format!(
             "the peer at {peer_ip} announced GID {}, not its own",
-            sys::gid_display(&e.gid)
+            device::gid_display(&e.gid)
         )));
     }
     Ok(e)
