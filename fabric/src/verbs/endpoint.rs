@@ -11,7 +11,7 @@
 //! | 12 | 4 | first packet sequence number (24 bits) |
 //! | 16 | 16 | GID of the sender's port |
 //! | 32 | 4 | active MTU of the sender's port (`enum ibv_mtu`, 1..=5) |
-//! | 36 | 4 | remote key of the sender's pool arena |
+//! | 36 | 4 | reserved, 0 (each pool's key comes in a key notice; ignored) |
 //! | 40 | 8 | address of the arena's first byte |
 //! | 48 | 8 | bytes of the arena |
 //! | 56 | 4 | bytes of each posted receive (the largest SEND the sender takes) |
@@ -46,7 +46,8 @@ pub struct Endpoint {
     pub gid: [u8; 16],
     /// Active MTU of this side's port (`enum ibv_mtu`).
     pub mtu: u32,
-    /// Remote key of this side's pool arena.
+    /// Reserved, 0: each pool's key comes in a key notice (`KeyNotice`); a receiver
+    /// ignores it.
     pub rkey: u32,
     /// Address of the arena's first byte.
     pub arena_addr: u64,
