@@ -9,7 +9,8 @@
 # registers, with a key that is no pool's, with its previous session's key and with the key of a
 # pool it flushed, each refused (the IOC's checks, its adapter)
 # while host 1 pings on; then the IOC is killed and started again and the host reconnects by
-# itself (ping again); the host stops gracefully. Both daemons say what their queue pairs carried (the frames as RDMA
+# itself (ping again); the host stops gracefully, then runs again with two queues (a queue pair
+# each: ping, iperf3 -P 4). Both daemons say what their queue pairs carried (the frames as RDMA
 # WRITE WITH IMMEDIATE); the ioc VM's rxe counters are printed. Functional checks only: TCG is
 # ~10x slower, nothing here is timed.
 #
@@ -118,6 +119,22 @@ guest_host() {
     vm_result ping_after_restart "$(echo "$out" | grep 'packets transmitted')"
     vm_step "graceful stop of host-driver"
     guest_stop "$host" host_driver
+    vm_step "host-driver again with two queues: a queue pair each"
+    sed 's/^queues = 1$/queues = 2/' "$conf/host.toml" >/run/host-2q.toml
+    grep -q '^queues = 2$' /run/host-2q.toml || vm_die "no 'queues = 1' line in $conf/host.toml"
+    # sd0 outlived the driver (a persistent TAP) with one queue: made again with two.
+    vm_run ip link del sd0
+    "$bin/host-driver" --config /run/host-2q.toml --control-socket /run/host.sock \
+        >"$VM_OUT/host-driver-2q.log" 2>&1 &
+    host=$!
+    guest_wait_daemon "$host" "$VM_OUT/host-driver-2q.log" 60 guest_has_link sd0
+    vm_run ip addr add 10.50.0.1/24 dev sd0
+    vm_run ip link set sd0 up
+    vm_until 60 eval "ip link show sd0 | grep -q LOWER_UP" || vm_die "no carrier on sd0 with two queues"
+    out=$(ping -c 3 -s 1000 -i 0.5 -W 5 10.50.0.2 2>&1) || vm_die "ping with two queues: $out"
+    vm_result ping_2q "$(echo "$out" | grep 'packets transmitted')"
+    guest_iperf iperf_2q -P 4
+    guest_stop "$host" host_driver_2q
 }
 
 if [ "${1:-}" = guest ]; then
@@ -233,6 +250,16 @@ assert_eq "$(grep -c 'fabric lost' "$host_log")" 1 "host 1's session ended only 
 log "rogue over RDMA:"
 sed 's/^/    /' "$rogue"
 log "host 1 meanwhile: $(vm_result_get host ping_during_rogue)"
+
+# Two queues: two sessions, each with its data channel on a queue pair of its own.
+assert_match "$(vm_result_get host ping_2q)" '^3 packets transmitted, 3 received' "ping through sd0 with two queues"
+read -r bytes _ <<<"$(vm_result_get host iperf_2q)"
+assert_ge "${bytes:-0}" 1000000 "iperf3 -P 4 with two queues: bytes the receiver got in 3 s"
+assert_eq "$(vm_result_get host host_driver_2q_exit)" 0 "host-driver with two queues: exit status on SIGTERM"
+assert_eq "$(grep -c 'RDMA queue pair closed' "$(vm_out host)/host-driver-2q.log")" 2 "host-driver with two queues closed two queue pairs"
+assert_grep "$ioc_log" 'host connected peer=[^ ]*, RDMA .* queue=1 queues=2' "the IOC took the second queue's data channel over RDMA"
+log "two queues over RDMA: $(vm_result_get host ping_2q); iperf3 -P 4 ${bytes:-0} bytes in 3 s;" \
+    "RDMA WRITE WITH IMMEDIATE posted per queue pair: $(qp_stats "$(vm_out host)/host-driver-2q.log" write_imm_tx | tr '\n' ' ')"
 
 assert_match "$(vm_result_get host ping_after_restart)" '^3 packets transmitted, 3 received' "ping after the IOC's restart"
 assert_ge "$(grep -c 'host connected peer=[^ ]*, RDMA' "$ioc_log")" 2 "the host reconnected to the restarted IOC over RDMA"
