@@ -615,7 +615,7 @@ impl Channel for VerbsTransport {
                     }
                     (SendKind::Send, None)
                 }
-                Op::WriteImm { addr, imm, .. } => {
+                Op::WriteImm { addr, .. } | Op::Write { addr, .. } => {
                     let (raddr, rkey) = match self.remote(addr, len) {
                         Ok(r) => r,
                         // The pool's key is on its way: wait for it.
@@ -627,32 +627,24 @@ impl Channel for VerbsTransport {
                             break;
                         }
                     };
-                    (
-                        SendKind::WriteImm {
-                            addr: raddr,
-                            rkey,
-                            imm,
-                        },
-                        None,
-                    )
-                }
-                Op::Write { addr, .. } => {
-                    let (raddr, rkey) = match self.remote(addr, len) {
-                        Ok(r) => r,
-                        Err(false) => break,
-                        Err(true) => {
-                            refused = Some(format!(
-                                "RDMA write of {len} bytes at {addr:#x} outside the peer's pool arena"
-                            ));
-                            break;
+                    match op.op {
+                        Op::WriteImm { imm, .. } => (
+                            SendKind::WriteImm {
+                                addr: raddr,
+                                rkey,
+                                imm,
+                            },
+                            None,
+                        ),
+                        // A plain write: its header follows in a notice.
+                        _ => {
+                            let header = OpHeader {
+                                op: op.op,
+                                len: len as u32,
+                            };
+                            (SendKind::Write { addr: raddr, rkey }, Some(header.emit()))
                         }
-                    };
-                    let header = OpHeader {
-                        op: op.op,
-                        len: len as u32,
                     }
-                    .emit();
-                    (SendKind::Write { addr: raddr, rkey }, Some(header))
                 }
             };
             let staged = len + notice.map_or(0, |h| h.len());

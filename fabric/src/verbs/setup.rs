@@ -152,10 +152,7 @@ pub async fn offer(
         s.write_all(&[READY]).await?;
         Ok::<_, FabricError>(t)
     };
-    let timeout = timeout.max(SETUP_MIN);
-    tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| FabricError::Timeout(timeout))?
+    within(timeout, work).await
 }
 
 /// The IOC's side of the set-up, after it sent the HelloReply: reads the host's endpoint,
@@ -186,6 +183,14 @@ pub async fn accept(
         }
         Ok(t)
     };
+    within(timeout, work).await
+}
+
+/// `work` within the handshake's `timeout`, and at least [`SETUP_MIN`].
+async fn within<T>(
+    timeout: Duration,
+    work: impl std::future::Future<Output = Result<T, FabricError>>,
+) -> Result<T, FabricError> {
     let timeout = timeout.max(SETUP_MIN);
     tokio::time::timeout(timeout, work)
         .await
