@@ -17,7 +17,8 @@
 
 # TOOL:PACKAGE pairs: the command whose absence means the Debian package is missing (or a
 # file, a glob starting with /). cmake and clang build rdma-core's shim (the verbs transport);
-# ibverbs-providers has Soft-RoCE's user-space driver, which the VMs of e2e 50 load.
+# ibverbs-providers has Soft-RoCE's user-space driver and librdmacm1 the RDMA connection
+# manager, which the VMs of e2e 50 load.
 SETUP_DEMO_PKGS=(ip:iproute2 ss:iproute2 ping:iputils-ping iperf3:iperf3 python3:python3
     pgrep:procps timeout:coreutils cc:gcc flock:util-linux cmake:cmake clang:clang)
 SETUP_ALL_PKGS=("${SETUP_DEMO_PKGS[@]}" dnsmasq:dnsmasq-base dhclient:isc-dhcp-client
@@ -25,7 +26,7 @@ SETUP_ALL_PKGS=("${SETUP_DEMO_PKGS[@]}" dnsmasq:dnsmasq-base dhclient:isc-dhcp-c
     mmdebstrap:mmdebstrap systemd-nspawn:systemd-container runuser:util-linux
     nsenter:util-linux setpriv:util-linux findmnt:util-linux dpkg-deb:dpkg c++:g++
     qemu-system-x86_64:qemu-system-x86 busybox:busybox-static
-    '/usr/lib/*/libibverbs/librxe-*.so:ibverbs-providers')
+    '/usr/lib/*/libibverbs/librxe-*.so:ibverbs-providers' '/usr/lib/*/librdmacm.so.1:librdmacm1')
 
 reexec_as_root() {
     [ "$(id -u)" = 0 ] && return 0

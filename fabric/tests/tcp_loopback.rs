@@ -489,6 +489,8 @@ fn frames_each_way_over_rdma_verbs() {
         .expect("SPLITNET_VERBS_ADDR: an address an RDMA device holds");
     let frames = std::env::var("SPLITNET_VERBS_FRAMES").map_or(FRAMES, |f| f.parse().unwrap());
     let l = TcpListener::bind((addr.parse::<std::net::IpAddr>().unwrap(), 0)).unwrap();
+    // Connection requests on the same address and port, as an IOC takes them.
+    fabric::verbs::listen(l.local_addr().unwrap()).unwrap();
     exchange_frames(
         Listener::Tcp(l),
         DataPath::Verbs {

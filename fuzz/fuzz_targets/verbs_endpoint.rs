@@ -1,10 +1,10 @@
 //! What a peer sends of a data channel over RDMA verbs besides protocol messages: the set-up
-//! endpoint and the key notices of its pools. Any bytes give an error or a value within the
+//! endpoint, the private data of a connection request and the key notices of its pools. Any bytes give an error or a value within the
 //! limits that round-trips; never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use splitnet_fabric::verbs::{Endpoint, KeyNotice, ENDPOINT_LEN};
+use splitnet_fabric::verbs::{Endpoint, KeyNotice, Request, ENDPOINT_LEN, REQUEST_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let max = 1 << 24;
@@ -12,6 +12,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(data.len(), ENDPOINT_LEN);
         assert!(e.arena_len <= max && e.arena_len > 0);
         assert_eq!(&e.emit()[..], data);
+    }
+    if let Some(r) = Request::parse(data) {
+        assert_eq!(&r.emit()[..], &data[..REQUEST_LEN]);
     }
     if let Some(n) = KeyNotice::parse(data, max) {
         assert!(n.len > 0 && n.off + n.len <= max);

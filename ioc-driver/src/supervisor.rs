@@ -64,7 +64,7 @@ pub enum StartError {
         /// Cause.
         source: io::Error,
     },
-    /// `fabric.rdma` is set and no RDMA device carries `fabric.listen`'s address.
+    /// `fabric.rdma` is set and RDMA connections cannot be taken on `fabric.listen`.
     #[error("fabric.rdma: {0}")]
     Rdma(fabric::FabricError),
     /// The metrics listener or the control socket could not be opened.
@@ -431,13 +431,12 @@ pub async fn run(
         &[Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW]
     };
     service::privilege::keep_only_logged(keep);
-    // RDMA on a given address: its device must be there now (on an unspecified address
-    // each host's connection finds the device of the address it reached). Opened after the
-    // capabilities are dropped: the kernel refuses verbs on a device opened with other
-    // credentials than the caller's.
-    if cfg.fabric.rdma && !listen.ip().is_unspecified() {
-        let port = fabric::verbs::check_address(listen.ip()).map_err(StartError::Rdma)?;
-        info!(%listen, "data channels over RDMA on {port}");
+    // RDMA connection requests on the fabric address and port (on a given address its
+    // device must be there now). After the capabilities are dropped: the kernel refuses
+    // verbs on a device opened with other credentials than the caller's.
+    if cfg.fabric.rdma {
+        let on = fabric::verbs::listen(listen).map_err(StartError::Rdma)?;
+        info!("data channels over RDMA: connection requests on {on}");
     }
     let cluster = Cluster::start(
         cfg,

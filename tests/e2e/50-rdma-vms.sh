@@ -18,7 +18,9 @@
 #   50-rdma-vms.sh guest ioc|host CONF_DIR BIN_DIR
 # In the ioc VM first: the verbs transport's integration test (fabric/tests/tcp_loopback.rs,
 # `frames_each_way_over_rdma_verbs`: two queue pairs of rxe0 looped back, frames of every size
-# each way checked byte for byte, the largest as RDMA WRITE with a BufferRDMAIndicate).
+# each way checked byte for byte, the largest as RDMA WRITE with a BufferRDMAIndicate), and the
+# connection manager's unit test (fabric/src/verbs/setup.rs: a connection request needs the
+# token the IOC sent, from the address it sent it to, once; 10.201.0.3 is the other address).
 set -u
 
 FILE_BYTES=$((20 * 1024 * 1024))
@@ -48,6 +50,14 @@ guest_ioc() {
         --ignored --exact frames_each_way_over_rdma_verbs >"$VM_OUT/verbs-test.txt" 2>&1 ||
         vm_die "frames_each_way_over_rdma_verbs: $(tail -n 20 "$VM_OUT/verbs-test.txt" | tr '\n' ' ')"
     vm_result verbs_test "$(grep '^test result' "$VM_OUT/verbs-test.txt")"
+    vm_step "the connection manager's test: tokens, addresses, once"
+    vm_run ip addr add 10.201.0.3/24 dev eth0
+    SPLITNET_VERBS_ADDR=10.201.0.1 SPLITNET_VERBS_ALIAS=10.201.0.3 "$bin/fabric_unit" --ignored \
+        --exact verbs::setup::tests::a_connection_request_needs_its_token_from_the_address_it_was_sent_to \
+        >"$VM_OUT/cm-test.txt" 2>&1 ||
+        vm_die "the connection manager's test: $(tail -n 20 "$VM_OUT/cm-test.txt" | tr '\n' ' ')"
+    vm_run ip addr del 10.201.0.3/24 dev eth0
+    vm_result cm_test "$(grep '^test result' "$VM_OUT/cm-test.txt")"
     vm_step "ioc-driver on 10.201.0.1:7400 taking RDMA data channels, owning lan0"
     ioc_start "$conf" "$bin"
     guest_lan_files
@@ -168,14 +178,23 @@ cp "$BIN/ioc-driver" "$BIN/host-driver" "$BIN/splitnetctl" "$T/bin/" || fail "ca
 # The integration test's binary, as `cargo test` built it (built now if it is not).
 . "$ROOT/tests/cargo.sh"
 need_cargo || fail "cargo is needed to find the verbs integration test"
-testbin=$(cd "$ROOT" && as_user cargo test -q -p splitnet-fabric --test tcp_loopback --no-run \
-    --message-format=json 2>/dev/null | python3 -c 'import json, sys
+# test_binary NAME ARGS...: the executable `cargo test --no-run ARGS` builds for target NAME.
+test_binary() {
+    local name=$1
+    shift
+    (cd "$ROOT" && as_user cargo test -q -p splitnet-fabric "$@" --no-run --message-format=json \
+        2>/dev/null) | python3 -c 'import json, sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "tcp_loopback":
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$name"
+}
+testbin=$(test_binary tcp_loopback --test tcp_loopback)
 [ -x "$testbin" ] || fail "cannot build or find fabric's tcp_loopback test binary"
 cp "$testbin" "$T/bin/tcp_loopback"
+unitbin=$(test_binary splitnet_fabric --lib)
+[ -x "$unitbin" ] || fail "cannot build or find fabric's unit test binary"
+cp "$unitbin" "$T/bin/fabric_unit"
 # The rogue host, with host 2's key and the IOC's public key.
 need_rogue
 cp "$ROGUE" "$T/bin/rogue" || fail "cannot copy $ROGUE"
@@ -197,10 +216,12 @@ for vm in ioc host; do
 done
 ioc_log=$(vm_out ioc)/ioc-driver.log
 host_log=$(vm_out host)/host-driver.log
-assert_grep "$ioc_log" 'data channels over RDMA on rxe0 port 1' "the IOC found rxe0 for 10.201.0.1"
+assert_grep "$ioc_log" 'data channels over RDMA: connection requests on 10.201.0.1:7400 on rxe0' \
+    "the IOC takes RDMA connection requests on rxe0"
 assert_grep "$ioc_log" 'host connected peer=[^ ]*, RDMA' "the IOC took the host's data channel over RDMA"
 assert_match "$(vm_result_get ioc verbs_test)" '^test result: ok\. 1 passed' "the verbs integration test in the ioc VM"
 log "verbs integration test ($VERBS_FRAMES frames each way over rxe0): $(vm_result_get ioc verbs_test)"
+assert_match "$(vm_result_get ioc cm_test)" '^test result: ok\. 1 passed' "the connection manager's test in the ioc VM"
 
 assert_match "$(vm_result_get host ping4)" '^5 packets transmitted, 5 received' "ping 10.50.0.2 through sd0"
 assert_match "$(vm_result_get host ping6)" '^5 packets transmitted, 5 received' "ping fd50::2 through sd0"

@@ -1,17 +1,15 @@
-//! The set-up message of a data channel over RDMA verbs: what each side tells the other of
-//! its queue pair and pool arena (docs/protocol.md section 10). Sans-IO; fuzzed
-//! (`verbs_endpoint`).
+//! The set-up messages of a data channel over RDMA verbs (docs/protocol.md section 10): what
+//! each side tells the other of its pool arena and receives on the data channel's TCP
+//! connection ([`Endpoint`]), and the private data of the host's connection request
+//! ([`Request`]). Sans-IO; fuzzed (`verbs_endpoint`).
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `SNVB` |
-//! | 4 | 2 | version (1) |
+//! | 4 | 2 | version (2) |
 //! | 6 | 2 | reserved, zero |
-//! | 8 | 4 | queue pair number (24 bits) |
-//! | 12 | 4 | first packet sequence number (24 bits) |
-//! | 16 | 16 | GID of the sender's port |
-//! | 32 | 4 | active MTU of the sender's port (`enum ibv_mtu`, 1..=5) |
-//! | 36 | 4 | reserved, 0 (each pool's key comes in a key notice; ignored) |
+//! | 8 | 16 | connection token: the IOC's, for the host's connection request; zero from the host |
+//! | 24 | 16 | reserved, zero |
 //! | 40 | 8 | address of the arena's first byte |
 //! | 48 | 8 | bytes of the arena |
 //! | 56 | 4 | bytes of each posted receive (the largest SEND the sender takes) |
@@ -26,7 +24,7 @@ pub const ENDPOINT_LEN: usize = 64;
 /// Its magic.
 pub const MAGIC: [u8; 4] = *b"SNVB";
 /// Its version.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Smallest receive buffer a side may announce: room for any data-channel message but the
 /// largest credit updates (which the sender then refuses to send).
 pub const MIN_RECV_BUF: u32 = 1024;
@@ -34,21 +32,21 @@ pub const MIN_RECV_BUF: u32 = 1024;
 pub const MAX_RECV_BUF: u32 = 1 << 20;
 /// Most receives a side may say it keeps posted.
 pub const MAX_RECV_DEPTH: u32 = 4096;
+/// Bytes of a connection token.
+pub const TOKEN_LEN: usize = 16;
+/// A connection token: what ties a connection request to the set-up on TCP that expects it.
+pub type Token = [u8; TOKEN_LEN];
+/// Magic of a connection request's private data.
+pub const REQUEST_MAGIC: [u8; 4] = *b"SNVC";
+/// Bytes of a connection request's private data.
+pub const REQUEST_LEN: usize = 4 + TOKEN_LEN;
 
-/// One side's queue pair and pool arena.
+/// One side's pool arena and receives, and (from the IOC) the token its connection request
+/// must carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
-    /// Queue pair number.
-    pub qpn: u32,
-    /// First packet sequence number this side sends.
-    pub psn: u32,
-    /// GID of this side's port.
-    pub gid: [u8; 16],
-    /// Active MTU of this side's port (`enum ibv_mtu`).
-    pub mtu: u32,
-    /// Reserved, 0: each pool's key comes in a key notice (`KeyNotice`); a receiver
-    /// ignores it.
-    pub rkey: u32,
+    /// The IOC's connection token; zero from the host.
+    pub token: Token,
     /// Address of the arena's first byte.
     pub arena_addr: u64,
     /// Bytes of the arena.
@@ -81,6 +79,34 @@ pub enum EndpointError {
     },
 }
 
+/// The private data of the host's connection request: `SNVC` and the IOC's token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// The token the IOC sent in its endpoint.
+    pub token: Token,
+}
+
+impl Request {
+    /// Encodes it.
+    pub fn emit(&self) -> [u8; REQUEST_LEN] {
+        let mut b = [0u8; REQUEST_LEN];
+        b[..4].copy_from_slice(&REQUEST_MAGIC);
+        b[4..].copy_from_slice(&self.token);
+        b
+    }
+
+    /// Decodes the private data of a connection request (which a fabric may pad with
+    /// zeros): `None` if it is not one.
+    pub fn parse(b: &[u8]) -> Option<Request> {
+        if b.len() < REQUEST_LEN || b[..4] != REQUEST_MAGIC {
+            return None;
+        }
+        let mut token = [0u8; TOKEN_LEN];
+        token.copy_from_slice(&b[4..REQUEST_LEN]);
+        Some(Request { token })
+    }
+}
+
 fn be32(b: &[u8], at: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[at..at + 4]);
@@ -99,11 +125,7 @@ impl Endpoint {
         let mut b = [0u8; ENDPOINT_LEN];
         b[0..4].copy_from_slice(&MAGIC);
         b[4..6].copy_from_slice(&VERSION.to_be_bytes());
-        b[8..12].copy_from_slice(&self.qpn.to_be_bytes());
-        b[12..16].copy_from_slice(&self.psn.to_be_bytes());
-        b[16..32].copy_from_slice(&self.gid);
-        b[32..36].copy_from_slice(&self.mtu.to_be_bytes());
-        b[36..40].copy_from_slice(&self.rkey.to_be_bytes());
+        b[8..24].copy_from_slice(&self.token);
         b[40..48].copy_from_slice(&self.arena_addr.to_be_bytes());
         b[48..56].copy_from_slice(&self.arena_len.to_be_bytes());
         b[56..60].copy_from_slice(&self.recv_buf.to_be_bytes());
@@ -125,32 +147,18 @@ impl Endpoint {
         if version != VERSION {
             return Err(EndpointError::Version(version));
         }
-        let mut gid = [0u8; 16];
-        gid.copy_from_slice(&b[16..32]);
+        let mut token = [0u8; TOKEN_LEN];
+        token.copy_from_slice(&b[8..24]);
         let e = Endpoint {
-            qpn: be32(b, 8),
-            psn: be32(b, 12),
-            gid,
-            mtu: be32(b, 32),
-            rkey: be32(b, 36),
+            token,
             arena_addr: be64(b, 40),
             arena_len: be64(b, 48),
             recv_buf: be32(b, 56),
             recv_depth: be32(b, 60),
         };
         let field = |field, value: u64| Err(EndpointError::Field { field, value });
-        let reserved = u16::from_be_bytes([b[6], b[7]]);
-        if reserved != 0 {
-            return field("reserved", reserved.into());
-        }
-        if e.qpn >= 1 << 24 {
-            return field("qpn", e.qpn.into());
-        }
-        if e.psn >= 1 << 24 {
-            return field("psn", e.psn.into());
-        }
-        if !(1..=5).contains(&e.mtu) {
-            return field("mtu", e.mtu.into());
+        if b[6..8].iter().chain(&b[24..40]).any(|&x| x != 0) {
+            return field("reserved", 0);
         }
         if e.arena_len == 0 || e.arena_len > max_arena {
             return field("arena_len", e.arena_len);
@@ -175,13 +183,7 @@ mod tests {
 
     fn sample() -> Endpoint {
         Endpoint {
-            qpn: 0x11,
-            psn: 0xabcdef,
-            gid: std::net::Ipv4Addr::new(10, 201, 0, 1)
-                .to_ipv6_mapped()
-                .octets(),
-            mtu: 3,
-            rkey: 0x1234,
+            token: *b"0123456789abcdef",
             arena_addr: 0x7f00_0000_0000,
             arena_len: 1 << 24,
             recv_buf: 8192,
@@ -199,11 +201,7 @@ mod tests {
     fn every_field_out_of_range_is_refused_by_name() {
         let max = 1 << 24;
         type Change = fn(&mut Endpoint);
-        let cases: [(&str, Change); 9] = [
-            ("qpn", |e| e.qpn = 1 << 24),
-            ("psn", |e| e.psn = 1 << 24),
-            ("mtu", |e| e.mtu = 0),
-            ("mtu", |e| e.mtu = 6),
+        let cases: [(&str, Change); 5] = [
             ("arena_len", |e| e.arena_len = 0),
             ("arena_len", |e| e.arena_len = (1 << 24) + 1),
             ("arena_addr", |e| e.arena_addr = u64::MAX - 10),
@@ -218,15 +216,20 @@ mod tests {
                 other => panic!("{name}: {other:?}"),
             }
         }
-        let mut b = sample().emit();
-        b[6] = 1;
-        assert!(matches!(
-            Endpoint::parse(&b, max),
-            Err(EndpointError::Field {
-                field: "reserved",
-                ..
-            })
-        ));
+        for at in [6, 7, 24, 39] {
+            let mut b = sample().emit();
+            b[at] = 1;
+            assert!(
+                matches!(
+                    Endpoint::parse(&b, max),
+                    Err(EndpointError::Field {
+                        field: "reserved",
+                        ..
+                    })
+                ),
+                "byte {at}"
+            );
+        }
         let mut b = sample().emit();
         b[0] = b'X';
         assert!(matches!(
@@ -234,8 +237,8 @@ mod tests {
             Err(EndpointError::Magic(_))
         ));
         let mut b = sample().emit();
-        b[5] = 2;
-        assert_eq!(Endpoint::parse(&b, max), Err(EndpointError::Version(2)));
+        b[5] = 1;
+        assert_eq!(Endpoint::parse(&b, max), Err(EndpointError::Version(1)));
         assert_eq!(
             Endpoint::parse(&b[..63], max),
             Err(EndpointError::Length(63))
@@ -247,10 +250,35 @@ mod tests {
         #[test]
         fn any_bytes_are_refused_or_within_limits(b in proptest::collection::vec(any::<u8>(), 0..80), max in 1u64..u64::MAX) {
             if let Ok(e) = Endpoint::parse(&b, max) {
-                prop_assert!(e.arena_len <= max && e.qpn < 1 << 24 && e.psn < 1 << 24);
+                prop_assert!(e.arena_len <= max && e.arena_len > 0);
                 prop_assert!((MIN_RECV_BUF..=MAX_RECV_BUF).contains(&e.recv_buf));
-                prop_assert_eq!(Endpoint::parse(&e.emit(), max), Ok(e));
+                prop_assert_eq!(&e.emit()[..], &b[..]);
             }
         }
+
+        /// Any private data: a request whose token is the bytes after the magic, or none.
+        #[test]
+        fn any_private_data_is_a_request_or_none(b in proptest::collection::vec(any::<u8>(), 0..64)) {
+            match Request::parse(&b) {
+                Some(r) => {
+                    prop_assert_eq!(&b[..4], &REQUEST_MAGIC[..]);
+                    prop_assert_eq!(&r.emit()[..], &b[..REQUEST_LEN]);
+                }
+                None => prop_assert!(b.len() < REQUEST_LEN || b[..4] != REQUEST_MAGIC),
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_padded_with_zeros_keeps_its_token() {
+        let r = Request {
+            token: [7; TOKEN_LEN],
+        };
+        let mut b = r.emit().to_vec();
+        b.resize(56, 0);
+        assert_eq!(Request::parse(&b), Some(r));
+        assert_eq!(Request::parse(&b[..REQUEST_LEN - 1]), None);
+        b[0] = b'X';
+        assert_eq!(Request::parse(&b), None);
     }
 }

@@ -1,12 +1,13 @@
-//! A data channel over RDMA verbs (rdma-core: InfiniBand, RoCE, Soft-RoCE).
+//! A data channel over RDMA verbs (rdma-core: InfiniBand, RoCE, iWARP, Soft-RoCE).
 //!
 //! A host whose `fabric.ioc` is `rdma:ADDR:PORT` opens its control channel over TCP as usual
 //! and its data channel's connection with a Hello naming [`VERBS_CHANNEL`]. After the
-//! HelloReply each side tells the other, on that connection, its queue pair and pool arena
-//! ([`Endpoint`]): the host first, the IOC once its queue pair is connected, then the host
-//! confirms with one byte once its own is (so the IOC never sends into a queue pair that
-//! cannot receive yet). The connection is then closed; everything travels over the queue
-//! pair (docs/protocol.md section 10):
+//! HelloReply each side tells the other, on that connection, its pool arena and receives
+//! ([`Endpoint`]), the IOC with a token; the host then connects a queue pair through the RDMA
+//! connection manager to the IOC's address and port, its request carrying the token
+//! ([`Request`]), and the IOC's listener ([`listen`]) hands the request to the set-up that
+//! sent it. The connection is then closed; everything travels over the queue pair
+//! (docs/protocol.md section 10):
 //!
 //! * RDMA WRITE WITH IMMEDIATE (an indication idata can carry): the frame lands in the
 //!   element the immediate data names, in the peer's pool arena, a memory region registered
@@ -18,21 +19,26 @@
 //!   BufferRDMAIndicate follows as a message, as on every transport.
 //! * SEND: messages, into receives each side keeps posted.
 //!
-//! The device is the one whose GID table holds the address the connection used (RoCE), so
-//! no device is configured. Its libibverbs is loaded when first needed: without rdma-core
+//! The device is the one the connection manager resolves the address to, so none is
+//! configured. librdmacm and libibverbs are loaded when first needed: without rdma-core
 //! only an `rdma:` address fails, with an error that names what is missing.
 
 #[allow(unsafe_code)]
+mod cm;
+#[allow(unsafe_code)]
 mod device;
 mod endpoint;
+mod listener;
 mod setup;
 mod stage;
 #[allow(unsafe_code)]
 mod sys;
 
-pub use endpoint::{Endpoint, EndpointError, ENDPOINT_LEN};
-pub use setup::{accept, check_address, offer};
+pub use endpoint::{Endpoint, EndpointError, Request, Token, ENDPOINT_LEN, REQUEST_LEN};
+pub use listener::listen;
+pub use setup::{accept, offer};
 
+use setup::random_token;
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, OpHeader, Payload, RxCompletion, RxError, MAX_PREFIX, OP_HEADER_LEN,
 };
@@ -46,7 +52,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
-use sys::{Cq, Mr, Pd, Qp, Remote, SendKind, SendWr, Wc};
+use sys::{Cq, Mr, Pd, Qp, SendKind, SendWr, Wc};
 
 /// Channel number a data channel's Hello names to travel over an RDMA queue pair.
 pub const VERBS_CHANNEL: u8 = 4;
@@ -71,8 +77,6 @@ pub const PINNED: u64 = STAGE_BYTES as u64 + RECV_DEPTH as u64 * RECV_BUF as u64
 const SIGNAL_EVERY: u64 = 16;
 /// Receives handled before they are posted again with one call (all before sleeping).
 const REPOST_BATCH: usize = 16;
-/// Byte that confirms the host's queue pair is connected.
-const READY: u8 = 1;
 /// Least time the set-up after the HelloReply may take: registering memory pins it, which
 /// takes milliseconds natively and up to seconds under emulation. A host that stalls it
 /// holds one of the IOC's `max_handshakes` places that long.
@@ -856,18 +860,18 @@ mod tests {
         }
     }
 
-    /// No device holds a loopback address: whatever this machine has (no libibverbs, no
-    /// device, devices), the error names what is missing, in one line.
+    /// No RDMA device holds a loopback address: whatever this machine has (no librdmacm,
+    /// no connection manager in the kernel, no device, devices), taking RDMA connections
+    /// there fails with one line that names what is missing.
     #[test]
     fn asking_for_rdma_where_it_cannot_be_had_says_what_is_missing() {
-        let e = check_address("127.0.0.1".parse().unwrap())
+        let e = listen("127.0.0.1:4791".parse().unwrap())
             .unwrap_err()
             .to_string();
         assert!(!e.contains('\n'), "{e}");
         assert!(
-            e.contains("no RDMA stack")
-                || e.contains("no RDMA device (")
-                || e.contains("no RDMA device has 127.0.0.1 in its GID table"),
+            e.contains("no RDMA connection manager")
+                || e.contains("no RDMA device holds this address"),
             "{e}"
         );
     }

@@ -1,18 +1,29 @@
-//! Setting a queue pair up on the data channel's TCP connection (docs/protocol.md section 10):
-//! each side's [`Endpoint`], then the host's ready byte.
+//! Setting a queue pair up (docs/protocol.md section 10): each side's [`Endpoint`] on the
+//! data channel's TCP connection, then the host's connection request to the IOC's
+//! listener through the RDMA connection manager, carrying the token the IOC sent.
 
+use super::cm::CmId;
+use super::device::Context;
+use super::listener::Expected;
 use super::{
-    device, sys, Cq, Endpoint, Mr, Pd, Peer, Qp, Remote, Stage, VerbsStats, VerbsTransport,
-    ENDPOINT_LEN, READY, RECV_BUF, RECV_DEPTH, SEND_DEPTH, SETUP_MIN, STAGE_BYTES,
+    sys, Cq, Endpoint, Mr, Pd, Peer, Qp, Request, Stage, Token, VerbsStats, VerbsTransport,
+    ENDPOINT_LEN, RECV_BUF, RECV_DEPTH, SEND_DEPTH, SETUP_MIN, STAGE_BYTES,
 };
 use crate::{FabricError, Stream};
 use splitnet_messaging::memory::{DomainId, SharedRegion};
 use std::collections::VecDeque;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// ACK timeout of a queue pair: 4.096 us x 2^14 = 67 ms before a retransmission, 7 retries:
+/// a peer silent for about half a second breaks the connection (the keepalive notices
+/// sooner).
+const ACK_TIMEOUT: u8 = 14;
+/// The connection manager's event for a connection established.
+const ESTABLISHED: u32 = rdma_mummy_sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED;
 
 /// A queue pair and its memory, before it is connected.
 struct Prepared {
@@ -23,28 +34,32 @@ struct Prepared {
     recv_mr: Mr,
     pools: SharedRegion,
     pd: Arc<Pd>,
-    port: device::Port,
-    psn: u32,
 }
 
 impl Prepared {
-    fn new(ip: IpAddr, pools: SharedRegion) -> io::Result<Prepared> {
-        let port = device::port_for(ip)?;
+    /// A queue pair on the device `id` resolved to, its memory registered and its
+    /// receives posted.
+    fn new(id: &Arc<CmId>, pools: SharedRegion) -> io::Result<Prepared> {
+        let ctx = Context::of(id)?;
         let on = |what: &str| {
-            let dev = port.ctx.name().to_string();
+            let dev = ctx.name().to_string();
             let what = what.to_string();
             move |e: io::Error| io::Error::new(e.kind(), format!("{dev}: {what}: {e}"))
         };
-        let pd = Pd::new(&port.ctx).map_err(on("protection domain"))?;
-        let cq = Cq::new(&port.ctx, SEND_DEPTH + RECV_DEPTH).map_err(on("completion queue"))?;
-        let qp = Qp::new(&pd, &port, &cq, SEND_DEPTH, RECV_DEPTH).map_err(on("queue pair"))?;
+        id.set_ack_timeout(ACK_TIMEOUT).map_err(on("ACK timeout"))?;
+        let pd = Pd::new(&ctx).map_err(on("protection domain"))?;
+        let cq = Cq::new(&ctx, SEND_DEPTH + RECV_DEPTH).map_err(on("completion queue"))?;
+        let mut qp = Qp::new(id, &pd, &cq, SEND_DEPTH, RECV_DEPTH).map_err(on("queue pair"))?;
         let stage_mr = Mr::heap(&pd, STAGE_BYTES, sys::Access::Local)?;
         let recv_mr = Mr::heap(
             &pd,
             (RECV_DEPTH * RECV_BUF) as usize,
             sys::Access::LocalWrite,
         )?;
-        let psn = random_psn();
+        let slots: Vec<(u64, usize)> = (0..RECV_DEPTH)
+            .map(|i| (u64::from(i), (i * RECV_BUF) as usize))
+            .collect();
+        qp.post_recv(&recv_mr, &slots, RECV_BUF)?;
         Ok(Prepared {
             pd,
             cq,
@@ -52,39 +67,12 @@ impl Prepared {
             stage_mr,
             recv_mr,
             pools,
-            port,
-            psn,
         })
     }
 
-    fn endpoint(&self) -> Endpoint {
-        Endpoint {
-            qpn: self.qp.qpn(),
-            psn: self.psn,
-            gid: self.port.gid,
-            mtu: self.port.mtu,
-            // Each pool's key comes in a key notice once it is registered.
-            rkey: 0,
-            arena_addr: sys::region_addr(&self.pools),
-            arena_len: self.pools.len() as u64,
-            recv_buf: RECV_BUF,
-            recv_depth: RECV_DEPTH,
-        }
-    }
-
-    /// Posts every receive and connects to `peer`.
-    fn connect(mut self, peer: &Endpoint, domain: DomainId) -> io::Result<VerbsTransport> {
-        let slots: Vec<(u64, usize)> = (0..RECV_DEPTH)
-            .map(|i| (u64::from(i), (i * RECV_BUF) as usize))
-            .collect();
-        self.qp.post_recv(&self.recv_mr, &slots, RECV_BUF)?;
-        let remote = Remote {
-            qpn: peer.qpn,
-            psn: peer.psn,
-            gid: peer.gid,
-            mtu: peer.mtu.min(self.port.mtu),
-        };
-        self.qp.connect(&remote, self.psn)?;
+    /// The transport, once the connection is established.
+    fn connected(mut self, peer: &Endpoint, domain: DomainId) -> io::Result<VerbsTransport> {
+        self.qp.set_min_rnr_timer()?;
         Ok(VerbsTransport {
             qp: self.qp,
             cq: self.cq,
@@ -125,17 +113,31 @@ impl Prepared {
     }
 }
 
-/// A first packet sequence number: 24 bits, differing between connections.
-fn random_psn() -> u32 {
-    let mut b = [0u8; 4];
-    // getrandom cannot fail on Linux with a small buffer; a fixed value would do as well.
-    let _ = getrandom::fill(&mut b);
-    u32::from_le_bytes(b) & 0x00ff_ffff
+/// This side's endpoint: its arena and receives, and the token (the IOC's; zero from the
+/// host).
+fn endpoint(pools: &SharedRegion, token: Token) -> Endpoint {
+    Endpoint {
+        token,
+        arena_addr: sys::region_addr(pools),
+        arena_len: pools.len() as u64,
+        recv_buf: RECV_BUF,
+        recv_depth: RECV_DEPTH,
+    }
+}
+
+/// A connection token: 128 random bits.
+pub(super) fn random_token() -> Token {
+    let mut t = [0u8; 16];
+    // getrandom cannot fail on Linux with a small buffer; should it, the IOC's token map
+    // still never holds one twice.
+    let _ = getrandom::fill(&mut t);
+    t
 }
 
 /// The host's side of the set-up, on its data channel's connection once the HelloReply was
-/// read (`unread`: bytes read after it): sends its endpoint, reads the IOC's, connects, and
-/// confirms. `pools` is the arena the host lays its receive pools out in.
+/// read (`unread`: bytes read after it): sends its endpoint, reads the IOC's, and connects
+/// through the connection manager to the IOC's address and port with the IOC's token.
+/// `pools` is the arena the host lays its receive pools out in.
 pub async fn offer(
     sock: Stream,
     unread: Vec<u8>,
@@ -143,21 +145,21 @@ pub async fn offer(
     max_arena: u64,
     timeout: Duration,
 ) -> Result<VerbsTransport, FabricError> {
-    let (mut s, ip, peer_ip) = tokio_tcp(sock)?;
+    let (mut s, ip, ioc) = tokio_tcp(sock)?;
+    let deadline = Instant::now() + timeout.max(SETUP_MIN);
     let work = async {
-        let prepared = prepare(ip, pools).await?;
-        s.write_all(&prepared.endpoint().emit()).await?;
-        let peer = read_endpoint(&mut s, unread, max_arena, peer_ip).await?;
-        let t = prepared.connect(&peer, DomainId(0)).map_err(verbs_err)?;
-        s.write_all(&[READY]).await?;
-        Ok::<_, FabricError>(t)
+        s.write_all(&endpoint(&pools, [0; 16]).emit()).await?;
+        let peer = read_endpoint(&mut s, unread, max_arena).await?;
+        let p = blocking(move || request(ip, ioc, peer.token, pools, deadline)).await?;
+        p.connected(&peer, DomainId(0)).map_err(verbs_err)
     };
-    within(timeout, work).await
+    within(deadline, work).await
 }
 
 /// The IOC's side of the set-up, after it sent the HelloReply: reads the host's endpoint,
-/// connects, answers with its own (`pools`: the arena it laid this host's pools out in), and
-/// waits for the host's confirmation.
+/// answers with its own (`pools`: the arena it laid this host's pools out in) and a new
+/// token, and accepts the host's connection request with that token (from the host's
+/// address: see [`listen`](super::listen)).
 pub async fn accept(
     sock: Stream,
     unread: Vec<u8>,
@@ -166,68 +168,86 @@ pub async fn accept(
     max_arena: u64,
     timeout: Duration,
 ) -> Result<VerbsTransport, FabricError> {
-    let (mut s, ip, peer_ip) = tokio_tcp(sock)?;
+    let (mut s, _, host) = tokio_tcp(sock)?;
+    let deadline = Instant::now() + timeout.max(SETUP_MIN);
     let work = async {
-        let peer = read_endpoint(&mut s, unread, max_arena, peer_ip).await?;
-        let prepared = prepare(ip, pools).await?;
-        let mine = prepared.endpoint();
-        let t = prepared.connect(&peer, domain).map_err(verbs_err)?;
-        s.write_all(&mine.emit()).await?;
-        let mut ready = [0u8; 1];
-        s.read_exact(&mut ready).await?;
-        if ready[0] != READY {
-            return Err(FabricError::Verbs(format!(
-                "the host confirmed with {:#04x}, not {READY:#04x}",
-                ready[0]
-            )));
-        }
-        Ok(t)
+        let peer = read_endpoint(&mut s, unread, max_arena).await?;
+        let mut expected = Expected::new(host.ip())?;
+        s.write_all(&endpoint(&pools, expected.token()).emit())
+            .await?;
+        let id = expected.request().await?;
+        let p = blocking(move || answer(id, host, pools, deadline)).await?;
+        p.connected(&peer, domain).map_err(verbs_err)
     };
-    within(timeout, work).await
+    within(deadline, work).await
 }
 
-/// `work` within the handshake's `timeout`, and at least [`SETUP_MIN`].
+/// The host's connection: resolves `ioc` from `ip`, makes its queue pair, and requests the
+/// connection with `token`; returns once it is established.
+fn request(
+    ip: IpAddr,
+    ioc: SocketAddr,
+    token: Token,
+    pools: SharedRegion,
+    deadline: Instant,
+) -> io::Result<Prepared> {
+    let id = Arc::new(CmId::new()?);
+    id.resolve(ip, ioc, deadline)?;
+    let p = Prepared::new(&id, pools)?;
+    id.connect(&Request { token }.emit())?;
+    let what = format!("connecting to {ioc}");
+    id.expect(ESTABLISHED, &what, deadline)?;
+    Ok(p)
+}
+
+/// The IOC's: accepts the connection request `id` (from `host`) with a queue pair of its
+/// own; returns once it is established.
+fn answer(
+    id: CmId,
+    host: SocketAddr,
+    pools: SharedRegion,
+    deadline: Instant,
+) -> io::Result<Prepared> {
+    let id = Arc::new(id);
+    let p = Prepared::new(&id, pools)?;
+    id.accept(&[])?;
+    id.expect(ESTABLISHED, &format!("accepting {host}"), deadline)?;
+    Ok(p)
+}
+
+/// `work` before `deadline`.
 async fn within<T>(
-    timeout: Duration,
+    deadline: Instant,
     work: impl std::future::Future<Output = Result<T, FabricError>>,
 ) -> Result<T, FabricError> {
-    let timeout = timeout.max(SETUP_MIN);
-    tokio::time::timeout(timeout, work)
+    let left = deadline.saturating_duration_since(Instant::now());
+    tokio::time::timeout_at(deadline.into(), work)
         .await
-        .map_err(|_| FabricError::Timeout(timeout))?
-}
-
-/// Checks that this machine can carry a data channel over verbs from `ip`: an RDMA device
-/// holds it in its GID table. The error says what is missing.
-pub fn check_address(ip: IpAddr) -> Result<String, FabricError> {
-    let p = device::port_for(ip).map_err(verbs_err)?;
-    Ok(format!(
-        "{} port {} GID {}",
-        p.ctx.name(),
-        p.port,
-        device::gid_display(&p.gid)
-    ))
+        .map_err(|_| FabricError::Timeout(left))?
 }
 
 fn verbs_err(e: io::Error) -> FabricError {
     FabricError::Verbs(e.to_string())
 }
 
-/// The set-up connection as a tokio socket, with its local and its peer's addresses.
-fn tokio_tcp(sock: Stream) -> Result<(tokio::net::TcpStream, IpAddr, IpAddr), FabricError> {
+/// The set-up connection as a tokio socket, with its local address and its peer's.
+fn tokio_tcp(sock: Stream) -> Result<(tokio::net::TcpStream, IpAddr, SocketAddr), FabricError> {
     let Stream::Tcp(s) = sock else {
         return Err(FabricError::Verbs(
             "RDMA set-up needs a TCP connection".into(),
         ));
     };
-    let (ip, peer) = (s.local_addr()?.ip(), s.peer_addr()?.ip());
+    let (ip, peer) = (s.local_addr()?.ip(), s.peer_addr()?);
     Ok((tokio::net::TcpStream::from_std(s)?, ip, peer))
 }
 
-/// [`Prepared::new`] on a thread of the blocking pool: registering memory pins it, which
-/// must not hold up the event loop's other sessions.
-async fn prepare(ip: IpAddr, pools: SharedRegion) -> Result<Prepared, FabricError> {
-    tokio::task::spawn_blocking(move || Prepared::new(ip, pools))
+/// `f` on a thread of the blocking pool: registering memory pins it and the connection
+/// manager's steps wait for answers, neither of which may hold up the event loop's other
+/// sessions.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> Result<T, FabricError> {
+    tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| FabricError::Verbs(format!("set-up thread: {e}")))?
         .map_err(verbs_err)
@@ -238,7 +258,6 @@ async fn read_endpoint(
     s: &mut tokio::net::TcpStream,
     unread: Vec<u8>,
     max_arena: u64,
-    peer_ip: IpAddr,
 ) -> Result<Endpoint, FabricError> {
     if unread.len() > ENDPOINT_LEN {
         return Err(FabricError::Verbs(format!(
@@ -249,13 +268,66 @@ async fn read_endpoint(
     let mut b = [0u8; ENDPOINT_LEN];
     b[..unread.len()].copy_from_slice(&unread);
     s.read_exact(&mut b[unread.len()..]).await?;
-    let e = Endpoint::parse(&b, max_arena).map_err(|e| FabricError::Verbs(e.to_string()))?;
-    // The peer's queue pair is where its connection comes from: no side sends elsewhere.
-    if e.gid != device::gid_of(peer_ip) {
-        return Err(FabricError::Verbs(format!(
-            "the peer at {peer_ip} announced GID {}, not its own",
-            device::gid_display(&e.gid)
-        )));
+    Endpoint::parse(&b, max_arena).map_err(|e| FabricError::Verbs(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_ip(name: &str) -> IpAddr {
+        std::env::var(name)
+            .unwrap_or_else(|_| panic!("{name}: an address an RDMA device holds"))
+            .parse()
+            .unwrap()
     }
-    Ok(e)
+
+    fn arena() -> crate::shm::PoolArena {
+        crate::shm::PoolArena::new(c"verbs-cm-test", 1 << 20).unwrap()
+    }
+
+    fn refused(r: io::Result<Prepared>) -> String {
+        let e = r
+            .err()
+            .expect("a connection request that should be refused")
+            .to_string();
+        assert!(e.contains("refused by the peer"), "{e}");
+        e
+    }
+
+    /// The IOC's listener hands a connection request only to the set-up that sent its
+    /// token, only from the address it sent it to, and only once: a request with a token
+    /// nobody sent, or with the right token from another address, is refused and leaves
+    /// the set-up waiting; the right one connects; the same token again is refused.
+    #[test]
+    #[ignore = "needs an RDMA device holding SPLITNET_VERBS_ADDR and SPLITNET_VERBS_ALIAS (tests/e2e/50-rdma-vms.sh)"]
+    fn a_connection_request_needs_its_token_from_the_address_it_was_sent_to() {
+        let (ip, alias) = (
+            env_ip("SPLITNET_VERBS_ADDR"),
+            env_ip("SPLITNET_VERBS_ALIAS"),
+        );
+        let ioc = SocketAddr::new(ip, 7410);
+        let host = SocketAddr::new(ip, 40000);
+        super::super::listen(ioc).unwrap();
+        let deadline = || Instant::now() + Duration::from_secs(60);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (a, b) = (arena(), arena());
+        let mut expected = Expected::new(ip).unwrap();
+        let token = expected.token();
+
+        refused(request(ip, ioc, random_token(), a.region(), deadline()));
+        refused(request(alias, ioc, token, a.region(), deadline()));
+
+        let region = a.region();
+        let connecting = std::thread::spawn(move || request(ip, ioc, token, region, deadline()));
+        let id = rt.block_on(expected.request()).unwrap();
+        let ioc_side = answer(id, host, b.region(), deadline()).unwrap();
+        let host_side = connecting.join().unwrap().unwrap();
+        drop((host_side, ioc_side));
+
+        refused(request(ip, ioc, token, a.region(), deadline()));
+    }
 }

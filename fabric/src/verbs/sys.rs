@@ -13,7 +13,8 @@
 //! they are destroyed in the order verbs requires whatever order their owners drop them in.
 //! A memory region owns its memory, so the adapter never writes memory that was freed.
 
-use super::device::{Context, Port};
+use super::cm::CmId;
+use super::device::Context;
 use rdma_mummy_sys as ffi;
 use splitnet_messaging::memory::SharedRegion;
 use std::ffi::CStr;
@@ -429,23 +430,11 @@ pub enum SendKind {
     },
 }
 
-/// Remote attributes a queue pair connects to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Remote {
-    /// The peer's queue pair number.
-    pub qpn: u32,
-    /// The first packet sequence number the peer sends.
-    pub psn: u32,
-    /// The peer's GID.
-    pub gid: [u8; 16],
-    /// Path MTU (`enum ibv_mtu`), the smaller of both ports'.
-    pub mtu: u32,
-}
-
-/// A reliable-connected queue pair.
+/// A reliable-connected queue pair, made on a connection manager identifier, which
+/// connects it.
 pub struct Qp {
     qp: NonNull<ffi::ibv_qp>,
-    port: Port,
+    id: Arc<CmId>,
     wrs: Vec<ffi::ibv_send_wr>,
     sges: Vec<ffi::ibv_sge>,
     _pd: Arc<Pd>,
@@ -462,17 +451,19 @@ impl std::fmt::Debug for Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: the queue pair is ours; its completion queue outlives it (field order).
-        unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+        // SAFETY: the queue pair is the identifier's; its completion queue outlives it
+        // (field order of its owner), and so does the identifier (held here).
+        unsafe { ffi::rdma_destroy_qp(self.id.raw()) };
     }
 }
 
 impl Qp {
-    /// An RC queue pair in `pd` on `port`, both queues completing on `cq`, moved to INIT
-    /// with remote write access to this side's regions (their own rights still apply).
+    /// An RC queue pair on `id`'s device, in `pd`, both queues completing on `cq`, in INIT
+    /// (remote write access to this side's regions, whose own rights still apply); `id`
+    /// connects it.
     pub fn new(
+        id: &Arc<CmId>,
         pd: &Arc<Pd>,
-        port: &Port,
         cq: &Cq,
         send_depth: u32,
         recv_depth: u32,
@@ -486,31 +477,20 @@ impl Qp {
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
         init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
-        // SAFETY: the domain and queue are live; `init` is initialised.
-        let qp = NonNull::new(unsafe { ffi::ibv_create_qp(pd.pd.as_ptr(), &mut init) })
-            .ok_or_else(last_error)?;
-        let mut q = Qp {
+        // SAFETY: the identifier, domain and queue are live, on one device; `init` is
+        // initialised.
+        if unsafe { ffi::rdma_create_qp(id.raw(), pd.pd.as_ptr(), &mut init) } != 0 {
+            return Err(last_error());
+        }
+        // SAFETY: a successful call left the queue pair on the identifier.
+        let qp = NonNull::new(unsafe { (*id.raw()).qp }).ok_or_else(last_error)?;
+        Ok(Qp {
             qp,
-            port: port.clone(),
+            id: id.clone(),
             wrs: Vec::new(),
             sges: Vec::new(),
             _pd: pd.clone(),
-        };
-        // SAFETY: zero is a valid ibv_qp_attr.
-        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
-        a.pkey_index = 0;
-        a.port_num = port.port;
-        a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-        use ffi::ibv_qp_attr_mask as m;
-        q.modify(
-            &mut a,
-            m::IBV_QP_STATE.0
-                | m::IBV_QP_PKEY_INDEX.0
-                | m::IBV_QP_PORT.0
-                | m::IBV_QP_ACCESS_FLAGS.0,
-        )?;
-        Ok(q)
+        })
     }
 
     fn modify(&mut self, a: &mut ffi::ibv_qp_attr, mask: u32) -> io::Result<()> {
@@ -524,53 +504,16 @@ impl Qp {
         unsafe { self.qp.as_ref().qp_num }
     }
 
-    /// Connects to `remote` (INIT to RTR to RTS); `psn` is this side's first sequence number.
-    pub fn connect(&mut self, remote: &Remote, psn: u32) -> io::Result<()> {
-        use ffi::ibv_qp_attr_mask as m;
+    /// Once connected: the shortest wait a peer's send makes when this side has no
+    /// receive posted (0.01 ms, where the connection manager leaves 655 ms), so
+    /// back-pressure costs little time.
+    pub fn set_min_rnr_timer(&mut self) -> io::Result<()> {
         // SAFETY: zero is a valid ibv_qp_attr.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
-        a.path_mtu = remote.mtu;
-        a.dest_qp_num = remote.qpn;
-        a.rq_psn = remote.psn;
-        a.max_dest_rd_atomic = 0;
-        // 0.01 ms, the shortest: a receiver out of posted receives is back quickly.
-        a.min_rnr_timer = 1;
-        a.ah_attr.is_global = 1;
-        a.ah_attr.port_num = self.port.port;
-        a.ah_attr.grh.dgid = ffi::ibv_gid { raw: remote.gid };
-        a.ah_attr.grh.sgid_index = self.port.gid_index;
-        a.ah_attr.grh.hop_limit = 64;
-        self.modify(
-            &mut a,
-            m::IBV_QP_STATE.0
-                | m::IBV_QP_AV.0
-                | m::IBV_QP_PATH_MTU.0
-                | m::IBV_QP_DEST_QPN.0
-                | m::IBV_QP_RQ_PSN.0
-                | m::IBV_QP_MAX_DEST_RD_ATOMIC.0
-                | m::IBV_QP_MIN_RNR_TIMER.0,
-        )?;
-        // SAFETY: as above.
-        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
-        a.sq_psn = psn;
-        // 4.096 us * 2^14 = 67 ms before a retransmission, 7 retries: a peer silent for
-        // about half a second breaks the connection (the keepalive notices sooner).
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        // 7: retry forever while the receiver has no receive posted (back-pressure, no loss).
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 0;
-        self.modify(
-            &mut a,
-            m::IBV_QP_STATE.0
-                | m::IBV_QP_SQ_PSN.0
-                | m::IBV_QP_TIMEOUT.0
-                | m::IBV_QP_RETRY_CNT.0
-                | m::IBV_QP_RNR_RETRY.0
-                | m::IBV_QP_MAX_QP_RD_ATOMIC.0,
-        )
+        a.min_rnr_timer = 1;
+        use ffi::ibv_qp_attr_mask as m;
+        self.modify(&mut a, m::IBV_QP_STATE.0 | m::IBV_QP_MIN_RNR_TIMER.0)
     }
 
     /// Moves the queue pair to the error state: everything posted completes with a flush
