@@ -339,8 +339,9 @@ pub const CHUNK: usize = NOISE_MAX - TAG_LEN;
 
 /// Bytes of a sealed message of `plain` bytes: [`TAG_LEN`] more per [`CHUNK`] or part of
 /// one (an empty message is one chunk).
-pub fn sealed_len(plain: usize) -> usize {
-    plain + TAG_LEN * plain.div_ceil(CHUNK).max(1)
+pub const fn sealed_len(plain: usize) -> usize {
+    let chunks = plain.div_ceil(CHUNK);
+    plain + TAG_LEN * if chunks == 0 { 1 } else { chunks }
 }
 
 /// `bytes` in pieces of `n`; an empty slice is one empty piece.

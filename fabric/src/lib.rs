@@ -141,9 +141,9 @@ pub type StreamConn = StreamChannel<Stream>;
 pub enum FabricChannel {
     /// Over the connection's socket.
     Stream(StreamConn),
-    /// A control channel over its socket after an authenticated handshake: every message
-    /// sealed.
-    Sealed(Box<SealedConn>),
+    /// A control channel after an authenticated handshake, over its socket or an RDMA
+    /// queue pair: every message sealed ([`FabricChannel::sealed`]).
+    Sealed(Box<SealedConn<FabricChannel>>),
     /// Over shared-memory rings.
     Shm(Box<shm::ShmTransport>),
     /// Over an RDMA queue pair.
@@ -229,6 +229,16 @@ impl Channel for FabricChannel {
 }
 
 impl FabricChannel {
+    /// `ch` (a control channel on its socket or queue pair) with its messages sealed by
+    /// `sealer` from now on.
+    pub fn sealed(mut ch: FabricChannel, sealer: auth::Sealer) -> FabricChannel {
+        // A queue pair's receives already take a sealed message of the largest size.
+        if let FabricChannel::Stream(c) = &mut ch {
+            c.set_max_send(auth::sealed_len(wire::MAX_MESSAGE_LEN));
+        }
+        FabricChannel::Sealed(Box::new(SealedConn::new(ch, sealer)))
+    }
+
     /// Whether its bytes travel sealed on its socket (a data channel whose host asked).
     pub fn is_sealed_stream(&self) -> bool {
         matches!(self, FabricChannel::Stream(c) if matches!(c.stream(), Stream::Sealed(_)))
@@ -252,7 +262,7 @@ impl FabricChannel {
             FabricChannel::Stream(_) | FabricChannel::Sealed(_) => None,
             FabricChannel::Shm(t) => t.pools(),
             #[cfg(feature = "verbs")]
-            FabricChannel::Verbs(t) => Some(t.pools()),
+            FabricChannel::Verbs(t) => t.pools(),
         }
     }
 
@@ -263,7 +273,8 @@ impl FabricChannel {
             FabricChannel::Shm(_) => true,
             #[cfg(feature = "verbs")]
             FabricChannel::Verbs(_) => true,
-            FabricChannel::Stream(_) | FabricChannel::Sealed(_) => false,
+            FabricChannel::Sealed(c) => c.conn().is_shared_memory(),
+            FabricChannel::Stream(_) => false,
         }
     }
 
@@ -281,7 +292,7 @@ impl FabricChannel {
     fn readiness(&self) -> io::Result<Ready> {
         match self {
             FabricChannel::Stream(c) => Ready::new(c.stream()),
-            FabricChannel::Sealed(c) => Ready::new(c.conn().stream()),
+            FabricChannel::Sealed(c) => c.conn().readiness(),
             FabricChannel::Shm(t) => Ready::new(t.bell()),
             #[cfg(feature = "verbs")]
             FabricChannel::Verbs(t) => Ready::new(&t.fd()),
@@ -544,7 +555,7 @@ where
         DataPath::Stream => (wire::CONTROL_CHANNEL, 1),
         DataPath::Shm { .. } => (shm::SHM_CONTROL_CHANNEL, shm::SHM_CHANNEL),
         #[cfg(feature = "verbs")]
-        DataPath::Verbs { .. } => (wire::CONTROL_CHANNEL, verbs::VERBS_CHANNEL),
+        DataPath::Verbs { .. } => (verbs::VERBS_CONTROL_CHANNEL, verbs::VERBS_CHANNEL),
     };
     let (ctrl, r, sealer, ctrl_no) = match open(ctrl_no, first).await {
         // An IOC that predates control channels in shared memory takes channel 3 for a data
@@ -558,10 +569,20 @@ where
         }
         r => r.map(|(c, r, sealer)| (c, r, sealer, ctrl_no))?,
     };
-    let ctrl = match (ctrl_no == wire::CONTROL_CHANNEL, sealer) {
-        (true, Some(sealer)) => FabricChannel::Sealed(Box::new(SealedConn::new(ctrl, sealer))),
-        (true, None) => FabricChannel::Stream(ctrl),
-        (false, _) => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
+    let ctrl = match ctrl_no {
+        wire::CONTROL_CHANNEL => FabricChannel::Stream(ctrl),
+        #[cfg(feature = "verbs")]
+        verbs::VERBS_CONTROL_CHANNEL => {
+            let (sock, unread) = ctrl.into_parts();
+            let t = verbs::offer(sock, unread, None, VERBS_MAX_ARENA, timeout).await?;
+            FabricChannel::Verbs(Box::new(t))
+        }
+        _ => FabricChannel::Shm(Box::new(shm_offer(ctrl, None, timeout).await?)),
+    };
+    // Sealed after an authenticated handshake, but in shared memory (on this machine).
+    let ctrl = match sealer {
+        Some(s) if ctrl_no != shm::SHM_CONTROL_CHANNEL => FabricChannel::sealed(ctrl, s),
+        _ => ctrl,
     };
     let (data, r2, data_sealer) = open(data_no, r.session).await?;
     if r2.session != r.session || r2.version != r.version {
@@ -582,7 +603,7 @@ where
             let size = splitnet_messaging::adapter::shm::setup::Setup::pool_size_for(pool_bytes);
             let arena = shm::PoolArena::new(c"splitnet-verbs-pools", size)?;
             let (sock, unread) = data.into_parts();
-            let t = verbs::offer(sock, unread, arena.region(), VERBS_MAX_ARENA, timeout);
+            let t = verbs::offer(sock, unread, Some(arena.region()), VERBS_MAX_ARENA, timeout);
             FabricChannel::Verbs(Box::new(t.await?))
         }
     };
@@ -637,8 +658,10 @@ async fn goodbye_on(ch: FabricChannel, code: ErrorCode, timeout: Duration) {
         FabricChannel::Stream(c) => goodbye(c, code, timeout).await,
         FabricChannel::Sealed(mut c) => {
             post_goodbye(&mut *c, code);
-            let mut c = *c;
-            let _ = flush(c.conn_mut(), timeout).await;
+            match c.conn_mut() {
+                FabricChannel::Stream(s) => drop(flush(s, timeout).await),
+                other => drop(other.flush()),
+            }
         }
         FabricChannel::Shm(mut t) => {
             post_goodbye(&mut *t, code);
@@ -782,7 +805,7 @@ pub fn control_channel(
     auth: Option<Box<auth::Responder>>,
 ) -> Result<FabricChannel, FabricError> {
     Ok(match auth {
-        Some(r) => FabricChannel::Sealed(Box::new(SealedConn::new(ch, r.into_sealer()?))),
+        Some(r) => FabricChannel::sealed(FabricChannel::Stream(ch), r.into_sealer()?),
         None => FabricChannel::Stream(ch),
     })
 }
@@ -836,13 +859,15 @@ impl LinkReady {
     }
 }
 
-/// Whether a Hello's channel number opens a session's control channel: on its socket, or
-/// in shared memory ([`shm::SHM_CONTROL_CHANNEL`]).
+/// Whether a Hello's channel number opens a session's control channel: on its socket, in
+/// shared memory ([`shm::SHM_CONTROL_CHANNEL`]) or on an RDMA queue pair
+/// ([`verbs::VERBS_CONTROL_CHANNEL`]).
 pub fn is_control(channel: u8) -> bool {
-    if channel == shm::SHM_CONTROL_CHANNEL {
+    #[cfg(feature = "verbs")]
+    if channel == verbs::VERBS_CONTROL_CHANNEL {
         return true;
     }
-    channel == wire::CONTROL_CHANNEL
+    channel == shm::SHM_CONTROL_CHANNEL || channel == wire::CONTROL_CHANNEL
 }
 
 /// Index of `lane` in per-channel arrays.

@@ -1,21 +1,19 @@
-//! A control channel on its socket after an authenticated handshake: every SEND carries its
-//! message sealed ([`Sealer`]), so nothing on the path can forge, alter, replay, reorder or
-//! drop a control message (CfgUtil among them) unnoticed. A SEND that does not open ends the
-//! channel. Control travels in SENDs only (channel 0 carries no RDMA writes).
+//! A control channel after an authenticated handshake, on its socket or on an RDMA queue
+//! pair: every SEND carries its message sealed ([`Sealer`]), so nothing on the path can
+//! forge, alter, replay, reorder or drop a control message (CfgUtil among them) unnoticed. A
+//! SEND that does not open ends the channel. Control travels in SENDs only (a control
+//! channel carries no RDMA writes).
 
-use crate::auth::{self, Sealer};
-use crate::Stream;
-use splitnet_messaging::adapter::{
-    Channel, ChannelError, Op, Payload, RxCompletion, StreamChannel,
-};
-use splitnet_messaging::memory::{Registry, SendBuf, SendBufCache};
-use splitnet_messaging::wire;
-use std::io::{self, Read, Write};
+use crate::auth::Sealer;
+use crate::StreamConn;
+use splitnet_messaging::adapter::{Channel, ChannelError, Op, Payload, RxCompletion};
+use splitnet_messaging::memory::{Registry, SendBuf, SendBufCache, SharedBytes};
+use std::io;
 
-/// A stream channel whose SENDs are sealed.
+/// A channel whose SENDs are sealed.
 #[derive(Debug)]
-pub struct SealedConn<S = Stream> {
-    conn: StreamChannel<S>,
+pub struct SealedConn<C = StreamConn> {
+    conn: C,
     sealer: Sealer,
     /// The last SEND received, opened.
     plain: Vec<u8>,
@@ -23,10 +21,10 @@ pub struct SealedConn<S = Stream> {
     copied: Vec<SendBuf>,
 }
 
-impl<S: Read + Write> SealedConn<S> {
-    /// Seals `conn`'s SENDs from now on with `sealer`.
-    pub fn new(mut conn: StreamChannel<S>, sealer: Sealer) -> SealedConn<S> {
-        conn.set_max_send(auth::sealed_len(wire::MAX_MESSAGE_LEN));
+impl<C: Channel> SealedConn<C> {
+    /// Seals `conn`'s SENDs from now on with `sealer`. `conn` must take SENDs of
+    /// [`auth::sealed_len`](crate::auth::sealed_len) of the largest message.
+    pub fn new(conn: C, sealer: Sealer) -> SealedConn<C> {
         SealedConn {
             conn,
             sealer,
@@ -35,18 +33,18 @@ impl<S: Read + Write> SealedConn<S> {
         }
     }
 
-    /// The channel underneath, for its socket.
-    pub fn conn(&self) -> &StreamChannel<S> {
+    /// The channel underneath, for its readiness.
+    pub fn conn(&self) -> &C {
         &self.conn
     }
 
     /// The channel underneath.
-    pub fn conn_mut(&mut self) -> &mut StreamChannel<S> {
+    pub fn conn_mut(&mut self) -> &mut C {
         &mut self.conn
     }
 }
 
-impl<S: Read + Write> Channel for SealedConn<S> {
+impl<C: Channel> Channel for SealedConn<C> {
     fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
         if !matches!(op, Op::Send) {
             // Not a message: nothing to seal (the peer refuses writes on a control channel).
@@ -112,16 +110,55 @@ impl<S: Read + Write> Channel for SealedConn<S> {
     fn close(&mut self, reg: &mut Registry) -> usize {
         self.conn.close(reg)
     }
+
+    fn places_writes(&self) -> bool {
+        self.conn.places_writes()
+    }
+
+    fn peer_window(&self, addr: u64, len: usize) -> Option<SharedBytes<'_>> {
+        self.conn.peer_window(addr, len)
+    }
+
+    fn post_placed(&mut self, op: Op, len: u32) {
+        self.conn.post_placed(op, len)
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        self.conn.prepare_sleep()
+    }
+
+    fn wake(&mut self) {
+        self.conn.wake()
+    }
+
+    fn withdraw(&mut self) {
+        self.conn.withdraw()
+    }
+
+    fn input_pending(&mut self) -> bool {
+        self.conn.input_pending()
+    }
+
+    fn take_rang_peer(&mut self) -> bool {
+        self.conn.take_rang_peer()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::{generate, public_key, Initiator, Responder};
-    use splitnet_messaging::adapter::{pipe, PipeEnd};
+    use crate::auth::{self, generate, public_key, Initiator, Responder};
+    use splitnet_messaging::adapter::{pipe, PipeEnd, StreamChannel};
     use splitnet_messaging::endpoint::handshake;
     use splitnet_messaging::memory::DomainId;
-    use splitnet_messaging::wire::{ErrorCode, Queue, Role};
+    use splitnet_messaging::wire::{self, ErrorCode, Queue, Role};
+
+    /// A stream channel over `end` that takes sealed SENDs of the largest message.
+    fn stream(end: PipeEnd, domain: u64) -> StreamChannel<PipeEnd> {
+        let mut c = StreamChannel::new(end, DomainId(domain), 0);
+        c.set_max_send(auth::sealed_len(wire::MAX_MESSAGE_LEN));
+        c
+    }
 
     fn sealers() -> (Sealer, Sealer) {
         let (host, ioc) = (generate().unwrap(), generate().unwrap());
@@ -151,8 +188,8 @@ mod tests {
     fn messages_cross_sealed_and_open_in_order() {
         let (a, b) = pipe(1 << 20);
         let (sa, sb) = sealers();
-        let mut x = SealedConn::new(StreamChannel::new(a, DomainId(1), 0), sa);
-        let mut y = SealedConn::new(StreamChannel::new(b, DomainId(2), 0), sb);
+        let mut x = SealedConn::new(stream(a, 1), sa);
+        let mut y = SealedConn::new(stream(b, 2), sb);
         let mut reg = Registry::new(0);
         for n in [0usize, 12, 4000, wire::MAX_MESSAGE_LEN] {
             let m = vec![n as u8; n];
@@ -172,7 +209,7 @@ mod tests {
         let (_, sb) = sealers();
         // The peer sends a plain (unsealed) message, as an attacker without the keys would.
         let mut x: StreamChannel<PipeEnd> = StreamChannel::new(a, DomainId(1), 0);
-        let mut y = SealedConn::new(StreamChannel::new(b, DomainId(2), 0), sb);
+        let mut y = SealedConn::new(stream(b, 2), sb);
         let mut reg = Registry::new(0);
         let mut goodbye = Vec::new();
         wire::Message::Keepalive.emit(0, &mut goodbye);

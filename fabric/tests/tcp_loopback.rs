@@ -323,7 +323,27 @@ fn exchange_frames(listener: Listener, path_kind: DataPath, auth: Auth, frames: 
             fabric::flush(&mut c, TIMEOUT).await.unwrap();
             // Over shared memory the control channel is in rings of its own too.
             let c: fabric::FabricChannel = match path_kind {
-                DataPath::Stream | DataPath::Verbs { .. } => {
+                DataPath::Verbs { .. } => {
+                    // On a queue pair of its own, sealed after an authenticated handshake.
+                    assert_eq!(hello.channel, fabric::verbs::VERBS_CONTROL_CHANNEL);
+                    let sealer = proof.map(|r| r.into_sealer().unwrap());
+                    let (sock, unread) = c.into_parts();
+                    let t = fabric::verbs::accept(sock, unread, DomainId(1), None, 0, TIMEOUT)
+                        .await
+                        .unwrap();
+                    assert!(t.pools().is_none(), "a control channel has no pool arena");
+                    let c = fabric::FabricChannel::Verbs(Box::new(t));
+                    let c = match sealer {
+                        Some(s) => fabric::FabricChannel::sealed(c, s),
+                        None => c,
+                    };
+                    assert_eq!(
+                        matches!(c, fabric::FabricChannel::Sealed(_)),
+                        auth != Auth::None
+                    );
+                    c
+                }
+                DataPath::Stream => {
                     assert_eq!(hello.channel, wire::CONTROL_CHANNEL);
                     let c = fabric::control_channel(c, proof).unwrap();
                     assert_eq!(
@@ -381,7 +401,7 @@ fn exchange_frames(listener: Listener, path_kind: DataPath, auth: Auth, frames: 
                         sock,
                         unread,
                         DomainId(1),
-                        arena.region(),
+                        Some(arena.region()),
                         size,
                         TIMEOUT,
                     )

@@ -67,10 +67,22 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         }};
     }
     if fabric::is_control(hello.channel) {
-        // A control channel in shared memory needs the local socket.
+        // A control channel in shared memory needs the local socket; one over verbs TCP,
+        // and an IOC that takes RDMA.
         let shm = hello.channel == fabric::shm::SHM_CONTROL_CHANNEL;
         if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
             refuse!(ch, ErrorCode::Refused, "shared memory asked for over TCP");
+        }
+        let verbs = hello.channel == fabric::verbs::VERBS_CONTROL_CHANNEL;
+        if verbs && !ioc.borrow().cfg.fabric.rdma {
+            refuse!(
+                ch,
+                ErrorCode::Refused,
+                "RDMA asked for (fabric.rdma is off)"
+            );
+        }
+        if verbs && !matches!(ch.stream(), fabric::Stream::Tcp(_)) {
+            refuse!(ch, ErrorCode::Refused, "RDMA asked for over a local socket");
         }
         let admitted = {
             let mut st = ioc.borrow_mut();
@@ -105,6 +117,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
             Ok(()) if shm => shm_channel(ch, DomainId(session), None, timeout)
                 .await
                 .map(|t| FabricChannel::Shm(Box::new(t))),
+            Ok(()) if verbs => verbs_control(ch, DomainId(session), proof, timeout).await,
             Ok(()) => match fabric::flush(&mut ch, timeout).await {
                 Ok(()) => fabric::control_channel(ch, proof),
                 Err(e) => Err(e),
@@ -348,6 +361,26 @@ async fn verbs_channel(
     let (sock, unread) = ch.into_parts();
     // The host's arena is no larger than the one this IOC made for it.
     let max = arena.size();
-    let t = fabric::verbs::accept(sock, unread, domain, arena.region(), max, timeout).await?;
-    Ok(FabricChannel::Verbs(Box::new(t)))
+    let t = fabric::verbs::accept(sock, unread, domain, Some(arena.region()), max, timeout);
+    Ok(FabricChannel::Verbs(Box::new(t.await?)))
+}
+
+/// Sends the HelloReply of a control channel over verbs, then sets its queue pair up on the
+/// connection (no pool arena: it carries messages only), sealed after an authenticated
+/// handshake.
+async fn verbs_control(
+    mut ch: StreamConn,
+    domain: DomainId,
+    proof: Option<Box<fabric::auth::Responder>>,
+    timeout: Duration,
+) -> Result<FabricChannel, fabric::FabricError> {
+    fabric::flush(&mut ch, timeout).await?;
+    let sealer = proof.map(|r| r.into_sealer()).transpose()?;
+    let (sock, unread) = ch.into_parts();
+    let t = fabric::verbs::accept(sock, unread, domain, None, 0, timeout).await?;
+    let ch = FabricChannel::Verbs(Box::new(t));
+    Ok(match sealer {
+        Some(s) => FabricChannel::sealed(ch, s),
+        None => ch,
+    })
 }

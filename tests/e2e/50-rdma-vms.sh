@@ -162,11 +162,15 @@ fi
 # shellcheck source=../vm/splitnet.sh
 . "$ROOT/tests/vm/splitnet.sh"
 
-# qp_stats LOG KEY: KEY's values in LOG's "RDMA queue pair closed" lines, one per line.
-qp_stats() { grep 'RDMA queue pair closed' "$1" | grep -o "\<$2=[0-9]*" | cut -d= -f2; }
+# qp_stats LOG KEY [CHANNEL]: KEY's values in LOG's "RDMA queue pair closed" lines of CHANNEL's
+# queue pairs (data or control; data if not given), one per line.
+qp_stats() {
+    grep 'RDMA queue pair closed' "$1" | grep -E "channel=\"?${3:-data}" | grep -o "\<$2=[0-9]*" |
+        cut -d= -f2
+}
 
 # qp_total LOG KEY: their sum.
-qp_total() { qp_stats "$1" "$2" | awk '{ s += $1 } END { print s + 0 }'; }
+qp_total() { qp_stats "$1" "$2" "${3:-data}" | awk '{ s += $1 } END { print s + 0 }'; }
 
 need_root; need_tool python3 ss iperf3; need_daemons
 SELF=$(realpath "$0")
@@ -249,6 +253,11 @@ host_imm_rx=$(qp_total "$host_log" write_imm_rx)
 assert_ge "$host_imm" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host-driver posted"
 assert_ge "$host_imm_rx" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host-driver received"
 assert_ge "$(qp_stats "$ioc_log" write_imm_rx | tail -n 1)" 3 "RDMA WRITE WITH IMMEDIATE the restarted IOC received from host 1 (the pings)"
+# The control channels on queue pairs of their own: messages only (keepalives, credits,
+# CfgUtil), sealed, never a write.
+assert_ge "$(qp_stats "$host_log" send_tx control | wc -l)" 2 "host-driver's control queue pairs closed (before and after the IOC's restart)"
+assert_ge "$(qp_stats "$host_log" send_tx control | sort -n | tail -n 1)" 3 "messages host-driver sent on a control queue pair"
+assert_eq "$(qp_total "$host_log" write_imm_tx control)$(qp_total "$host_log" write_tx control)" 00 "writes on host-driver's control queue pairs"
 log "host-driver's queue pairs:"
 grep 'RDMA queue pair closed' "$host_log" | sed 's/.*closed: /    /'
 log "the IOC's queue pairs (the rogue's five sessions, then host 1's after the restart):"
@@ -268,6 +277,8 @@ done
 assert_ge "$(grep -c 'host removed: .*RDMA receive failed: remote access error' "$ioc_log")" 4 "the IOC ended the sessions its adapter refused writes of"
 assert_match "$(vm_result_get host ping_during_rogue)" '^100 packets transmitted, 100 received' "host 1's pings during the rogue's attacks"
 assert_eq "$(grep -c 'fabric lost' "$host_log")" 1 "host 1's session ended only when the IOC was killed"
+assert_grep "$host_log" 'fabric lost: .*the peer disconnected \(RDMA_CM_EVENT_DISCONNECTED\)' \
+    "host-driver saw the killed IOC's queue pairs go (the connection manager's disconnect)"
 log "rogue over RDMA:"
 sed 's/^/    /' "$rogue"
 log "host 1 meanwhile: $(vm_result_get host ping_during_rogue)"
@@ -277,7 +288,8 @@ assert_match "$(vm_result_get host ping_2q)" '^3 packets transmitted, 3 received
 read -r bytes _ <<<"$(vm_result_get host iperf_2q)"
 assert_ge "${bytes:-0}" 1000000 "iperf3 -P 4 with two queues: bytes the receiver got in 3 s"
 assert_eq "$(vm_result_get host host_driver_2q_exit)" 0 "host-driver with two queues: exit status on SIGTERM"
-assert_eq "$(grep -c 'RDMA queue pair closed' "$(vm_out host)/host-driver-2q.log")" 2 "host-driver with two queues closed two queue pairs"
+assert_eq "$(qp_stats "$(vm_out host)/host-driver-2q.log" send_tx | wc -l)" 2 "host-driver with two queues closed two data queue pairs"
+assert_eq "$(qp_stats "$(vm_out host)/host-driver-2q.log" send_tx control | wc -l)" 2 "host-driver with two queues closed two control queue pairs"
 assert_grep "$ioc_log" 'host connected peer=[^ ]*, RDMA .* queue=1 queues=2' "the IOC took the second queue's data channel over RDMA"
 log "two queues over RDMA: $(vm_result_get host ping_2q); iperf3 -P 4 ${bytes:-0} bytes in 3 s;" \
     "RDMA WRITE WITH IMMEDIATE posted per queue pair: $(qp_stats "$(vm_out host)/host-driver-2q.log" write_imm_tx | tr '\n' ' ')"

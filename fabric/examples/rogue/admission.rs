@@ -183,11 +183,13 @@ fn forged_control(addr: &str, keys: &Keys) -> Result<bool, String> {
 
 /// A whole authenticated session claiming `node_id`: its sealed control channel and its
 /// data channel.
-fn session(addr: &str, keys: &Keys, node_id: u64) -> Result<(SealedConn<TcpStream>, Ch), String> {
+fn session(addr: &str, keys: &Keys, node_id: u64) -> Result<(SealedConn<Ch>, Ch), String> {
     let (status, token, ctrl, sealer) = auth_channel(addr, keys, hello(0, 0, node_id))?;
     if status != ErrorCode::Ok {
         return Err(format!("the control channel was refused: {status:?}"));
     }
+    let mut ctrl = ctrl;
+    ctrl.set_max_send(auth::sealed_len(splitnet_messaging::wire::MAX_MESSAGE_LEN));
     let ctrl = SealedConn::new(ctrl, sealer.ok_or("no sealer")?);
     let (status, _, data, _) = auth_channel(addr, keys, hello(1, token, node_id))?;
     if status != ErrorCode::Ok {

@@ -12,6 +12,7 @@ use rdma_mummy_sys as ffi;
 use std::ffi::CStr;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::BorrowedFd;
 use std::ptr::{self, NonNull};
 use std::time::Instant;
 
@@ -80,13 +81,31 @@ impl Events {
         })
     }
 
-    /// The next event, waiting until `deadline` at most (`None`: as long as it takes).
+    /// The channel's descriptor: readable while an event waits.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel and its descriptor live as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.ch.as_ref().fd) }
+    }
+
+    /// The event waiting, if one is (without waiting).
+    pub fn try_next(&self) -> io::Result<Option<Event>> {
+        match self.next(Some(Instant::now())) {
+            Ok(e) => Ok(Some(e)),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next event, waiting until `deadline` at most (`None`: as long as it takes; a
+    /// deadline already past: only one already there).
     pub fn next(&self, deadline: Option<Instant>) -> io::Result<Event> {
         // SAFETY: the channel is live.
         let fd = unsafe { self.ch.as_ref().fd };
+        let mut first = true;
         loop {
             let ms = match deadline {
                 None => -1,
+                Some(_) if std::mem::take(&mut first) => 0,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -396,6 +415,28 @@ impl CmId {
             return Err(last_error());
         }
         Ok(())
+    }
+
+    /// Its channel's descriptor: readable while an event waits.
+    pub fn events_fd(&self) -> BorrowedFd<'_> {
+        self.events.fd()
+    }
+
+    /// Whether the connection ended, by an event waiting on its channel (the peer
+    /// disconnected, or the device went away): what ended it.
+    pub fn ended(&self) -> io::Result<Option<String>> {
+        use ffi::rdma_cm_event_type as t;
+        while let Some(e) = self.events.try_next()? {
+            if matches!(
+                e.kind,
+                t::RDMA_CM_EVENT_DISCONNECTED
+                    | t::RDMA_CM_EVENT_DEVICE_REMOVAL
+                    | t::RDMA_CM_EVENT_TIMEWAIT_EXIT
+            ) {
+                return Ok(Some(event_name(e.kind)));
+            }
+        }
+        Ok(None)
     }
 
     /// The next event on a listener's channel (blocking).

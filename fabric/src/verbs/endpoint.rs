@@ -10,8 +10,8 @@
 //! | 6 | 2 | reserved, zero |
 //! | 8 | 16 | connection token: the IOC's, for the host's connection request; zero from the host |
 //! | 24 | 16 | reserved, zero |
-//! | 40 | 8 | address of the arena's first byte |
-//! | 48 | 8 | bytes of the arena |
+//! | 40 | 8 | address of the arena's first byte (0: no arena, a control channel) |
+//! | 48 | 8 | bytes of the arena (0: none) |
 //! | 56 | 4 | bytes of each posted receive (the largest SEND the sender takes) |
 //! | 60 | 4 | receives the sender keeps posted |
 //!
@@ -160,7 +160,8 @@ impl Endpoint {
         if b[6..8].iter().chain(&b[24..40]).any(|&x| x != 0) {
             return field("reserved", 0);
         }
-        if e.arena_len == 0 || e.arena_len > max_arena {
+        // No arena (a control channel's): length and address 0.
+        if e.arena_len > max_arena || (e.arena_len == 0 && e.arena_addr != 0) {
             return field("arena_len", e.arena_len);
         }
         if e.arena_addr.checked_add(e.arena_len).is_none() {
@@ -195,14 +196,22 @@ mod tests {
     fn an_endpoint_round_trips() {
         let e = sample();
         assert_eq!(Endpoint::parse(&e.emit(), 1 << 24), Ok(e));
+        // A control channel's: no arena.
+        let none = Endpoint {
+            arena_addr: 0,
+            arena_len: 0,
+            ..e
+        };
+        assert_eq!(Endpoint::parse(&none.emit(), 1 << 24), Ok(none));
     }
 
     #[test]
     fn every_field_out_of_range_is_refused_by_name() {
         let max = 1 << 24;
         type Change = fn(&mut Endpoint);
-        let cases: [(&str, Change); 5] = [
+        let cases: [(&str, Change); 6] = [
             ("arena_len", |e| e.arena_len = 0),
+            ("arena_len", |e| e.arena_len = u64::MAX),
             ("arena_len", |e| e.arena_len = (1 << 24) + 1),
             ("arena_addr", |e| e.arena_addr = u64::MAX - 10),
             ("recv_buf", |e| e.recv_buf = MIN_RECV_BUF - 1),
@@ -250,7 +259,7 @@ mod tests {
         #[test]
         fn any_bytes_are_refused_or_within_limits(b in proptest::collection::vec(any::<u8>(), 0..80), max in 1u64..u64::MAX) {
             if let Ok(e) = Endpoint::parse(&b, max) {
-                prop_assert!(e.arena_len <= max && e.arena_len > 0);
+                prop_assert!(e.arena_len <= max && (e.arena_len > 0 || e.arena_addr == 0));
                 prop_assert!((MIN_RECV_BUF..=MAX_RECV_BUF).contains(&e.recv_buf));
                 prop_assert_eq!(&e.emit()[..], &b[..]);
             }

@@ -38,6 +38,7 @@ pub use endpoint::{Endpoint, EndpointError, Request, Token, ENDPOINT_LEN, REQUES
 pub use listener::listen;
 pub use setup::{accept, offer};
 
+use cm::CmId;
 use setup::random_token;
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, OpHeader, Payload, RxCompletion, RxError, MAX_PREFIX, OP_HEADER_LEN,
@@ -52,27 +53,36 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
-use sys::{Cq, Mr, Pd, Qp, SendKind, SendWr, Wc};
+use sys::{Bell, Cq, Mr, Pd, Qp, SendKind, SendWr, Wc};
 
 /// Channel number a data channel's Hello names to travel over an RDMA queue pair.
 pub const VERBS_CHANNEL: u8 = 4;
+/// Channel number a control channel's Hello names to travel over an RDMA queue pair.
+pub const VERBS_CONTROL_CHANNEL: u8 = 5;
 /// Immediate data of a SEND that carries the operation header of the RDMA WRITE before it.
 pub const NOTICE: u32 = 0x4e4f_5443;
 /// Immediate data of a SEND that gives the key of one of the sender's pools ([`KeyNotice`]).
 pub const KEYS: u32 = 0x4b45_5953;
 /// Work requests the send queue holds.
 const SEND_DEPTH: u32 = 256;
-/// Receives kept posted: each RDMA WRITE WITH IMMEDIATE takes one too, so this many writes
-/// and messages may be in flight before the sender waits (receiver not ready: it retries,
-/// nothing is lost).
+/// Receives a data channel keeps posted: each RDMA WRITE WITH IMMEDIATE takes one too, so
+/// this many writes and messages may be in flight before the sender waits (receiver not
+/// ready: it retries, nothing is lost).
 const RECV_DEPTH: u32 = 128;
+/// Receives a control channel keeps posted (messages only, a few at a time).
+const CONTROL_RECV_DEPTH: u32 = 32;
 /// Bytes of each posted receive: the largest message (a SendData of a frame no pool element
-/// holds, before the peer's pools are known, is up to 65,536 bytes).
-const RECV_BUF: u32 = splitnet_messaging::wire::MAX_MESSAGE_LEN as u32;
-/// Bytes of the send staging ring: room for several of the largest frames.
+/// holds, before the peer's pools are known, is up to 65,536 bytes), sealed (a control
+/// channel after an authenticated handshake).
+const RECV_BUF: u32 = crate::auth::sealed_len(splitnet_messaging::wire::MAX_MESSAGE_LEN) as u32;
+/// Bytes of a data channel's send staging ring: room for several of the largest frames.
 const STAGE_BYTES: usize = 4 << 20;
-/// Memory a queue pair registers (pins) besides the pool arena: send staging and receives.
-pub const PINNED: u64 = STAGE_BYTES as u64 + RECV_DEPTH as u64 * RECV_BUF as u64;
+/// Bytes of a control channel's: room for several of the largest messages.
+const CONTROL_STAGE_BYTES: usize = 256 << 10;
+/// Memory a host session's queue pairs register (pin) besides the pool arena: send staging
+/// and receives, of its data channel and of its control channel.
+pub const PINNED: u64 = (STAGE_BYTES + CONTROL_STAGE_BYTES) as u64
+    + (RECV_DEPTH + CONTROL_RECV_DEPTH) as u64 * RECV_BUF as u64;
 /// At most this many unsignalled work requests in a row.
 const SIGNAL_EVERY: u64 = 16;
 /// Receives handled before they are posted again with one call (all before sleeping).
@@ -219,6 +229,10 @@ impl KeyNotice {
 pub struct VerbsTransport {
     qp: Qp,
     cq: Cq,
+    /// The connection manager's identifier: its channel says when the peer disconnects.
+    id: Arc<CmId>,
+    /// Readable on a completion (armed) or a connection manager event.
+    bell: Bell,
     stage_mr: Mr,
     recv_mr: Mr,
     /// This side's pools, each registered for the peer's writes on its own (its key told
@@ -231,7 +245,8 @@ pub struct VerbsTransport {
     key_tx: VecDeque<[u8; KEY_NOTICE_LEN]>,
     /// The peer's pools: arena offset, length, key.
     peer_keys: Vec<(u64, u64, u32)>,
-    pools: SharedRegion,
+    /// This side's pool arena (none on a control channel, which carries no writes).
+    pools: Option<SharedRegion>,
     pd: Arc<Pd>,
     peer: Peer,
     domain: DomainId,
@@ -260,6 +275,7 @@ impl Drop for VerbsTransport {
     fn drop(&mut self) {
         tracing::info!(
             qpn = self.qp.qpn(),
+            channel = self.kind(),
             "RDMA queue pair closed: {}",
             self.stats
         );
@@ -285,9 +301,17 @@ fn io_err(msg: String) -> ChannelError {
 
 impl VerbsTransport {
     /// This side's pool arena: the registry lays the session's pools out in it
-    /// ([`Registry::attach_arena`]) before the session starts.
-    pub fn pools(&self) -> SharedRegion {
+    /// ([`Registry::attach_arena`]) before the session starts. None on a control channel.
+    pub fn pools(&self) -> Option<SharedRegion> {
         self.pools.clone()
+    }
+
+    /// What the queue pair carries, for logs: `"data"` or `"control"`.
+    pub fn kind(&self) -> &'static str {
+        match self.pools {
+            Some(_) => "data",
+            None => "control",
+        }
     }
 
     /// Changes the protection domain whose writes this channel carries.
@@ -297,9 +321,10 @@ impl VerbsTransport {
         self.layout = None;
     }
 
-    /// The completion channel's descriptor: readable once an armed queue got a completion.
+    /// What to wait on: readable once an armed queue got a completion, or the connection
+    /// manager has news (the peer disconnected).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.cq.fd()
+        self.bell.fd()
     }
 
     /// The peer's pool arena's length, and the remote key of its pool at arena offset
@@ -316,6 +341,10 @@ impl VerbsTransport {
     /// own, with a key notice for the peer) and deregisters those it freed: a write that
     /// arrives for a freed pool, with its old key, fails in the adapter.
     fn sync_keys(&mut self, reg: &Registry) -> Result<(), ChannelError> {
+        // A control channel takes no writes: none of its pools is registered here.
+        let Some(pools) = self.pools.clone() else {
+            return Ok(());
+        };
         self.watch.get_or_insert_with(|| reg.layout_watch());
         if self.layout == Some(reg.layout()) {
             return Ok(());
@@ -328,7 +357,7 @@ impl VerbsTransport {
             if self.keys.iter().any(|k| k.handle == handle) {
                 continue;
             }
-            let mr = match Mr::shared(&self.pd, self.pools.clone(), off, len) {
+            let mr = match Mr::shared(&self.pd, pools.clone(), off, len) {
                 Ok(mr) => mr,
                 Err(e) => return Err(self.fail(format!("cannot register a pool: {e}"))),
             };
@@ -676,7 +705,7 @@ impl Channel for VerbsTransport {
             let signaled = notice.is_none()
                 && (self.unsignalled >= SIGNAL_EVERY
                     || self.tx.is_empty()
-                    || self.stage.used() > STAGE_BYTES / 2);
+                    || self.stage.used() > self.stage.size() / 2);
             if signaled {
                 self.unsignalled = 0;
             }
@@ -792,7 +821,7 @@ impl Channel for VerbsTransport {
         // Pools registered or freed since the last poll (or none seen yet): poll, which
         // registers them and sends their keys, before sleeping.
         let layout = self.watch.as_ref().map(LayoutWatch::get);
-        if layout.is_none() || layout != self.layout {
+        if self.pools.is_some() && (layout.is_none() || layout != self.layout) {
             return false;
         }
         self.stats.arm += 1;
@@ -810,7 +839,17 @@ impl Channel for VerbsTransport {
 
     fn wake(&mut self) {
         match self.cq.take_events() {
-            Ok(n) => self.stats.events += u64::from(n),
+            Ok(n) if n > 0 => self.stats.events += u64::from(n),
+            // Woken with no completion event: the connection manager's news.
+            Ok(_) => match self.id.ended() {
+                Ok(None) => {}
+                Ok(Some(event)) => {
+                    self.fail(format!("the peer disconnected ({event})"));
+                }
+                Err(e) => {
+                    self.fail(format!("rdma_get_cm_event: {e}"));
+                }
+            },
             Err(e) => {
                 self.fail(format!("ibv_get_cq_event: {e}"));
             }

@@ -7,7 +7,8 @@ use super::device::Context;
 use super::listener::Expected;
 use super::{
     sys, Cq, Endpoint, Mr, Pd, Peer, Qp, Request, Stage, Token, VerbsStats, VerbsTransport,
-    ENDPOINT_LEN, RECV_BUF, RECV_DEPTH, SEND_DEPTH, SETUP_MIN, STAGE_BYTES,
+    CONTROL_RECV_DEPTH, CONTROL_STAGE_BYTES, ENDPOINT_LEN, RECV_BUF, RECV_DEPTH, SEND_DEPTH,
+    SETUP_MIN, STAGE_BYTES,
 };
 use crate::{FabricError, Stream};
 use splitnet_messaging::memory::{DomainId, SharedRegion};
@@ -32,14 +33,25 @@ struct Prepared {
     cq: Cq,
     stage_mr: Mr,
     recv_mr: Mr,
-    pools: SharedRegion,
+    pools: Option<SharedRegion>,
     pd: Arc<Pd>,
+    id: Arc<CmId>,
+}
+
+/// Send staging bytes and receives posted of a queue pair: a data channel's (`pools`: its
+/// arena) or a control channel's.
+fn shape(pools: &Option<SharedRegion>) -> (usize, u32) {
+    match pools {
+        Some(_) => (STAGE_BYTES, RECV_DEPTH),
+        None => (CONTROL_STAGE_BYTES, CONTROL_RECV_DEPTH),
+    }
 }
 
 impl Prepared {
     /// A queue pair on the device `id` resolved to, its memory registered and its
-    /// receives posted.
-    fn new(id: &Arc<CmId>, pools: SharedRegion) -> io::Result<Prepared> {
+    /// receives posted; a data channel's with its pool arena `pools`.
+    fn new(id: &Arc<CmId>, pools: Option<SharedRegion>) -> io::Result<Prepared> {
+        let (stage_bytes, recv_depth) = shape(&pools);
         let ctx = Context::of(id)?;
         let on = |what: &str| {
             let dev = ctx.name().to_string();
@@ -48,20 +60,21 @@ impl Prepared {
         };
         id.set_ack_timeout(ACK_TIMEOUT).map_err(on("ACK timeout"))?;
         let pd = Pd::new(&ctx).map_err(on("protection domain"))?;
-        let cq = Cq::new(&ctx, SEND_DEPTH + RECV_DEPTH).map_err(on("completion queue"))?;
-        let mut qp = Qp::new(id, &pd, &cq, SEND_DEPTH, RECV_DEPTH).map_err(on("queue pair"))?;
-        let stage_mr = Mr::heap(&pd, STAGE_BYTES, sys::Access::Local)?;
+        let cq = Cq::new(&ctx, SEND_DEPTH + recv_depth).map_err(on("completion queue"))?;
+        let mut qp = Qp::new(id, &pd, &cq, SEND_DEPTH, recv_depth).map_err(on("queue pair"))?;
+        let stage_mr = Mr::heap(&pd, stage_bytes, sys::Access::Local)?;
         let recv_mr = Mr::heap(
             &pd,
-            (RECV_DEPTH * RECV_BUF) as usize,
+            (recv_depth * RECV_BUF) as usize,
             sys::Access::LocalWrite,
         )?;
-        let slots: Vec<(u64, usize)> = (0..RECV_DEPTH)
+        let slots: Vec<(u64, usize)> = (0..recv_depth)
             .map(|i| (u64::from(i), (i * RECV_BUF) as usize))
             .collect();
         qp.post_recv(&recv_mr, &slots, RECV_BUF)?;
         Ok(Prepared {
             pd,
+            id: id.clone(),
             cq,
             qp,
             stage_mr,
@@ -72,10 +85,21 @@ impl Prepared {
 
     /// The transport, once the connection is established.
     fn connected(mut self, peer: &Endpoint, domain: DomainId) -> io::Result<VerbsTransport> {
+        // A data channel's peer has pools; a control channel's none.
+        if self.pools.is_some() != (peer.arena_len > 0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the peer's pool arena does not match the channel (a data channel has one, a control channel none)",
+            ));
+        }
         self.qp.set_min_rnr_timer()?;
+        let stage = Stage::new(shape(&self.pools).0);
+        let bell = sys::Bell::new(&[self.cq.fd(), self.id.events_fd()])?;
         Ok(VerbsTransport {
             qp: self.qp,
             cq: self.cq,
+            id: self.id,
+            bell,
             stage_mr: self.stage_mr,
             recv_mr: self.recv_mr,
             keys: Vec::new(),
@@ -96,7 +120,7 @@ impl Prepared {
             tx_bytes: 0,
             tx_bufs: 0,
             done: Vec::new(),
-            stage: Stage::new(STAGE_BYTES),
+            stage,
             next_wr: 1,
             unsignalled: 0,
             batch: Vec::new(),
@@ -113,15 +137,15 @@ impl Prepared {
     }
 }
 
-/// This side's endpoint: its arena and receives, and the token (the IOC's; zero from the
-/// host).
-fn endpoint(pools: &SharedRegion, token: Token) -> Endpoint {
+/// This side's endpoint: its arena (none on a control channel) and receives, and the token
+/// (the IOC's; zero from the host).
+fn endpoint(pools: &Option<SharedRegion>, token: Token) -> Endpoint {
     Endpoint {
         token,
-        arena_addr: sys::region_addr(pools),
-        arena_len: pools.len() as u64,
+        arena_addr: pools.as_ref().map_or(0, sys::region_addr),
+        arena_len: pools.as_ref().map_or(0, |p| p.len() as u64),
         recv_buf: RECV_BUF,
-        recv_depth: RECV_DEPTH,
+        recv_depth: shape(pools).1,
     }
 }
 
@@ -137,11 +161,12 @@ pub(super) fn random_token() -> Token {
 /// The host's side of the set-up, on its data channel's connection once the HelloReply was
 /// read (`unread`: bytes read after it): sends its endpoint, reads the IOC's, and connects
 /// through the connection manager to the IOC's address and port with the IOC's token.
-/// `pools` is the arena the host lays its receive pools out in.
+/// `pools` is the arena a data channel's host lays its receive pools out in (a control
+/// channel: none).
 pub async fn offer(
     sock: Stream,
     unread: Vec<u8>,
-    pools: SharedRegion,
+    pools: Option<SharedRegion>,
     max_arena: u64,
     timeout: Duration,
 ) -> Result<VerbsTransport, FabricError> {
@@ -157,14 +182,14 @@ pub async fn offer(
 }
 
 /// The IOC's side of the set-up, after it sent the HelloReply: reads the host's endpoint,
-/// answers with its own (`pools`: the arena it laid this host's pools out in) and a new
-/// token, and accepts the host's connection request with that token (from the host's
-/// address: see [`listen`](super::listen)).
+/// answers with its own (`pools`: the arena it laid this host's pools out in; none for a
+/// control channel) and a new token, and accepts the host's connection request with that
+/// token (from the host's address: see [`listen`](super::listen)).
 pub async fn accept(
     sock: Stream,
     unread: Vec<u8>,
     domain: DomainId,
-    pools: SharedRegion,
+    pools: Option<SharedRegion>,
     max_arena: u64,
     timeout: Duration,
 ) -> Result<VerbsTransport, FabricError> {
@@ -188,7 +213,7 @@ fn request(
     ip: IpAddr,
     ioc: SocketAddr,
     token: Token,
-    pools: SharedRegion,
+    pools: Option<SharedRegion>,
     deadline: Instant,
 ) -> io::Result<Prepared> {
     let id = Arc::new(CmId::new()?);
@@ -205,7 +230,7 @@ fn request(
 fn answer(
     id: CmId,
     host: SocketAddr,
-    pools: SharedRegion,
+    pools: Option<SharedRegion>,
     deadline: Instant,
 ) -> io::Result<Prepared> {
     let id = Arc::new(id);
@@ -318,16 +343,22 @@ mod tests {
         let mut expected = Expected::new(ip).unwrap();
         let token = expected.token();
 
-        refused(request(ip, ioc, random_token(), a.region(), deadline()));
-        refused(request(alias, ioc, token, a.region(), deadline()));
+        refused(request(
+            ip,
+            ioc,
+            random_token(),
+            Some(a.region()),
+            deadline(),
+        ));
+        refused(request(alias, ioc, token, Some(a.region()), deadline()));
 
-        let region = a.region();
+        let region = Some(a.region());
         let connecting = std::thread::spawn(move || request(ip, ioc, token, region, deadline()));
         let id = rt.block_on(expected.request()).unwrap();
-        let ioc_side = answer(id, host, b.region(), deadline()).unwrap();
+        let ioc_side = answer(id, host, Some(b.region()), deadline()).unwrap();
         let host_side = connecting.join().unwrap().unwrap();
         drop((host_side, ioc_side));
 
-        refused(request(ip, ioc, token, a.region(), deadline()));
+        refused(request(ip, ioc, token, Some(a.region()), deadline()));
     }
 }

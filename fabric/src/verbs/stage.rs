@@ -34,6 +34,11 @@ impl Stage {
         }
     }
 
+    /// Bytes of the ring.
+    pub fn size(&self) -> usize {
+        self.size as usize
+    }
+
     /// Takes `len` contiguous bytes for operation `wr_id` (ids increase), posted as `wrs`
     /// work requests completing under that id; returns their offset, or `None` until
     /// completions free enough.

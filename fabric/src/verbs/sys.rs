@@ -20,7 +20,7 @@ use splitnet_messaging::memory::SharedRegion;
 use std::ffi::CStr;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
@@ -649,4 +649,49 @@ impl Qp {
 /// The address of a pool arena's first byte (what the peer adds a pool's offset to).
 pub fn region_addr(region: &SharedRegion) -> u64 {
     region.words().as_ptr() as u64
+}
+
+/// One descriptor readable while any of several is (an epoll instance, level-triggered,
+/// never waited on itself): a queue pair's completion channel and its connection manager
+/// channel, as the one readiness a channel has.
+#[derive(Debug)]
+pub struct Bell {
+    fd: OwnedFd,
+}
+
+impl Bell {
+    /// A bell for `fds`.
+    pub fn new(fds: &[BorrowedFd<'_>]) -> io::Result<Bell> {
+        // SAFETY: plain call; the descriptor is ours on success.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if raw < 0 {
+            return Err(last_error());
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        for f in fds {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: 0,
+            };
+            // SAFETY: both descriptors are live; `ev` is initialised.
+            let rc = unsafe {
+                libc::epoll_ctl(
+                    raw,
+                    libc::EPOLL_CTL_ADD,
+                    std::os::fd::AsRawFd::as_raw_fd(f),
+                    &mut ev,
+                )
+            };
+            if rc != 0 {
+                return Err(last_error());
+            }
+        }
+        Ok(Bell { fd })
+    }
+
+    /// Its descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
 }
