@@ -12,6 +12,7 @@ ratios, writes bench/out/results.json and bench/out/chart.svg.
 
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
                       [--only direct,vxlan,...]
+    sudo bench/run.py --syscalls [--seconds 5]   # the daemons' system calls per frame (perf)
 
 Needs root, iperf3, sockperf, openvpn, iputils-ping, iproute2, and `cargo build --release` done.
 """
@@ -487,6 +488,62 @@ def svg(results, scaling, path):
         f.write("\n".join(parts))
 
 
+def daemon_pid(name):
+    """The pid of the running daemon `name` (host-driver of the first host, or ioc-driver)."""
+    pat = f"{BIN}/{name} --config" + (" .*sd-bench-host1.sock" if name == "host-driver" else "")
+    return int(sh(f"pgrep -f -n -- '{pat}'").split()[0])
+
+
+def frames(ns="sd-host", dev="sd0"):
+    """Frames sd0 sent and received so far (each GSO frame once: what crosses the fabric)."""
+    st = f"/sys/class/net/{dev}/statistics"
+    return int(sh(f"ip netns exec {ns} cat {st}/tx_packets")) + int(sh(f"ip netns exec {ns} cat {st}/rx_packets"))
+
+
+def syscalls_during(load):
+    """System calls each daemon made while `load()` ran (perf's raw_syscalls tracepoint, all
+    threads), and frames sd0 moved meanwhile: {"host": n, "ioc": n, "frames": n}."""
+    pids = {"host": daemon_pid("host-driver"), "ioc": daemon_pid("ioc-driver")}
+    counters = {k: subprocess.Popen(
+        ["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", str(pid)],
+        stderr=subprocess.PIPE, text=True) for k, pid in pids.items()}
+    time.sleep(0.3)
+    f0 = frames()
+    load()
+    f1 = frames()
+    out = {"frames": f1 - f0}
+    for k, c in counters.items():
+        c.send_signal(signal.SIGINT)
+        err = c.communicate(timeout=10)[1]
+        n = [l.split(",")[0] for l in err.splitlines() if "raw_syscalls:sys_enter" in l]
+        out[k] = int(n[0]) if n and n[0].isdigit() else None
+    return out
+
+
+def syscalls(secs):
+    """System calls per frame of both daemons, over TCP and over shared memory: a sparse ping
+    (every 10 ms, each frame alone), a bulk upload and a bulk download (iperf3). The figure to
+    set beside the verbs calls per frame the RDMA queue pairs log (tests/e2e/50-rdma-vms.sh)."""
+    loads = {
+        "ping every 10 ms": lambda: ping(count=secs * 100, interval=0.01),
+        "upload": lambda: iperf(["sd-host"], secs),
+        "download": lambda: iperf(["sd-host"], secs, reverse=True),
+    }
+    rows = []
+    for mode, setup in (("splitnet", setup_splitnet), ("splitnet-shm", lambda: setup_splitnet(local="shm"))):
+        setup()
+        for name, load in loads.items():
+            r = syscalls_during(load)
+            per = {k: (round(r[k] / r["frames"], 2) if r[k] is not None and r["frames"] else None)
+                   for k in ("host", "ioc")}
+            rows.append({"mode": mode, "load": name, "frames": r["frames"],
+                         "host_per_frame": per["host"], "ioc_per_frame": per["ioc"]})
+            print(f"{mode:<13} {name:<17} frames {r['frames']:>9}  syscalls per frame:"
+                  f" host-driver {per['host']}, ioc-driver {per['ioc']}", flush=True)
+        cleanup()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=5)
@@ -500,6 +557,8 @@ def main():
                     help="the hosts' fabric.spin_max_us (default: the shipped host.toml's)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
                     help="skip the slow-consumer figure")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="only the daemons' system calls per frame (perf), over TCP and shared memory")
     a = ap.parse_args()
     global WORKERS, SPIN_MAX_US
     WORKERS = a.workers
@@ -513,6 +572,17 @@ def main():
         if not os.access(os.path.join(BIN, b), os.X_OK):
             sys.exit(f"missing {BIN}/{b}: run cargo build --release")
     os.makedirs(OUT, exist_ok=True)
+    if a.syscalls:
+        if not shutil.which("perf"):
+            sys.exit("missing tool: perf (apt-get install linux-perf)")
+        try:
+            rows = syscalls(a.seconds)
+        finally:
+            cleanup()
+        with open(os.path.join(OUT, "syscalls.json"), "w") as f:
+            json.dump(rows, f, indent=2)
+        print(f"\nwrote {OUT}/syscalls.json")
+        return
     setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn,
               "splitnet": setup_splitnet,
               "splitnet-plain": lambda: setup_splitnet(plain=True),

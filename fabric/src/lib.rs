@@ -6,8 +6,9 @@
 //!   and [`RegisteredLink`], a link with its registrations.
 //! * [`shm`]: channels in shared memory (on one machine), with all of that transport's
 //!   `unsafe` (mappings, descriptor passing, the doorbell) in its two submodules.
-//! * `verbs` (feature `verbs`, on by default): the data channel over an RDMA queue pair
-//!   (rdma-core), libibverbs loaded at run time.
+//! * `verbs` (feature `verbs`, on by default): both channels over RDMA queue pairs
+//!   (rdma-core), libibverbs and librdmacm loaded at run time.
+//! * [`FabricChannel`]: a link's channel, whichever transport it travels over.
 //!
 //! A [`RegisteredLink`] owns a [`Link`] over two non-blocking stream sockets (channel 0,
 //! control, and channel 1, data: TCP between machines, Unix stream sockets between daemons
@@ -15,8 +16,9 @@
 //! [`RegisteredLink::ready`] and then drive the link until the sockets would block; nothing here
 //! buffers or copies frames.
 //!
-//! `unsafe` is denied but in five places, each with its `// SAFETY:` notes: the two `shm`
-//! submodules, the two `verbs` submodules that call libibverbs (`sys`, `device`), and
+//! `unsafe` is denied but in six places, each with its `// SAFETY:` notes: the two `shm`
+//! submodules, the three `verbs` submodules that call libibverbs and librdmacm (`sys`,
+//! `device`, `cm`), and
 //! [`Ready::new`], whose registration with the reactor tokio declares unsafe (the descriptor
 //! must stay open while registered: it is a duplicate the `Ready` owns).
 
@@ -24,12 +26,14 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+mod channel;
 mod sealed;
 pub mod sealed_stream;
 pub mod shm;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+pub use channel::FabricChannel;
 pub use sealed::SealedConn;
 pub use sealed_stream::SealedStream;
 
@@ -132,173 +136,6 @@ impl AsFd for Stream {
 /// A channel over a non-blocking fabric socket: the handshake, the control channel, and the
 /// data channel unless it uses shared memory.
 pub type StreamConn = StreamChannel<Stream>;
-
-/// A link's channel: over its socket, or (a data channel between daemons on one machine)
-/// over shared memory.
-#[derive(Debug)]
-// The socket channel is the common case and stays inline; the rarer shared-memory one is boxed.
-#[allow(clippy::large_enum_variant)]
-pub enum FabricChannel {
-    /// Over the connection's socket.
-    Stream(StreamConn),
-    /// A control channel after an authenticated handshake, over its socket or an RDMA
-    /// queue pair: every message sealed ([`FabricChannel::sealed`]).
-    Sealed(Box<SealedConn<FabricChannel>>),
-    /// Over shared-memory rings.
-    Shm(Box<shm::ShmTransport>),
-    /// Over an RDMA queue pair.
-    #[cfg(feature = "verbs")]
-    Verbs(Box<verbs::VerbsTransport>),
-}
-
-impl From<StreamConn> for FabricChannel {
-    fn from(c: StreamConn) -> FabricChannel {
-        FabricChannel::Stream(c)
-    }
-}
-
-/// Forwards a [`Channel`] call to whichever transport the channel is.
-macro_rules! each {
-    ($self:expr, $c:ident => $e:expr) => {
-        match $self {
-            FabricChannel::Stream($c) => $e,
-            FabricChannel::Sealed($c) => $e,
-            FabricChannel::Shm($c) => $e,
-            #[cfg(feature = "verbs")]
-            FabricChannel::Verbs($c) => $e,
-        }
-    };
-}
-
-impl Channel for FabricChannel {
-    fn post(&mut self, op: Op, prefix: &[u8], payload: Payload) {
-        each!(self, c => c.post(op, prefix, payload))
-    }
-    fn flush(&mut self) -> Result<bool, ChannelError> {
-        each!(self, c => c.flush())
-    }
-    fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
-        each!(self, c => c.poll_recv(reg))
-    }
-    fn received(&self) -> &[u8] {
-        each!(self, c => c.received())
-    }
-    fn reclaim(&mut self, cache: &mut splitnet_messaging::memory::SendBufCache) {
-        each!(self, c => c.reclaim(cache))
-    }
-    fn pending(&self) -> usize {
-        each!(self, c => c.pending())
-    }
-    fn held_buffers(&self) -> usize {
-        each!(self, c => c.held_buffers())
-    }
-    fn set_writes_allowed(&mut self, allowed: bool) {
-        each!(self, c => c.set_writes_allowed(allowed))
-    }
-    fn close(&mut self, reg: &mut Registry) -> usize {
-        each!(self, c => c.close(reg))
-    }
-    fn prepare_sleep(&mut self) -> bool {
-        each!(self, c => c.prepare_sleep())
-    }
-    fn wake(&mut self) {
-        each!(self, c => c.wake())
-    }
-    fn withdraw(&mut self) {
-        each!(self, c => c.withdraw())
-    }
-    fn input_pending(&mut self) -> bool {
-        each!(self, c => c.input_pending())
-    }
-    fn take_rang_peer(&mut self) -> bool {
-        each!(self, c => c.take_rang_peer())
-    }
-    fn places_writes(&self) -> bool {
-        each!(self, c => c.places_writes())
-    }
-    fn peer_window(
-        &self,
-        addr: u64,
-        len: usize,
-    ) -> Option<splitnet_messaging::memory::SharedBytes<'_>> {
-        each!(self, c => c.peer_window(addr, len))
-    }
-    fn post_placed(&mut self, op: Op, len: u32) {
-        each!(self, c => c.post_placed(op, len))
-    }
-}
-
-impl FabricChannel {
-    /// `ch` (a control channel on its socket or queue pair) with its messages sealed by
-    /// `sealer` from now on.
-    pub fn sealed(mut ch: FabricChannel, sealer: auth::Sealer) -> FabricChannel {
-        // A queue pair's receives already take a sealed message of the largest size.
-        if let FabricChannel::Stream(c) = &mut ch {
-            c.set_max_send(auth::sealed_len(wire::MAX_MESSAGE_LEN));
-        }
-        FabricChannel::Sealed(Box::new(SealedConn::new(ch, sealer)))
-    }
-
-    /// Whether its bytes travel sealed on its socket (a data channel whose host asked).
-    pub fn is_sealed_stream(&self) -> bool {
-        matches!(self, FabricChannel::Stream(c) if matches!(c.stream(), Stream::Sealed(_)))
-    }
-
-    fn set_domain(&mut self, domain: DomainId) {
-        match self {
-            FabricChannel::Stream(c) => c.set_domain(domain),
-            FabricChannel::Sealed(c) => c.conn_mut().set_domain(domain),
-            FabricChannel::Shm(c) => c.set_domain(domain),
-            #[cfg(feature = "verbs")]
-            FabricChannel::Verbs(c) => c.set_domain(domain),
-        }
-    }
-
-    /// This side's pool arena, if the peer places its writes in this side's pools: the
-    /// registry lays the session's pools out in it ([`Registry::attach_arena`]) before the
-    /// session starts.
-    pub fn pools(&self) -> Option<splitnet_messaging::memory::SharedRegion> {
-        match self {
-            FabricChannel::Stream(_) | FabricChannel::Sealed(_) => None,
-            FabricChannel::Shm(t) => t.pools(),
-            #[cfg(feature = "verbs")]
-            FabricChannel::Verbs(t) => t.pools(),
-        }
-    }
-
-    /// Whether the channel is in shared memory or on an RDMA queue pair (its readiness is
-    /// a doorbell or a completion channel, never to be waited on for writing).
-    fn is_shared_memory(&self) -> bool {
-        match self {
-            FabricChannel::Shm(_) => true,
-            #[cfg(feature = "verbs")]
-            FabricChannel::Verbs(_) => true,
-            FabricChannel::Sealed(c) => c.conn().is_shared_memory(),
-            FabricChannel::Stream(_) => false,
-        }
-    }
-
-    /// Whether the channel travels over an RDMA queue pair.
-    pub fn is_verbs(&self) -> bool {
-        #[cfg(feature = "verbs")]
-        if matches!(self, FabricChannel::Verbs(_)) {
-            return true;
-        }
-        false
-    }
-
-    /// What the caller waits on for this channel's progress: its socket, or the doorbell
-    /// (readable also once the peer has gone).
-    fn readiness(&self) -> io::Result<Ready> {
-        match self {
-            FabricChannel::Stream(c) => Ready::new(c.stream()),
-            FabricChannel::Sealed(c) => c.conn().readiness(),
-            FabricChannel::Shm(t) => Ready::new(t.bell()),
-            #[cfg(feature = "verbs")]
-            FabricChannel::Verbs(t) => Ready::new(&t.fd()),
-        }
-    }
-}
 
 /// Opens a TCP connection to `addr`.
 pub async fn dial_tcp(addr: SocketAddr) -> io::Result<Stream> {

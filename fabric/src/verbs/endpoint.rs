@@ -1,7 +1,8 @@
-//! The set-up messages of a data channel over RDMA verbs (docs/protocol.md section 10): what
-//! each side tells the other of its pool arena and receives on the data channel's TCP
-//! connection ([`Endpoint`]), and the private data of the host's connection request
-//! ([`Request`]). Sans-IO; fuzzed (`verbs_endpoint`).
+//! The messages of the verbs binding besides the protocol's own (docs/protocol.md section
+//! 10): what each side tells the other of its pool arena and receives on the channel's TCP
+//! connection ([`Endpoint`]), the private data of the host's connection request
+//! ([`Request`]), and the key notice of a pool ([`KeyNotice`]). Sans-IO; fuzzed
+//! (`verbs_endpoint`).
 //!
 //! | offset | size | field |
 //! |---|---|---|
@@ -177,6 +178,44 @@ impl Endpoint {
     }
 }
 
+/// Bytes of a key notice: the pool's offset in the sender's arena (u64), its length (u64)
+/// and its remote key (u32), big-endian.
+pub const KEY_NOTICE_LEN: usize = 20;
+
+/// A key notice: one of the sender's pools, where it lies in its arena and its remote key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyNotice {
+    /// Offset of the pool in the sender's arena.
+    pub off: u64,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Its remote key.
+    pub rkey: u32,
+}
+
+impl KeyNotice {
+    /// Encodes the notice.
+    pub fn emit(&self) -> [u8; KEY_NOTICE_LEN] {
+        let mut b = [0u8; KEY_NOTICE_LEN];
+        b[0..8].copy_from_slice(&self.off.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// Decodes a notice of a pool inside an arena of `arena_len` bytes; `None` for anything
+    /// else (not 20 bytes, empty, outside the arena).
+    pub fn parse(b: &[u8], arena_len: u64) -> Option<KeyNotice> {
+        let b: &[u8; KEY_NOTICE_LEN] = b.try_into().ok()?;
+        let n = KeyNotice {
+            off: u64::from_be_bytes(b[0..8].try_into().ok()?),
+            len: u64::from_be_bytes(b[8..16].try_into().ok()?),
+            rkey: u32::from_be_bytes(b[16..20].try_into().ok()?),
+        };
+        (n.len > 0 && n.off.checked_add(n.len)? <= arena_len).then_some(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +291,37 @@ mod tests {
             Endpoint::parse(&b[..63], max),
             Err(EndpointError::Length(63))
         );
+    }
+
+    #[test]
+    fn a_key_notice_round_trips_and_must_name_a_pool_of_the_arena() {
+        let n = KeyNotice {
+            off: 4096,
+            len: 8192,
+            rkey: 0xabcd,
+        };
+        assert_eq!(KeyNotice::parse(&n.emit(), 12288), Some(n));
+        // One byte past the arena, empty, or not 20 bytes: refused.
+        assert_eq!(KeyNotice::parse(&n.emit(), 12287), None);
+        let empty = KeyNotice { len: 0, ..n };
+        assert_eq!(KeyNotice::parse(&empty.emit(), 1 << 20), None);
+        let wraps = KeyNotice {
+            off: u64::MAX - 10,
+            ..n
+        };
+        assert_eq!(KeyNotice::parse(&wraps.emit(), u64::MAX), None);
+        assert_eq!(KeyNotice::parse(&n.emit()[..19], 1 << 20), None);
+    }
+
+    proptest! {
+        /// Any bytes: no notice, or one inside the arena that round-trips.
+        #[test]
+        fn any_key_notice_is_refused_or_inside_the_arena(b in proptest::collection::vec(any::<u8>(), 0..24), arena in 1u64..u64::MAX) {
+            if let Some(n) = KeyNotice::parse(&b, arena) {
+                prop_assert!(n.len > 0 && n.off + n.len <= arena);
+                prop_assert_eq!(&n.emit()[..], &b[..]);
+            }
+        }
     }
 
     proptest! {
