@@ -66,24 +66,13 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
             return fabric::refuse($ch, proof.as_deref_mut(), version, $status, timeout).await;
         }};
     }
+    let rdma = ioc.borrow().cfg.fabric.rdma;
+    if let Some(why) = transport_refused(hello.channel, ch.stream(), rdma) {
+        refuse!(ch, ErrorCode::Refused, why);
+    }
     if fabric::is_control(hello.channel) {
-        // A control channel in shared memory needs the local socket; one over verbs TCP,
-        // and an IOC that takes RDMA.
         let shm = hello.channel == fabric::shm::SHM_CONTROL_CHANNEL;
-        if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
-            refuse!(ch, ErrorCode::Refused, "shared memory asked for over TCP");
-        }
         let verbs = hello.channel == fabric::verbs::VERBS_CONTROL_CHANNEL;
-        if verbs && !ioc.borrow().cfg.fabric.rdma {
-            refuse!(
-                ch,
-                ErrorCode::Refused,
-                "RDMA asked for (fabric.rdma is off)"
-            );
-        }
-        if verbs && !matches!(ch.stream(), fabric::Stream::Tcp(_)) {
-            refuse!(ch, ErrorCode::Refused, "RDMA asked for over a local socket");
-        }
         let admitted = {
             let mut st = ioc.borrow_mut();
             if st.stopping {
@@ -155,23 +144,8 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         }
         return;
     }
-    // A data channel over shared memory needs the local socket.
     let shm = hello.channel == fabric::shm::SHM_CHANNEL;
-    if shm && !matches!(ch.stream(), fabric::Stream::Unix(_)) {
-        refuse!(ch, ErrorCode::Refused, "shared memory asked for over TCP");
-    }
-    // One over RDMA verbs is set up on TCP, when this IOC takes them.
-    let verbs = is_verbs(hello.channel);
-    if verbs && !ioc.borrow().cfg.fabric.rdma {
-        refuse!(
-            ch,
-            ErrorCode::Refused,
-            "RDMA asked for (fabric.rdma is off)"
-        );
-    }
-    if verbs && !matches!(ch.stream(), fabric::Stream::Tcp(_)) {
-        refuse!(ch, ErrorCode::Refused, "RDMA asked for over a local socket");
-    }
+    let verbs = hello.channel == fabric::verbs::VERBS_CHANNEL;
     // Its bytes sealed when its host asks (only a data channel on its socket can).
     let seal = proof
         .as_ref()
@@ -344,9 +318,21 @@ async fn shm_channel(
     fabric::shm::accept(sock, domain, wire::MAX_MESSAGE_LEN, arena, timeout).await
 }
 
-/// Whether a Hello's channel number asks for a data channel over RDMA verbs.
-fn is_verbs(channel: u8) -> bool {
-    channel == fabric::verbs::VERBS_CHANNEL
+/// Why a channel cannot travel as its Hello asks, if it cannot: shared memory needs the
+/// local socket; RDMA verbs a TCP connection (its set-up's) and an IOC that takes RDMA.
+fn transport_refused(channel: u8, stream: &fabric::Stream, rdma: bool) -> Option<&'static str> {
+    use fabric::{shm, verbs};
+    let shm = channel == shm::SHM_CONTROL_CHANNEL || channel == shm::SHM_CHANNEL;
+    let verbs = channel == verbs::VERBS_CONTROL_CHANNEL || channel == verbs::VERBS_CHANNEL;
+    let tcp = matches!(stream, fabric::Stream::Tcp(_));
+    match () {
+        _ if shm && !matches!(stream, fabric::Stream::Unix(_)) => {
+            Some("shared memory asked for over TCP")
+        }
+        _ if verbs && !rdma => Some("RDMA asked for (fabric.rdma is off)"),
+        _ if verbs && !tcp => Some("RDMA asked for over a local socket"),
+        _ => None,
+    }
 }
 
 /// Sends the HelloReply of a data channel over verbs, then sets its queue pair up on the

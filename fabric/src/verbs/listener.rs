@@ -33,6 +33,9 @@ static LISTENER: OnceLock<Listener> = OnceLock::new();
 /// the life of the process. Returns what it listens on; fails, saying what is missing, if
 /// it cannot (or already listens elsewhere).
 pub fn listen(addr: SocketAddr) -> Result<String, FabricError> {
+    // One caller at a time binds (a second one finds the listener).
+    static STARTING: Mutex<()> = Mutex::new(());
+    let _one = STARTING.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(l) = LISTENER.get() {
         return match l.addr == Some(addr) {
             true => Ok(format!("{addr}")),

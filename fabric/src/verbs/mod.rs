@@ -87,6 +87,10 @@ pub const PINNED: u64 = (STAGE_BYTES + CONTROL_STAGE_BYTES) as u64
     + (RECV_DEPTH + CONTROL_RECV_DEPTH) as u64 * RECV_BUF as u64;
 /// At most this many unsignalled work requests in a row.
 const SIGNAL_EVERY: u64 = 16;
+/// Longest a queue pair waits with sends outstanding and none completing: a peer that takes
+/// no SEND (keeps no receive posted; the adapter retries without limit) for this long
+/// breaks it, so its session ends instead of holding this side's sends forever.
+const SEND_STALL: Duration = Duration::from_secs(10);
 /// Receives handled before they are posted again with one call (all before sleeping).
 const REPOST_BATCH: usize = 16;
 /// Least time the set-up after the HelloReply may take: registering memory pins it, which
@@ -232,6 +236,10 @@ pub struct VerbsTransport {
     repost: Vec<(u64, usize)>,
     /// Why the queue pair broke, once it did: every later call fails with it.
     failed: Option<String>,
+    /// While sends are outstanding: when one last completed (or the first was posted).
+    progress: Option<std::time::Instant>,
+    /// See [`SEND_STALL`].
+    stall: Duration,
     stats: VerbsStats,
 }
 
@@ -373,6 +381,7 @@ impl VerbsTransport {
     /// Polls the completion queue: send completions give staging back at once; receive
     /// completions wait in `wcs`. A failed completion stops the channel.
     fn reap(&mut self) -> Result<(), ChannelError> {
+        let mut sent = false;
         loop {
             self.scratch.clear();
             let n = self.cq.poll(&mut self.scratch)?;
@@ -394,12 +403,34 @@ impl VerbsTransport {
                 }
                 if wc.wr_id & SEND_BIT != 0 {
                     self.stage.complete(wc.wr_id & !SEND_BIT);
+                    sent = true;
                 } else {
                     self.wcs.push_back(wc);
                 }
             }
             if n < 32 {
-                return Ok(());
+                return self.check_progress(sent);
+            }
+        }
+    }
+
+    /// Notes whether sends made progress (`sent`: one completed); fails once sends have
+    /// been outstanding for [`SEND_STALL`] with none completing.
+    fn check_progress(&mut self, sent: bool) -> Result<(), ChannelError> {
+        if self.stage.outstanding() == 0 {
+            self.progress = None;
+            return Ok(());
+        }
+        match self.progress {
+            Some(t) if !sent && t.elapsed() > self.stall => Err(self.fail(format!(
+                "the peer took no send for {:?} ({} outstanding)",
+                self.stall,
+                self.stage.outstanding()
+            ))),
+            Some(_) if !sent => Ok(()),
+            _ => {
+                self.progress = Some(std::time::Instant::now());
+                Ok(())
             }
         }
     }

@@ -129,6 +129,8 @@ impl Prepared {
             last_recv: None,
             repost: Vec::new(),
             failed: None,
+            progress: None,
+            stall: super::SEND_STALL,
             stats: VerbsStats {
                 post_recv: 1,
                 ..VerbsStats::default()
@@ -311,6 +313,21 @@ mod tests {
         crate::shm::PoolArena::new(c"verbs-cm-test", 1 << 20).unwrap()
     }
 
+    /// The IOC's listener on `ip`, port 7410, and a runtime to wait for requests on.
+    fn listening(ip: IpAddr) -> (SocketAddr, tokio::runtime::Runtime) {
+        let ioc = SocketAddr::new(ip, 7410);
+        super::super::listen(ioc).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        (ioc, rt)
+    }
+
+    fn deadline() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
     fn refused(r: io::Result<Prepared>) -> String {
         let e = r
             .err()
@@ -331,14 +348,8 @@ mod tests {
             env_ip("SPLITNET_VERBS_ADDR"),
             env_ip("SPLITNET_VERBS_ALIAS"),
         );
-        let ioc = SocketAddr::new(ip, 7410);
+        let (ioc, rt) = listening(ip);
         let host = SocketAddr::new(ip, 40000);
-        super::super::listen(ioc).unwrap();
-        let deadline = || Instant::now() + Duration::from_secs(60);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
         let (a, b) = (arena(), arena());
         let mut expected = Expected::new(ip).unwrap();
         let token = expected.token();
@@ -360,5 +371,55 @@ mod tests {
         drop((host_side, ioc_side));
 
         refused(request(ip, ioc, token, Some(a.region()), deadline()));
+    }
+
+    /// A peer that takes no SEND (its application never reposts its receives; its adapter
+    /// answers "receiver not ready" and this side's retries never end) breaks the queue pair
+    /// once sends have been outstanding for the stall time with none completing: the session
+    /// ends instead of holding its sends forever.
+    #[test]
+    #[ignore = "needs an RDMA device holding SPLITNET_VERBS_ADDR (tests/e2e/50-rdma-vms.sh)"]
+    fn a_peer_that_takes_no_send_breaks_the_queue_pair_after_the_stall_time() {
+        use splitnet_messaging::adapter::{Channel, Op, Payload};
+        let ip = env_ip("SPLITNET_VERBS_ADDR");
+        let (ioc, rt) = listening(ip);
+        // Two control channels (no arenas): the IOC's side is never polled.
+        let mut expected = Expected::new(ip).unwrap();
+        let token = expected.token();
+        let connecting = std::thread::spawn(move || request(ip, ioc, token, None, deadline()));
+        let id = rt.block_on(expected.request()).unwrap();
+        let peer = endpoint(&None, [0; 16]);
+        let _ioc_side = answer(id, ioc, None, deadline())
+            .unwrap()
+            .connected(&peer, DomainId(1))
+            .unwrap();
+        let mut host = connecting
+            .join()
+            .unwrap()
+            .unwrap()
+            .connected(&peer, DomainId(0))
+            .unwrap();
+        host.stall = Duration::from_secs(2);
+        let start = Instant::now();
+        let e = loop {
+            for _ in 0..16 {
+                host.post(Op::Send, &[], Payload::Bytes(vec![7; 64]));
+            }
+            if let Err(e) = host.flush() {
+                break e.to_string();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "sends stalled for a minute and the queue pair is still up"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(e.contains("the peer took no send for 2s"), "{e}");
+        // The peer's posted receives took their share first.
+        assert!(
+            host.stats.send_tx >= u64::from(CONTROL_RECV_DEPTH),
+            "{}",
+            host.stats
+        );
     }
 }
