@@ -490,8 +490,12 @@ def svg(results, scaling, path):
 
 def daemon_pid(name):
     """The pid of the running daemon `name` (host-driver of the first host, or ioc-driver)."""
-    pat = f"{BIN}/{name} --config" + (" .*sd-bench-host1.sock" if name == "host-driver" else "")
-    return int(sh(f"pgrep -f -n -- '{pat}'").split()[0])
+    want = "sd-bench-host1.sock" if name == "host-driver" else "sd-bench-ioc.sock"
+    for pid in sh(f"pgrep -x {name}", check=False).split():
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if want.encode() in f.read():
+                return int(pid)
+    raise RuntimeError(f"{name} is not running")
 
 
 def frames(ns="sd-host", dev="sd0"):
@@ -565,7 +569,9 @@ def main():
     SPIN_MAX_US = a.spin_max_us
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
-    for tool in ("iperf3", "ip", "ping", "sockperf") + (("openvpn",) if "openvpn" in a.only else ()):
+    tools = ("iperf3", "ip", "ping") + (("perf",) if a.syscalls else ("sockperf",)) + \
+        (("openvpn",) if "openvpn" in a.only and not a.syscalls else ())
+    for tool in tools:
         if not shutil.which(tool):
             sys.exit(f"missing tool: {tool}")
     for b in ("host-driver", "ioc-driver"):
@@ -573,8 +579,6 @@ def main():
             sys.exit(f"missing {BIN}/{b}: run cargo build --release")
     os.makedirs(OUT, exist_ok=True)
     if a.syscalls:
-        if not shutil.which("perf"):
-            sys.exit("missing tool: perf (apt-get install linux-perf)")
         try:
             rows = syscalls(a.seconds)
         finally:
