@@ -80,6 +80,10 @@ local CFG_CODES = {
 local ROLES = { [1] = "host", [2] = "IOC" }
 local CHANNELS = { [0] = "control" }
 for i = 1, 16 do CHANNELS[i] = "data" end
+CHANNELS[3] = "control, in shared memory"
+CHANNELS[2] = "data, in shared memory"
+CHANNELS[4] = "data, over an RDMA queue pair"
+CHANNELS[5] = "control, over an RDMA queue pair"
 local GSO_TYPES = { [0] = "none", [1] = "TCPv4", [3] = "UDP", [4] = "TCPv6", [5] = "UDP_L4" }
 local LINK_STATES = { [0] = "down", [1] = "up" }
 local ONOFF = { [0] = "off", [1] = "on" }
