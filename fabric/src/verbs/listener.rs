@@ -20,11 +20,11 @@ struct Waiting {
     tx: oneshot::Sender<CmId>,
 }
 
-/// The set-ups waiting, by token.
+/// The set-ups waiting, by token; `None` once the listener stopped.
 #[derive(Default)]
 struct Listener {
     addr: Option<SocketAddr>,
-    waiting: Mutex<HashMap<Token, Waiting>>,
+    waiting: Mutex<Option<HashMap<Token, Waiting>>>,
 }
 
 static LISTENER: OnceLock<Listener> = OnceLock::new();
@@ -53,7 +53,7 @@ pub fn listen(addr: SocketAddr) -> Result<String, FabricError> {
     };
     let l = LISTENER.get_or_init(|| Listener {
         addr: Some(addr),
-        ..Listener::default()
+        waiting: Mutex::new(Some(HashMap::new())),
     });
     std::thread::Builder::new()
         .name("rdma-listen".into())
@@ -72,20 +72,22 @@ fn serve(l: &'static Listener, id: CmId) {
     loop {
         let e = match id.next_event() {
             Ok(e) => e,
-            Err(e) => {
-                tracing::error!("RDMA listener: {e}; no more RDMA connections");
-                return;
-            }
+            Err(e) => return stop(l, &e.to_string()),
         };
         let Some(req) = e.request else {
             // A request's identifier is adopted at once: nothing else comes here but the
-            // listener's own events (a device removed).
-            tracing::warn!("RDMA listener: {}", super::cm::event_name(e.kind));
+            // listener's own events: its device removed ends it.
+            let what = super::cm::event_name(e.kind);
+            if e.kind == rdma_mummy_sys::rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL {
+                return stop(l, &what);
+            }
+            tracing::warn!("RDMA listener: {what}");
             continue;
         };
         let peer = req.peer_ip();
         let waiting = {
             let mut w = l.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(w) = w.as_mut() else { return };
             match Request::parse(&e.private).map(|r| (r.token, w.get(&r.token))) {
                 // Only from the address the token went to: one who saw it elsewhere
                 // cannot take the host's place, nor end its set-up.
@@ -108,6 +110,12 @@ fn serve(l: &'static Listener, id: CmId) {
         // A set-up that gave up meanwhile drops it: destroyed, the host's request fails.
         let _ = w.tx.send(id);
     }
+}
+
+/// Ends the listener for `why`: the set-ups waiting fail at once, later ones at their start.
+fn stop(l: &Listener, why: &str) {
+    tracing::error!("RDMA listener: {why}; no more RDMA connections");
+    l.waiting.lock().unwrap_or_else(|p| p.into_inner()).take();
 }
 
 /// Refused connection requests, reported at most once a second (anyone who reaches the
@@ -147,7 +155,9 @@ impl Drop for Expected {
     fn drop(&mut self) {
         if let Some(l) = LISTENER.get() {
             let mut w = l.waiting.lock().unwrap_or_else(|p| p.into_inner());
-            w.remove(&self.token);
+            if let Some(w) = w.as_mut() {
+                w.remove(&self.token);
+            }
         }
     }
 }
@@ -162,6 +172,11 @@ impl Expected {
         };
         let (tx, rx) = oneshot::channel();
         let mut w = l.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(w) = w.as_mut() else {
+            return Err(FabricError::Verbs(
+                "the RDMA listener stopped (see the log)".into(),
+            ));
+        };
         let token = loop {
             let t = super::random_token();
             if !w.contains_key(&t) {

@@ -734,6 +734,15 @@ impl Channel for VerbsTransport {
                 None => Ok(self.tx.is_empty()),
             };
         }
+        // The last of a batch is signalled, also when the batch stopped early (staging full,
+        // a key awaited): otherwise nothing might ever complete it and its staging, and the
+        // ring would stay full.
+        if let Some(last) = self.batch.last_mut() {
+            if !last.signaled {
+                last.signaled = true;
+                self.unsignalled = 0;
+            }
+        }
         self.stats.post_send += 1;
         let posted = self.qp.post_send(&self.stage_mr, &self.batch);
         if let Err(e) = posted {
@@ -834,19 +843,21 @@ impl Channel for VerbsTransport {
 
     fn wake(&mut self) {
         match self.cq.take_events() {
-            Ok(n) if n > 0 => self.stats.events += u64::from(n),
-            // Woken with no completion event: the connection manager's news.
-            Ok(_) => match self.id.ended() {
-                Ok(None) => {}
-                Ok(Some(event)) => {
-                    self.fail(format!("the peer disconnected ({event})"));
-                }
-                Err(e) => {
-                    self.fail(format!("rdma_get_cm_event: {e}"));
-                }
-            },
+            Ok(n) => self.stats.events += u64::from(n),
             Err(e) => {
                 self.fail(format!("ibv_get_cq_event: {e}"));
+            }
+        }
+        // The connection manager's news too, at every wake-up: the reactor reports the bell
+        // once for both descriptors, so a disconnect that came with completions would wait
+        // for the next wake-up otherwise.
+        match self.id.ended() {
+            Ok(None) => {}
+            Ok(Some(event)) => {
+                self.fail(format!("the peer disconnected ({event})"));
+            }
+            Err(e) => {
+                self.fail(format!("rdma_get_cm_event: {e}"));
             }
         }
     }

@@ -199,7 +199,9 @@ pub async fn accept(
     let deadline = Instant::now() + timeout.max(SETUP_MIN);
     let work = async {
         let peer = read_endpoint(&mut s, unread, max_arena).await?;
-        let mut expected = Expected::new(host.ip())?;
+        // An IPv4 host on a dual-stack listener is ::ffff:a.b.c.d there, and a.b.c.d to the
+        // connection manager.
+        let mut expected = Expected::new(host.ip().to_canonical())?;
         s.write_all(&endpoint(&pools, expected.token()).emit())
             .await?;
         let id = expected.request().await?;
