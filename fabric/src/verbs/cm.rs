@@ -347,7 +347,7 @@ impl CmId {
     }
 
     /// Resolves `dst` to a device and a path, from `src` (the interface the TCP connection
-    /// uses), `timeout_ms` for each of the two steps.
+    /// uses), both steps before `deadline`.
     pub fn resolve(&self, src: IpAddr, dst: SocketAddr, deadline: Instant) -> io::Result<()> {
         let ms = |d: Instant| {
             let left = d.saturating_duration_since(Instant::now()).as_millis();

@@ -5,6 +5,7 @@
 
 use super::cm::CmId;
 use super::endpoint::{Request, Token};
+use super::setup::{random_token, verbs_err};
 use crate::FabricError;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -20,10 +21,10 @@ struct Waiting {
     tx: oneshot::Sender<CmId>,
 }
 
-/// The set-ups waiting, by token; `None` once the listener stopped.
-#[derive(Default)]
+/// The address listened on, and the set-ups waiting, by token (`None` once the listener
+/// stopped).
 struct Listener {
-    addr: Option<SocketAddr>,
+    addr: SocketAddr,
     waiting: Mutex<Option<HashMap<Token, Waiting>>>,
 }
 
@@ -37,22 +38,22 @@ pub fn listen(addr: SocketAddr) -> Result<String, FabricError> {
     static STARTING: Mutex<()> = Mutex::new(());
     let _one = STARTING.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(l) = LISTENER.get() {
-        return match l.addr == Some(addr) {
+        return match l.addr == addr {
             true => Ok(format!("{addr}")),
             false => Err(FabricError::Verbs(format!(
-                "already taking RDMA connections on {:?}",
+                "already taking RDMA connections on {}",
                 l.addr
             ))),
         };
     }
-    let id = CmId::new().map_err(verbs)?;
-    id.listen(addr, BACKLOG).map_err(verbs)?;
+    let id = CmId::new().map_err(verbs_err)?;
+    id.listen(addr, BACKLOG).map_err(verbs_err)?;
     let what = match id.device_name() {
         Some(dev) => format!("{addr} on {dev}"),
         None => format!("{addr} on every RDMA device"),
     };
     let l = LISTENER.get_or_init(|| Listener {
-        addr: Some(addr),
+        addr,
         waiting: Mutex::new(Some(HashMap::new())),
     });
     std::thread::Builder::new()
@@ -60,10 +61,6 @@ pub fn listen(addr: SocketAddr) -> Result<String, FabricError> {
         .spawn(move || serve(l, id))
         .map_err(|e| FabricError::Verbs(format!("cannot start the RDMA listener: {e}")))?;
     Ok(what)
-}
-
-fn verbs(e: std::io::Error) -> FabricError {
-    FabricError::Verbs(e.to_string())
 }
 
 /// The listener's thread: hands each connection request over, refuses the rest.
@@ -178,7 +175,7 @@ impl Expected {
             ));
         };
         let token = loop {
-            let t = super::random_token();
+            let t = random_token();
             if !w.contains_key(&t) {
                 break t;
             }

@@ -1,10 +1,11 @@
-//! A data channel over RDMA verbs (rdma-core: InfiniBand, RoCE, iWARP, Soft-RoCE).
+//! A link's channels over RDMA verbs (rdma-core: InfiniBand, RoCE, iWARP, Soft-RoCE), each on
+//! an RC queue pair of its own.
 //!
-//! A host whose `fabric.ioc` is `rdma:ADDR:PORT` opens its control channel over TCP as usual
-//! and its data channel's connection with a Hello naming [`VERBS_CHANNEL`]. After the
-//! HelloReply each side tells the other, on that connection, its pool arena and receives
-//! ([`Endpoint`]), the IOC with a token; the host then connects a queue pair through the RDMA
-//! connection manager to the IOC's address and port, its request carrying the token
+//! A host whose `fabric.ioc` is `rdma:ADDR:PORT` opens each channel's connection over TCP with
+//! a Hello naming [`VERBS_CONTROL_CHANNEL`] or [`VERBS_CHANNEL`]. After the HelloReply each
+//! side tells the other, on that connection, its pool arena (none on a control channel) and
+//! receives ([`Endpoint`]), the IOC with a token; the host then connects a queue pair through
+//! the RDMA connection manager to the IOC's address and port, its request carrying the token
 //! ([`Request`]), and the IOC's listener ([`listen`]) hands the request to the set-up that
 //! sent it. The connection is then closed; everything travels over the queue pair
 //! (docs/protocol.md section 10):
@@ -41,7 +42,6 @@ pub use listener::listen;
 pub use setup::{accept, offer};
 
 use cm::CmId;
-use setup::random_token;
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, OpHeader, Payload, RxCompletion, RxError, MAX_PREFIX, OP_HEADER_LEN,
 };

@@ -255,7 +255,8 @@ async fn within<T>(
         .map_err(|_| FabricError::Timeout(left))?
 }
 
-fn verbs_err(e: io::Error) -> FabricError {
+/// An I/O error of the verbs calls as a fabric error.
+pub(super) fn verbs_err(e: io::Error) -> FabricError {
     FabricError::Verbs(e.to_string())
 }
 
