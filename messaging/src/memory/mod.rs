@@ -14,8 +14,8 @@ pub use arena::{Arena, SharedRegion, ARENA_ALIGN};
 pub use frame::{Frame, SharedBytes};
 pub use handle::{Access, DomainId, Handle};
 pub use registry::{
-    arena_offset, LayoutWatch, Placement, ProtectionError, RegionSpec, Registry, RegistryError,
-    RegistryStats,
+    arena_offset, GrantEvent, LayoutWatch, Placement, ProtectionError, RegionSpec, Registry,
+    RegistryError, RegistryStats,
 };
 pub use sendbuf::{CacheStats, SendBuf, SendBufCache};
 pub use shared::{HeapShared, MemError, SharedMem};

@@ -256,6 +256,16 @@ struct Slot {
     region: Option<Region>,
 }
 
+/// What happened to a grant in a domain whose grants are logged ([`Registry::log_grants`]):
+/// what an adapter that opens a memory window per granted element follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantEvent {
+    /// The element was granted to the peer.
+    Granted(Handle, u32),
+    /// Every outstanding grant of the region was withdrawn.
+    Revoked(Handle),
+}
+
 /// Counters kept by the registry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RegistryStats {
@@ -275,13 +285,17 @@ pub struct Registry {
     stats: RegistryStats,
     /// Pool arenas, by the domain whose regions they hold.
     arenas: Vec<(DomainId, Arena)>,
-    /// Regions registered or freed since creation: a transport that mirrors the regions
-    /// (one adapter registration per pool) looks again when it changes.
+    /// Regions registered or freed since creation, and grants in logged domains: a
+    /// transport that mirrors the regions (one adapter registration per pool, or a window
+    /// per granted element) looks again when it changes.
     layout: LayoutWatch,
+    /// Domains whose grants are logged, and the log, oldest first.
+    logged: Vec<DomainId>,
+    grant_log: Vec<(DomainId, GrantEvent)>,
 }
 
-/// The count of regions registered and freed ([`Registry::layout`]), readable without the
-/// registry: a transport that mirrors the regions holds one to know, before it sleeps,
+/// The count of regions registered and freed, and of grants logged ([`Registry::layout`]),
+/// readable without the registry: a transport that mirrors the regions holds one to know, before it sleeps,
 /// whether it must look again.
 #[derive(Debug, Clone, Default)]
 pub struct LayoutWatch(Arc<std::sync::atomic::AtomicU64>);
@@ -317,6 +331,8 @@ impl Registry {
             stats: RegistryStats::default(),
             arenas: Vec::new(),
             layout: LayoutWatch::default(),
+            logged: Vec::new(),
+            grant_log: Vec::new(),
         }
     }
 
@@ -341,9 +357,11 @@ impl Registry {
     }
 
     /// Forgets `domain`'s arena (its peer is gone); regions still in it keep their memory
-    /// until they are deregistered.
+    /// until they are deregistered. Its grants are no longer logged.
     pub fn detach_arena(&mut self, domain: DomainId) {
         self.arenas.retain(|(d, _)| *d != domain);
+        self.logged.retain(|d| *d != domain);
+        self.grant_log.retain(|(d, _)| *d != domain);
     }
 
     fn arena_mut(&mut self, domain: DomainId) -> Option<&mut Arena> {
@@ -495,13 +513,46 @@ impl Registry {
         if r.quiescing {
             return Err(RegistryError::Quiescing(handle));
         }
+        let domain = r.domain;
         match r.granted.get_mut(element as usize) {
-            Some(g) => {
-                *g = true;
-                Ok(())
-            }
-            None => Err(RegistryError::NoSuchElement { handle, element }),
+            Some(g) => *g = true,
+            None => return Err(RegistryError::NoSuchElement { handle, element }),
         }
+        self.log(domain, GrantEvent::Granted(handle, element));
+        Ok(())
+    }
+
+    /// Logs `event` if `domain`'s grants are logged.
+    fn log(&mut self, domain: DomainId, event: GrantEvent) {
+        if self.logged.contains(&domain) {
+            self.grant_log.push((domain, event));
+            self.layout.bump();
+        }
+    }
+
+    /// Logs `domain`'s grants and revocations from now on, for [`Registry::take_grants`]
+    /// (an adapter that opens a memory window per granted element). The log holds what the
+    /// domain's own polls have not taken yet: grants follow the writes it delivered.
+    pub fn log_grants(&mut self, domain: DomainId) {
+        if !self.logged.contains(&domain) {
+            self.logged.push(domain);
+        }
+    }
+
+    /// Moves `domain`'s logged grant events, oldest first, to `out`.
+    pub fn take_grants(&mut self, domain: DomainId, out: &mut Vec<GrantEvent>) {
+        self.grant_log.retain(|&(d, e)| {
+            if d == domain {
+                out.push(e);
+            }
+            d != domain
+        });
+    }
+
+    /// Bytes of each element of a live region, and how many it has.
+    pub fn geometry(&self, handle: Handle) -> Option<(u32, u32)> {
+        let r = self.region(handle).ok()?;
+        Some((r.element_size, r.element_count))
     }
 
     /// True when `element` is granted to the peer and not yet written.
@@ -521,7 +572,10 @@ impl Registry {
 
     /// Withdraws every outstanding grant of the region.
     pub fn revoke_all(&mut self, handle: Handle) -> Result<(), RegistryError> {
-        self.region_mut(handle)?.granted.fill(false);
+        let r = self.region_mut(handle)?;
+        r.granted.fill(false);
+        let domain = r.domain;
+        self.log(domain, GrantEvent::Revoked(handle));
         Ok(())
     }
 

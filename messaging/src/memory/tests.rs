@@ -436,3 +436,59 @@ fn the_layout_count_moves_with_every_region_and_arena_regions_are_listed() {
     assert_eq!(watch.get(), before + 4, "the watch follows the registry");
     assert!(reg.arena_regions(PD_A).is_empty());
 }
+
+/// Grants and revocations are logged for a domain that asked, in order, for that domain
+/// only, each bumping the layout count; taking them empties the log.
+#[test]
+fn grants_are_logged_only_for_domains_that_ask() {
+    let mut reg = Registry::new(1 << 20);
+    let (d1, d2) = (DomainId(1), DomainId(2));
+    let before = pool(&mut reg, d1, Access::REMOTE_WRITE, false);
+    reg.log_grants(d1);
+    reg.log_grants(d1);
+    let layout = reg.layout();
+    let h1 = pool(&mut reg, d1, Access::REMOTE_WRITE, false);
+    // Registered (1) and its four elements granted (4).
+    assert_eq!(reg.layout(), layout + 5);
+    let h2 = pool(&mut reg, d2, Access::REMOTE_WRITE, false);
+    let mut out = Vec::new();
+    reg.take_grants(d1, &mut out);
+    assert_eq!(
+        out,
+        (0..4)
+            .map(|e| GrantEvent::Granted(h1, e))
+            .collect::<Vec<_>>()
+    );
+    let layout = reg.layout();
+    reg.grant(h2, 0).unwrap();
+    assert_eq!(reg.layout(), layout, "an unlogged domain's grant");
+    reg.grant(h1, 3).unwrap();
+    reg.grant(before, 1).unwrap();
+    reg.revoke_all(h1).unwrap();
+    assert_eq!(reg.layout(), layout + 3);
+    assert!(reg.grant(h1, 99).is_err());
+    out.clear();
+    reg.take_grants(d2, &mut out);
+    assert!(out.is_empty());
+    reg.take_grants(d1, &mut out);
+    assert_eq!(
+        out,
+        [
+            GrantEvent::Granted(h1, 3),
+            GrantEvent::Granted(before, 1),
+            GrantEvent::Revoked(h1)
+        ]
+    );
+    out.clear();
+    reg.take_grants(d1, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(reg.geometry(h1), Some((256, 4)));
+    reg.deregister(h1).unwrap();
+    assert_eq!(reg.geometry(h1), None);
+    // A domain whose peer is gone logs nothing more and keeps nothing logged.
+    reg.grant(before, 2).unwrap();
+    reg.detach_arena(d1);
+    reg.grant(before, 3).unwrap();
+    reg.take_grants(d1, &mut out);
+    assert!(out.is_empty());
+}
