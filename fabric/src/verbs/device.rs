@@ -32,6 +32,17 @@ impl Context {
         }))
     }
 
+    /// Whether the device has memory windows (type 1, bound with `ibv_bind_mw`): then each
+    /// granted element gets a window of its own. A query that fails counts as no.
+    pub fn has_windows(&self) -> bool {
+        // SAFETY: zero is a valid ibv_device_attr; the context is open.
+        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `attr` is written by the call.
+        let rc = unsafe { ffi::ibv_query_device(self.ctx.as_ptr(), &mut attr) };
+        let flag = ffi::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW.0;
+        rc == 0 && attr.device_cap_flags & flag != 0
+    }
+
     /// The device's name (`rxe0`, `mlx5_0`).
     pub fn name(&self) -> &str {
         &self.name

@@ -214,6 +214,17 @@ impl KeyNotice {
         };
         (n.len > 0 && n.off.checked_add(n.len)? <= arena_len).then_some(n)
     }
+
+    /// Decodes a SEND of one or more notices back to back; `None` unless every one is a
+    /// notice [`KeyNotice::parse`] takes (an empty SEND or a partial notice included).
+    pub fn parse_list(b: &[u8], arena_len: u64) -> Option<Vec<KeyNotice>> {
+        if b.is_empty() || !b.len().is_multiple_of(KEY_NOTICE_LEN) {
+            return None;
+        }
+        b.chunks_exact(KEY_NOTICE_LEN)
+            .map(|c| KeyNotice::parse(c, arena_len))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -311,6 +322,27 @@ mod tests {
         };
         assert_eq!(KeyNotice::parse(&wraps.emit(), u64::MAX), None);
         assert_eq!(KeyNotice::parse(&n.emit()[..19], 1 << 20), None);
+    }
+
+    #[test]
+    fn a_list_of_notices_is_taken_whole_or_not_at_all() {
+        let a = KeyNotice {
+            off: 0,
+            len: 2048,
+            rkey: 1,
+        };
+        let b = KeyNotice {
+            off: 2048,
+            len: 2048,
+            rkey: 2,
+        };
+        let mut bytes = [a.emit(), b.emit()].concat();
+        assert_eq!(KeyNotice::parse_list(&bytes, 4096), Some(vec![a, b]));
+        // The second outside the arena, a partial third, none: refused.
+        assert_eq!(KeyNotice::parse_list(&bytes, 4095), None);
+        bytes.push(0);
+        assert_eq!(KeyNotice::parse_list(&bytes, 4096), None);
+        assert_eq!(KeyNotice::parse_list(&[], 4096), None);
     }
 
     proptest! {

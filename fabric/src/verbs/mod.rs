@@ -20,6 +20,10 @@
 //!   BufferRDMAIndicate follows as a message, as on every transport.
 //! * SEND: messages, into receives each side keeps posted.
 //!
+//! Each side registers its pools on its own and tells the peer their keys ([`KEYS`]), or,
+//! with windows (opt-in, [`WINDOWS`]), binds a window over each element it grants and
+//! closes it when the write into it is read (seed 004's one-touch grant).
+//!
 //! The device is the one the connection manager resolves the address to, so none is
 //! configured. librdmacm and libibverbs are loaded when first needed: without rdma-core
 //! only an `rdma:` address fails, with an error that names what is missing.
@@ -29,19 +33,25 @@ mod cm;
 #[allow(unsafe_code)]
 mod device;
 mod endpoint;
+mod grants;
+mod keys;
 mod listener;
 mod setup;
 mod stage;
+mod stats;
 #[allow(unsafe_code)]
 mod sys;
+mod windows;
 
 pub use endpoint::{
     Endpoint, EndpointError, KeyNotice, Request, Token, ENDPOINT_LEN, KEY_NOTICE_LEN, REQUEST_LEN,
 };
 pub use listener::listen;
 pub use setup::{accept, offer};
+pub use stats::VerbsStats;
 
 use cm::CmId;
+use keys::PeerKeys;
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, OpHeader, Payload, RxCompletion, RxError, MAX_PREFIX, OP_HEADER_LEN,
 };
@@ -55,7 +65,8 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
-use sys::{Bell, Cq, Mr, Pd, Qp, SendKind, SendWr, Wc};
+use sys::{Bell, Cq, Mr, Mw, Pd, Qp, SendKind, SendWr, Wc};
+use windows::Windows;
 
 /// Channel number a data channel's Hello names to travel over an RDMA queue pair.
 pub const VERBS_CHANNEL: u8 = 4;
@@ -63,8 +74,11 @@ pub const VERBS_CHANNEL: u8 = 4;
 pub const VERBS_CONTROL_CHANNEL: u8 = 5;
 /// Immediate data of a SEND that carries the operation header of the RDMA WRITE before it.
 pub const NOTICE: u32 = 0x4e4f_5443;
-/// Immediate data of a SEND that gives the key of one of the sender's pools ([`KeyNotice`]).
+/// Immediate data of a SEND that gives the keys of the sender's pools ([`KeyNotice`]s).
 pub const KEYS: u32 = 0x4b45_5953;
+/// Immediate data of a SEND that gives the window keys of elements the sender granted
+/// ([`KeyNotice`]s, each opening one element for one write).
+pub const WINDOWS: u32 = 0x574e_4457;
 /// Work requests the send queue holds.
 const SEND_DEPTH: u32 = 256;
 /// Receives a data channel keeps posted: each RDMA WRITE WITH IMMEDIATE takes one too, so
@@ -133,68 +147,22 @@ struct Peer {
     recv_buf: u32,
 }
 
-/// What a queue pair did: the verbs calls it made and the operations it carried. Logged
-/// when the channel ends; per frame, this is what predicts the cost on an RDMA NIC.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VerbsStats {
-    /// RDMA WRITE WITH IMMEDIATE posted.
-    pub write_imm_tx: u64,
-    /// Plain RDMA WRITE posted (each with its notice).
-    pub write_tx: u64,
-    /// SENDs posted (messages).
-    pub send_tx: u64,
-    /// RDMA WRITE WITH IMMEDIATE received.
-    pub write_imm_rx: u64,
-    /// Plain RDMA WRITE received (by their notices).
-    pub write_rx: u64,
-    /// SENDs received.
-    pub send_rx: u64,
-    /// `ibv_post_send` calls (each rings the adapter's doorbell once).
-    pub post_send: u64,
-    /// `ibv_post_recv` calls.
-    pub post_recv: u64,
-    /// `ibv_poll_cq` calls.
-    pub poll_cq: u64,
-    /// Completions polled.
-    pub completions: u64,
-    /// `ibv_req_notify_cq` calls (arming before a sleep).
-    pub arm: u64,
-    /// Completion events read from the channel (wake-ups).
-    pub events: u64,
-}
-
-impl std::fmt::Display for VerbsStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "write_imm_tx={} write_tx={} send_tx={} write_imm_rx={} write_rx={} send_rx={} \
-             post_send={} post_recv={} poll_cq={} completions={} arm={} events={}",
-            self.write_imm_tx,
-            self.write_tx,
-            self.send_tx,
-            self.write_imm_rx,
-            self.write_rx,
-            self.send_rx,
-            self.post_send,
-            self.post_recv,
-            self.poll_cq,
-            self.completions,
-            self.arm,
-            self.events
-        )
-    }
-}
-
 /// One of this side's pools registered for the peer's writes.
 struct PoolKey {
     handle: Handle,
+    /// Offset in the arena, bytes of each element.
+    off: u64,
+    element_size: u32,
     /// Its registration: dropped, it is deregistered.
-    _mr: Mr,
+    mr: Mr,
 }
 
-/// A channel over an RC queue pair. Fields drop in order: the queue pair before the
-/// completion queue and the memory regions it uses, all before their protection domain.
+/// A channel over an RC queue pair. Fields drop in order: the memory windows (each bound
+/// one holds its queue pair, which the adapter cannot destroy while it does), the queue
+/// pair before the completion queue and the memory regions it uses, all before their
+/// protection domain.
 pub struct VerbsTransport {
+    mws: Vec<Mw>,
     qp: Qp,
     cq: Cq,
     /// The connection manager's identifier: its channel says when the peer disconnects.
@@ -203,16 +171,23 @@ pub struct VerbsTransport {
     bell: Bell,
     stage_mr: Mr,
     recv_mr: Mr,
-    /// This side's pools, each registered for the peer's writes on its own (its key told
-    /// the peer in a key notice), and the registry's layout they mirror.
+    /// Where the device has memory windows (a data channel): which granted element each
+    /// of this side's windows (`mws`) is bound over.
+    windows: Option<Windows>,
+    /// This side's pools, each registered on its own, and the registry's layout they
+    /// mirror. Without windows the peer writes a pool with its key (told in a key notice).
     keys: Vec<PoolKey>,
+    /// Pools freed whose registrations wait for their windows' invalidations to complete:
+    /// the id of the last work request posted before, once posted.
+    retired: Vec<(Option<u64>, PoolKey)>,
     layout: Option<u64>,
     /// The registry's layout count, for [`Channel::prepare_sleep`] (no registry there).
     watch: Option<LayoutWatch>,
-    /// Key notices to send.
-    key_tx: VecDeque<[u8; KEY_NOTICE_LEN]>,
-    /// The peer's pools: arena offset, length, key.
-    peer_keys: Vec<(u64, u64, u32)>,
+    /// Notices to send: pool keys, and window keys of windows whose binds are posted.
+    key_tx: Vec<[u8; KEY_NOTICE_LEN]>,
+    window_tx: Vec<[u8; KEY_NOTICE_LEN]>,
+    /// The keys the peer told.
+    peer_keys: PeerKeys,
     /// This side's pool arena (none on a control channel, which carries no writes).
     pools: Option<SharedRegion>,
     pd: Arc<Pd>,
@@ -248,6 +223,7 @@ impl Drop for VerbsTransport {
         tracing::info!(
             qpn = self.qp.qpn(),
             channel = self.kind(),
+            windows = self.mws.len(),
             "RDMA queue pair closed: {}",
             self.stats
         );
@@ -260,6 +236,13 @@ impl std::fmt::Debug for VerbsTransport {
             .field("qpn", &self.qp.qpn())
             .field("domain", &self.domain)
             .field("pending", &self.tx_bytes)
+            .field("ops", &self.tx.len())
+            .field("outstanding", &self.stage.outstanding())
+            .field("notices", &(self.key_tx.len(), self.window_tx.len()))
+            .field("window_ops", &self.windows.as_ref().map(Windows::pending))
+            .field("windows", &self.mws.len())
+            .field("peer_keys", &self.peer_keys.len())
+            .field("stats", &self.stats)
             .finish()
     }
 }
@@ -302,42 +285,7 @@ impl VerbsTransport {
     /// The peer's pool arena's length, and the remote key of its pool at arena offset
     /// `off`, once its key notice came.
     pub fn peer_key(&self, off: u64) -> (u64, Option<u32>) {
-        let key = self
-            .peer_keys
-            .iter()
-            .find(|k| k.0 <= off && off < k.0 + k.1);
-        (self.peer.arena_len, key.map(|k| k.2))
-    }
-
-    /// Registers this side's pools that the registry added since the last look (each on its
-    /// own, with a key notice for the peer) and deregisters those it freed: a write that
-    /// arrives for a freed pool, with its old key, fails in the adapter.
-    fn sync_keys(&mut self, reg: &Registry) -> Result<(), ChannelError> {
-        // A control channel takes no writes: none of its pools is registered here.
-        let Some(pools) = self.pools.clone() else {
-            return Ok(());
-        };
-        self.watch.get_or_insert_with(|| reg.layout_watch());
-        if self.layout == Some(reg.layout()) {
-            return Ok(());
-        }
-        self.layout = Some(reg.layout());
-        let now = reg.arena_regions(self.domain);
-        self.keys
-            .retain(|k| now.iter().any(|(h, ..)| *h == k.handle));
-        for (handle, off, len) in now {
-            if self.keys.iter().any(|k| k.handle == handle) {
-                continue;
-            }
-            let mr = match Mr::shared(&self.pd, pools.clone(), off, len) {
-                Ok(mr) => mr,
-                Err(e) => return Err(self.fail(format!("cannot register a pool: {e}"))),
-            };
-            let rkey = mr.rkey();
-            self.key_tx.push_back(KeyNotice { off, len, rkey }.emit());
-            self.keys.push(PoolKey { handle, _mr: mr });
-        }
-        Ok(())
+        (self.peer.arena_len, self.peer_keys.get(off))
     }
 
     /// For tests of a peer's defences: posts an RDMA WRITE WITH IMMEDIATE of `len` zero
@@ -390,15 +338,23 @@ impl VerbsTransport {
             for i in 0..self.scratch.len() {
                 let wc = self.scratch[i];
                 if wc.status != 0 {
+                    // A flush is the consequence of an error: report the cause if it came
+                    // in this poll.
+                    let wc = self.scratch[i..]
+                        .iter()
+                        .find(|c| c.status != 0 && c.status != sys::WC_WR_FLUSH_ERR)
+                        .copied()
+                        .unwrap_or(wc);
                     let what = if wc.wr_id & SEND_BIT != 0 {
                         "send"
                     } else {
                         "receive"
                     };
                     return Err(self.fail(format!(
-                        "RDMA {what} failed: {} (status {})",
+                        "RDMA {what} failed: {} (status {}, opcode {})",
                         sys::status_str(wc.status),
-                        wc.status
+                        wc.status,
+                        wc.opcode
                     )));
                 }
                 if wc.wr_id & SEND_BIT != 0 {
@@ -467,19 +423,16 @@ impl VerbsTransport {
     }
 
     /// Where a write to `addr` (the peer's registry address) of `len` bytes lands in the
-    /// peer's arena, and the key of the pool it lies in: `Err(false)` while that pool's key
-    /// has not come yet, `Err(true)` if it lies outside the arena.
+    /// peer's arena, and the key of the pool or element window it lies in: `Err(false)`
+    /// while that key has not come yet, `Err(true)` if it lies outside the arena.
     fn remote(&self, addr: u64, len: usize) -> Result<(u64, u32), bool> {
         let off = splitnet_messaging::memory::arena_offset(addr);
         let end = off.checked_add(len as u64).ok_or(true)?;
         if end > self.peer.arena_len {
             return Err(true);
         }
-        let key = self
-            .peer_keys
-            .iter()
-            .find(|k| k.0 <= off && end <= k.0 + k.1);
-        key.map(|k| (self.peer.arena_addr + off, k.2)).ok_or(false)
+        let key = self.peer_keys.find(off, end);
+        key.map(|k| (self.peer.arena_addr + off, k)).ok_or(false)
     }
 
     /// Handles one receive completion: a completion for the caller, or `None` for a key
@@ -499,7 +452,7 @@ impl VerbsTransport {
                 }
                 self.stats.write_imm_rx += 1;
                 let checked = reg.begin_write_idata(self.domain, imm, len);
-                placed(reg, checked, Some(imm)).map(Some)
+                self.touched(placed(reg, checked, Some(imm))).map(Some)
             }
             (sys::WC_RECV, Some(NOTICE)) => {
                 self.repost.push(slot);
@@ -520,20 +473,11 @@ impl VerbsTransport {
                 };
                 self.stats.write_rx += 1;
                 let checked = reg.begin_write(self.domain, handle, addr, header.len);
-                placed(reg, checked, None).map(Some)
+                self.touched(placed(reg, checked, None)).map(Some)
             }
-            (sys::WC_RECV, Some(KEYS)) => {
+            (sys::WC_RECV, Some(imm @ (KEYS | WINDOWS))) => {
                 self.repost.push(slot);
-                let bytes = self.recv_mr.bytes().get(slot.1..slot.1 + len as usize);
-                let Some(n) = bytes.and_then(|b| KeyNotice::parse(b, self.peer.arena_len)) else {
-                    return Err(io_err(format!(
-                        "a key notice of {len} bytes that names no pool of the arena"
-                    )));
-                };
-                // A pool registered again where another was replaces it.
-                self.peer_keys
-                    .retain(|k| k.0 + k.1 <= n.off || n.off + n.len <= k.0);
-                self.peer_keys.push((n.off, n.len, n.rkey));
+                self.on_keys(slot.1, len as usize, imm == WINDOWS)?;
                 Ok(None)
             }
             (sys::WC_RECV, None) => {
@@ -595,30 +539,11 @@ impl Channel for VerbsTransport {
         // An operation this side cannot post (the peer's pools or limits are wrong): what
         // was staged before it is posted, then the queue pair is given up.
         let mut refused = None;
-        // The keys of this side's new pools go first.
-        while let Some(notice) = self.key_tx.front() {
-            let id = self.next_wr;
-            if self.stage.outstanding() >= SEND_DEPTH as usize {
-                break;
-            }
-            let Some(off) = self.stage.take(id, KEY_NOTICE_LEN, 1) else {
-                break;
-            };
-            self.stage_mr.bytes_mut()[off..off + KEY_NOTICE_LEN].copy_from_slice(notice);
-            self.key_tx.pop_front();
-            self.next_wr += 1;
-            self.unsignalled = 0;
-            self.stats.send_tx += 1;
-            self.batch.push(SendWr {
-                wr_id: SEND_BIT | id,
-                kind: SendKind::SendImm(KEYS),
-                off,
-                len: KEY_NOTICE_LEN as u32,
-                signaled: true,
-            });
-        }
+        // Windows bound and invalidated, and the keys of this side's new pools and windows,
+        // go first.
+        self.post_grants()?;
         while let Some(op) = self.tx.front() {
-            if !self.key_tx.is_empty() {
+            if !self.grants_told() {
                 break;
             }
             let len = op.len();
@@ -687,6 +612,11 @@ impl Channel for VerbsTransport {
                 bytes[len..].copy_from_slice(&h);
             }
             let Some(op) = self.tx.pop_front() else { break };
+            if let SendKind::Write { addr, .. } | SendKind::WriteImm { addr, .. } = kind {
+                // A window's key opens its element for this write only.
+                let off = addr - self.peer.arena_addr;
+                self.peer_keys.take(off, off + len as u64);
+            }
             self.tx_bytes -= len;
             if let Payload::Buf(b) = op.payload {
                 self.tx_bufs -= 1;
@@ -728,6 +658,7 @@ impl Channel for VerbsTransport {
                 });
             }
         }
+        self.retire_after_post();
         if self.batch.is_empty() {
             return match refused {
                 Some(why) => Err(self.fail(why)),
@@ -791,7 +722,9 @@ impl Channel for VerbsTransport {
     }
 
     fn pending(&self) -> usize {
-        self.tx_bytes + self.key_tx.len() * KEY_NOTICE_LEN
+        self.tx_bytes
+            + (self.key_tx.len() + self.window_tx.len()) * KEY_NOTICE_LEN
+            + self.windows.as_ref().map_or(0, Windows::pending)
     }
 
     fn held_buffers(&self) -> usize {

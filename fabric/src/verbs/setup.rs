@@ -6,9 +6,9 @@ use super::cm::CmId;
 use super::device::Context;
 use super::listener::Expected;
 use super::{
-    sys, Cq, Endpoint, Mr, Pd, Peer, Qp, Request, Stage, Token, VerbsStats, VerbsTransport,
-    CONTROL_RECV_DEPTH, CONTROL_STAGE_BYTES, ENDPOINT_LEN, RECV_BUF, RECV_DEPTH, SEND_DEPTH,
-    SETUP_MIN, STAGE_BYTES,
+    sys, Cq, Endpoint, Mr, Pd, Peer, PeerKeys, Qp, Request, Stage, Token, VerbsStats,
+    VerbsTransport, Windows, CONTROL_RECV_DEPTH, CONTROL_STAGE_BYTES, ENDPOINT_LEN, RECV_BUF,
+    RECV_DEPTH, SEND_DEPTH, SETUP_MIN, STAGE_BYTES,
 };
 use crate::{FabricError, Stream};
 use splitnet_messaging::memory::{DomainId, SharedRegion};
@@ -34,8 +34,20 @@ struct Prepared {
     stage_mr: Mr,
     recv_mr: Mr,
     pools: Option<SharedRegion>,
+    /// Grant each element through a memory window of its own (a data channel on a device
+    /// that has them).
+    windows: bool,
     pd: Arc<Pd>,
     id: Arc<CmId>,
+}
+
+/// Whether element windows are used where the device has them: only when the environment
+/// says `SPLITNET_VERBS_WINDOWS=on`. Off by default: on Soft-RoCE, the one device tested,
+/// queue pairs with windows stalled under load (docs/transports.md); without them the peer
+/// writes each pool with the pool's key and the registry's checks stop a second write into
+/// an element.
+fn windows_wanted() -> bool {
+    std::env::var("SPLITNET_VERBS_WINDOWS").is_ok_and(|v| v == "on")
 }
 
 /// Send staging bytes and receives posted of a queue pair: a data channel's (`pools`: its
@@ -72,7 +84,9 @@ impl Prepared {
             .map(|i| (u64::from(i), (i * RECV_BUF) as usize))
             .collect();
         qp.post_recv(&recv_mr, &slots, RECV_BUF)?;
+        let windows = pools.is_some() && windows_wanted() && ctx.has_windows();
         Ok(Prepared {
+            windows,
             pd,
             id: id.clone(),
             cq,
@@ -102,11 +116,15 @@ impl Prepared {
             bell,
             stage_mr: self.stage_mr,
             recv_mr: self.recv_mr,
+            mws: Vec::new(),
+            windows: self.windows.then(Windows::default),
             keys: Vec::new(),
+            retired: Vec::new(),
             layout: None,
             watch: None,
-            key_tx: VecDeque::new(),
-            peer_keys: Vec::new(),
+            key_tx: Vec::new(),
+            window_tx: Vec::new(),
+            peer_keys: PeerKeys::default(),
             pools: self.pools,
             pd: self.pd,
             peer: Peer {

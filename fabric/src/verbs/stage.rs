@@ -76,6 +76,11 @@ impl Stage {
         n
     }
 
+    /// Whether operation `wr_id` and every one before it completed (or were forgotten).
+    pub fn done_through(&self, wr_id: u64) -> bool {
+        self.held.front().is_none_or(|&(id, ..)| id > wr_id)
+    }
+
     /// Bytes in use (staged and not completed, skipped bytes included).
     pub fn used(&self) -> usize {
         (self.head - self.tail) as usize
@@ -113,7 +118,9 @@ mod tests {
         assert_eq!(s.take(3, 30, 1), Some(0));
         assert_eq!(s.used(), 40 + 20 + 30);
         // A completion covers every earlier work request.
+        assert!(s.done_through(1) && !s.done_through(2));
         assert_eq!(s.complete(3), 3);
+        assert!(s.done_through(3) && s.done_through(99));
         assert_eq!((s.used(), s.outstanding()), (0, 0));
         assert_eq!(s.take(4, 101, 1), None);
     }

@@ -113,6 +113,9 @@ pub enum Access {
     LocalWrite,
     /// The peer writes it with RDMA WRITE: a pool arena (remote write, no remote read).
     RemoteWrite,
+    /// The peer writes it only through memory windows bound to it ([`Mw`]): a pool arena
+    /// whose elements are granted one window each (local write, window binding).
+    Windowed,
 }
 
 impl Mr {
@@ -126,8 +129,16 @@ impl Mr {
     }
 
     /// Registers `len` bytes at `off` of a pool arena for the peer's RDMA writes: one
-    /// pool's range. Refused (nothing registered) if the range leaves the arena.
-    pub fn shared(pd: &Arc<Pd>, region: SharedRegion, off: u64, len: u64) -> io::Result<Mr> {
+    /// pool's range, written through its key (`Access::RemoteWrite`) or only through
+    /// windows bound to it (`Access::Windowed`). Refused (nothing registered) if the range
+    /// leaves the arena.
+    pub fn shared(
+        pd: &Arc<Pd>,
+        region: SharedRegion,
+        off: u64,
+        len: u64,
+        access: Access,
+    ) -> io::Result<Mr> {
         let words = region.words();
         let size = words.len() as u64 * 4;
         if len == 0 || off.checked_add(len).is_none_or(|end| end > size) {
@@ -141,15 +152,7 @@ impl Mr {
         // SAFETY: the arena's mapping stays while the region holds the Arc, and the range lies
         // in it; it is only ever accessed through atomics on this side, so the adapter's
         // writes race with nothing Rust considers plain memory.
-        unsafe {
-            Mr::register(
-                pd,
-                ptr,
-                len as usize,
-                Access::RemoteWrite,
-                MrMem::Shared(region),
-            )
-        }
+        unsafe { Mr::register(pd, ptr, len as usize, access, MrMem::Shared(region)) }
     }
 
     /// # Safety
@@ -167,6 +170,10 @@ impl Mr {
             Access::RemoteWrite => {
                 ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
                     | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            }
+            Access::Windowed => {
+                ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+                    | ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0
             }
         };
         // SAFETY: the caller guarantees the memory; the domain is alive.
@@ -230,6 +237,57 @@ impl Mr {
     }
 }
 
+/// A type 1 memory window: bound through the queue pair ([`Qp::bind_mw`]) to a range of
+/// a region registered `Access::Windowed`, which the peer may then write through the
+/// window's key only; each bind gives it a new key, and a bind of no bytes closes it.
+/// Allocated once, bound many times; deallocated (which unbinds it) when dropped.
+///
+/// Type 1 rather than type 2: invalidating a type 2 window takes a LOCAL_INV work
+/// request, which Soft-RoCE makes wait for every earlier work request of the queue pair to
+/// complete, and there a completion racing the wait can stall the send queue for good.
+pub struct Mw {
+    mw: NonNull<ffi::ibv_mw>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: as for Mr.
+unsafe impl Send for Mw {}
+
+impl std::fmt::Debug for Mw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mw").field("rkey", &self.rkey()).finish()
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        // SAFETY: `mw` came from ibv_alloc_mw and is deallocated once.
+        unsafe { ffi::ibv_dealloc_mw(self.mw.as_ptr()) };
+    }
+}
+
+impl Mw {
+    /// Allocates an unbound type 1 window in `pd`.
+    pub fn new(pd: &Arc<Pd>) -> io::Result<Mw> {
+        // SAFETY: the domain is alive; a device without windows returns null (EOPNOTSUPP).
+        let mw = unsafe { ffi::ibv_alloc_mw(pd.pd.as_ptr(), ffi::ibv_mw_type::IBV_MW_TYPE_1) };
+        let mw = NonNull::new(mw).ok_or_else(|| {
+            let e = last_error();
+            io::Error::new(e.kind(), format!("cannot allocate a memory window: {e}"))
+        })?;
+        Ok(Mw {
+            mw,
+            _pd: pd.clone(),
+        })
+    }
+
+    /// Its key now: each bind gives it a new one.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: live window.
+        unsafe { self.mw.as_ref().rkey }
+    }
+}
+
 /// A work completion, copied out of the completion queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wc {
@@ -247,6 +305,8 @@ pub struct Wc {
 
 /// `IBV_WC_RECV`: a SEND arrived.
 pub const WC_RECV: u32 = ffi::ibv_wc_opcode::IBV_WC_RECV;
+/// Status of a work request flushed: the queue pair went to the error state before it ran.
+pub const WC_WR_FLUSH_ERR: u32 = ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
 /// `IBV_WC_RECV_RDMA_WITH_IMM`: an RDMA WRITE WITH IMMEDIATE arrived.
 pub const WC_RECV_RDMA_WITH_IMM: u32 = ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
 
@@ -596,6 +656,49 @@ impl Qp {
         // SAFETY: the list is well formed; every payload lies in `src`, a live registration
         // whose memory the caller does not touch until the completion.
         check(unsafe { ffi::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) })
+    }
+
+    /// Binds `mw` to bytes `off..off + len` of `mr` (registered `Access::Windowed`) for the
+    /// peer's remote writes, or closes it (`len` 0), with one work request (id `wr_id`,
+    /// asking for a completion if `signaled`); returns the window's new key. Refused
+    /// (nothing posted) if the range leaves the region.
+    pub fn bind_mw(
+        &mut self,
+        mw: &mut Mw,
+        mr: &Mr,
+        off: u64,
+        len: u64,
+        wr_id: u64,
+        signaled: bool,
+    ) -> io::Result<u32> {
+        if off.checked_add(len).is_none_or(|end| end > mr.len() as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "window outside its region",
+            ));
+        }
+        let access = match len {
+            0 => 0,
+            _ => ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+        };
+        let mut bind = ffi::ibv_mw_bind {
+            wr_id,
+            send_flags: if signaled {
+                ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+            } else {
+                0
+            },
+            bind_info: ffi::ibv_mw_bind_info {
+                mr: mr.mr.as_ptr(),
+                addr: mr.addr() + off,
+                length: len,
+                mw_access_flags: access,
+            },
+        };
+        // SAFETY: the queue pair, window and region are live and in one protection domain;
+        // the region outlives the binding (its owner unbinds first).
+        check(unsafe { ffi::ibv_bind_mw(self.qp.as_ptr(), mw.mw.as_ptr(), &mut bind) })?;
+        Ok(mw.rkey())
     }
 
     /// Posts receives, one per `(wr_id, off)`, each of `len` bytes of `dst`, with one call.
