@@ -6,8 +6,9 @@
 # connects with fabric.ioc = "rdma:10.201.0.1:7400" and makes sd0 (10.50.0.1, fd50::1).
 # Through sd0: ping over IPv4 and IPv6, 20 MiB each way with SHA-256 checks, iperf3 each way;
 # a rogue host (an admitted key) writes where no credit of its covers, past the end of the pool its key
-# registers, with a key that is no pool's, with its previous session's key and with the key of a
-# pool it flushed, each refused (the IOC's checks, its adapter)
+# registers, with a key that is no pool's, with its previous session's key, into the next element
+# with an element's window key, with a window key it used once already (seed 004) and with the
+# key of a pool it flushed, each refused (the IOC's checks, its adapter)
 # while host 1 pings on; then the IOC is killed and started again and the host reconnects by
 # itself (ping again); the host stops gracefully, then runs again with two queues (a queue pair
 # each: ping, iperf3 -P 4). Both daemons say what their queue pairs carried (the frames as RDMA
@@ -27,6 +28,8 @@ set -u
 FILE_BYTES=$((20 * 1024 * 1024))
 # Frames each way in the integration test (100,000 on a real machine; TCG is ~10x slower).
 VERBS_FRAMES=20000
+# And with each pool's key instead of element windows (SPLITNET_VERBS_WINDOWS=off).
+VERBS_FRAMES_NO_WINDOWS=5000
 
 # ---------------------------------------------------------------------------------------------
 # Inside the VMs (helpers vm_step, vm_run, vm_result, ... from tests/vm/guest.sh; guest_* from
@@ -51,6 +54,11 @@ guest_ioc() {
         --ignored --exact frames_each_way_over_rdma_verbs >"$VM_OUT/verbs-test.txt" 2>&1 ||
         vm_die "frames_each_way_over_rdma_verbs: $(tail -n 20 "$VM_OUT/verbs-test.txt" | tr '\n' ' ')"
     vm_result verbs_test "$(grep '^test result' "$VM_OUT/verbs-test.txt")"
+    vm_step "the same without element windows (each pool's key): $VERBS_FRAMES_NO_WINDOWS frames each way"
+    SPLITNET_VERBS_ADDR=10.201.0.1 SPLITNET_VERBS_FRAMES=$VERBS_FRAMES_NO_WINDOWS SPLITNET_VERBS_WINDOWS=off \
+        "$bin/tcp_loopback" --ignored --exact frames_each_way_over_rdma_verbs >"$VM_OUT/verbs-test-keys.txt" 2>&1 ||
+        vm_die "frames_each_way_over_rdma_verbs without windows: $(tail -n 20 "$VM_OUT/verbs-test-keys.txt" | tr '\n' ' ')"
+    vm_result verbs_test_keys "$(grep '^test result' "$VM_OUT/verbs-test-keys.txt")"
     vm_step "the set-up's tests: tokens, addresses, once; a peer that takes no SEND"
     vm_run ip addr add 10.201.0.3/24 dev eth0
     SPLITNET_VERBS_ADDR=10.201.0.1 SPLITNET_VERBS_ALIAS=10.201.0.3 "$bin/fabric_unit" --ignored \
@@ -225,6 +233,8 @@ assert_grep "$ioc_log" 'data channels over RDMA: connection requests on 10.201.0
 assert_grep "$ioc_log" 'host connected peer=[^ ]*, RDMA' "the IOC took the host's data channel over RDMA"
 assert_match "$(vm_result_get ioc verbs_test)" '^test result: ok\. 1 passed' "the verbs integration test in the ioc VM"
 log "verbs integration test ($VERBS_FRAMES frames each way over rxe0): $(vm_result_get ioc verbs_test)"
+assert_match "$(vm_result_get ioc verbs_test_keys)" '^test result: ok\. 1 passed' "the verbs integration test without element windows"
+log "without element windows ($VERBS_FRAMES_NO_WINDOWS frames each way): $(vm_result_get ioc verbs_test_keys)"
 assert_match "$(vm_result_get ioc cm_test)" '^test result: ok\. 2 passed' "the set-up's tests in the ioc VM (connection requests, a stalled peer)"
 
 assert_match "$(vm_result_get host ping4)" '^5 packets transmitted, 5 received' "ping 10.50.0.2 through sd0"
@@ -253,6 +263,13 @@ host_imm_rx=$(qp_total "$host_log" write_imm_rx)
 assert_ge "$host_imm" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host-driver posted"
 assert_ge "$host_imm_rx" $((FILE_BYTES / 65536)) "RDMA WRITE WITH IMMEDIATE host-driver received"
 assert_ge "$(qp_stats "$ioc_log" write_imm_rx | tail -n 1)" 3 "RDMA WRITE WITH IMMEDIATE the restarted IOC received from host 1 (the pings)"
+# One-touch element windows (seed 004): each side bound a window over every element it granted
+# and closed it once the write into it was read.
+for side in "$ioc_log:IOC" "$host_log:host-driver"; do
+    writes=$(($(qp_total "${side%%:*}" write_imm_rx) + $(qp_total "${side%%:*}" write_rx)))
+    assert_ge "$(qp_total "${side%%:*}" close)" "$writes" "windows the ${side#*:} closed (one per write it received: $writes)"
+    assert_ge "$(qp_total "${side%%:*}" bind)" "$(qp_total "${side%%:*}" close)" "windows the ${side#*:} bound"
+done
 # The control channels on queue pairs of their own: messages only (keepalives, credits,
 # CfgUtil), sealed, never a write.
 assert_ge "$(qp_stats "$host_log" send_tx control | wc -l)" 2 "host-driver's control queue pairs closed (before and after the IOC's restart)"
@@ -260,7 +277,7 @@ assert_ge "$(qp_stats "$host_log" send_tx control | sort -n | tail -n 1)" 3 "mes
 assert_eq "$(qp_total "$host_log" write_imm_tx control)$(qp_total "$host_log" write_tx control)" 00 "writes on host-driver's control queue pairs"
 log "host-driver's queue pairs:"
 grep 'RDMA queue pair closed' "$host_log" | sed 's/.*closed: /    /'
-log "the IOC's queue pairs (the rogue's five sessions, then host 1's after the restart):"
+log "the IOC's queue pairs (the rogue's seven sessions, then host 1's after the restart):"
 grep 'RDMA queue pair closed' "$ioc_log" | sed 's/.*closed: /    /'
 
 # The rogue: each write refused (the first by the IOC's checks, the others by its adapter),
@@ -271,10 +288,11 @@ assert_grep "$rogue" '^rdma write naming no pool of its session: .*session ended
 assert_grep "$ioc_log" 'protection error: immediate data names pool reference 200, which this side never advertised' \
     "the IOC refused it as a protection error"
 for what in "past its pool's end" 'with a wrong key' "with the previous session's key" \
+    "into the next element with an element's window key" "with an element's window key used once already" \
     'into a pool it flushed, with its old key'; do
     assert_grep "$rogue" "^rdma write $what: .*refused by the adapter" "a write $what is refused by the IOC's adapter"
 done
-assert_ge "$(grep -c 'host removed: .*RDMA receive failed: remote access error' "$ioc_log")" 4 "the IOC ended the sessions its adapter refused writes of"
+assert_ge "$(grep -c 'host removed: .*RDMA receive failed: remote access error' "$ioc_log")" 6 "the IOC ended the sessions its adapter refused writes of"
 assert_match "$(vm_result_get host ping_during_rogue)" '^100 packets transmitted, 100 received' "host 1's pings during the rogue's attacks"
 assert_eq "$(grep -c 'fabric lost' "$host_log")" 1 "host 1's session ended only when the IOC was killed"
 assert_grep "$host_log" 'fabric lost: .*the peer disconnected \(RDMA_CM_EVENT_DISCONNECTED\)' \

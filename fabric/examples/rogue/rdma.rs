@@ -2,7 +2,8 @@
 //! 10) and which writes where it may not: into an element its immediate data does not name a
 //! pool of (no credit it holds can cover it), past the end
 //! of the pool its key registers, with a key that is no pool's, with the key of its previous
-//! session's pool, and with the key of a pool it flushed (seed 001). The first is refused by
+//! session's pool, into the next element with an element's window key, with a window key it
+//! used once already (seed 004), and with the key of a pool it flushed (seed 001). The first is refused by
 //! the IOC's checks (the session ends); the others by the IOC's adapter (this queue pair breaks
 //! with a remote access error) and end the session too. Each attack is a session of its own, as an admitted host (its key).
 
@@ -136,6 +137,12 @@ impl Session {
         (off, imm)
     }
 
+    /// The key the IOC told for `element` of its first pool: with element windows each
+    /// element has its own, else the pool's.
+    fn element_key(&self, element: u32) -> Option<u32> {
+        self.data.peer_key(self.target(element, 64).0).1
+    }
+
     /// The first pool's key, and the offset just past its end.
     fn first_pool(&self) -> (u32, u64) {
         let p = &self.pools[0];
@@ -230,6 +237,61 @@ async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static st
                 println!("{name}: cannot connect: {e}");
                 missed.push(name);
             }
+        }
+    }
+    // With element windows (seed 004), a key opens one element, for one write: a write into
+    // the next element with the first's key, and a second write with a key already used, are
+    // refused by the adapter.
+    let name = "rdma write into the next element with an element's window key";
+    match connect(addr, keys, node_id).await {
+        Ok(mut s) => {
+            let seen = match (s.element_key(0), s.element_key(1)) {
+                (Some(k0), Some(k1)) if k0 != k1 => {
+                    let (off, imm) = s.target(1, 64);
+                    match s.data.post_unchecked_write(off, 64, k0, imm) {
+                        Ok(()) => s.ended(wait).await,
+                        Err(e) => Some(format!("cannot post: {e}")),
+                    }
+                }
+                _ => Some("no element windows: one key for the pool".into()),
+            };
+            println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
+            let refused = seen.as_deref().is_some_and(|m| m.contains("remote access"));
+            verdict(&mut missed, name, refused, "refused by the adapter");
+        }
+        Err(e) => {
+            println!("{name}: cannot connect: {e}");
+            missed.push(name);
+        }
+    }
+    let name = "rdma write with an element's window key used once already";
+    match connect(addr, keys, node_id).await {
+        Ok(mut s) => {
+            let (off, imm) = s.target(0, 64);
+            let seen = match s.element_key(0) {
+                Some(key) => match s.data.post_unchecked_write(off, 64, key, imm) {
+                    // The first write is the grant's: the session goes on. Once the IOC
+                    // has read it (and closed the window), the same again.
+                    Ok(()) => match s.ended(Duration::from_secs(1)).await {
+                        Some(e) => Some(format!("the first write ended the session: {e}")),
+                        None => match s.data.post_unchecked_write(off, 64, key, imm) {
+                            Ok(()) => s.ended(wait).await,
+                            Err(e) => Some(format!("cannot post: {e}")),
+                        },
+                    },
+                    Err(e) => Some(format!("cannot post: {e}")),
+                },
+                None => Some("no key for the first element".into()),
+            };
+            println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
+            let refused = seen
+                .as_deref()
+                .is_some_and(|m| m.starts_with("queue pair") && m.contains("remote access"));
+            verdict(&mut missed, name, refused, "refused by the adapter");
+        }
+        Err(e) => {
+            println!("{name}: cannot connect: {e}");
+            missed.push(name);
         }
     }
     // A pool it flushed: the IOC frees it, and its registration with it.

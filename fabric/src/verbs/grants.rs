@@ -62,15 +62,28 @@ impl VerbsTransport {
             let Some((element_size, count)) = reg.geometry(handle) else {
                 continue;
             };
+            // Without windows one registration for the pool, its key told the peer; with
+            // windows one per element, which the peer cannot write, each window bound over
+            // one (so the adapter confines a window's write to its element even where it
+            // checks a window's writes against its region's bounds only, as Soft-RoCE does).
+            let ranges: Vec<(u64, u64)> = match self.windows {
+                Some(_) => (0..u64::from(count))
+                    .map(|e| (off + e * u64::from(element_size), u64::from(element_size)))
+                    .collect(),
+                None => vec![(off, len)],
+            };
             let access = match self.windows {
                 Some(_) => sys::Access::Windowed,
                 None => sys::Access::RemoteWrite,
             };
-            let mr = match Mr::shared(&self.pd, pools.clone(), off, len, access) {
-                Ok(mr) => mr,
-                Err(e) => return Err(self.fail(format!("cannot register a pool: {e}"))),
-            };
-            if self.windows.is_none() {
+            let mut mrs = Vec::with_capacity(ranges.len());
+            for (at, n) in ranges {
+                match Mr::shared(&self.pd, pools.clone(), at, n, access) {
+                    Ok(mr) => mrs.push(mr),
+                    Err(e) => return Err(self.fail(format!("cannot register a pool: {e}"))),
+                }
+            }
+            if let (None, Some(mr)) = (&self.windows, mrs.first()) {
                 let rkey = mr.rkey();
                 self.key_tx.push(KeyNotice { off, len, rkey }.emit());
             }
@@ -78,7 +91,7 @@ impl VerbsTransport {
                 handle,
                 off,
                 element_size,
-                mr,
+                mrs,
             });
             if self.windows.is_some() {
                 for e in (0..count).filter(|&e| reg.is_granted(handle, e)) {
@@ -128,16 +141,43 @@ impl VerbsTransport {
 
     /// Binds and closes windows as granted and written, each bind's key to be told the
     /// peer, then adds to the batch the notices of the keys of new pools and of windows
-    /// bound, as far as the send queue and the staging ring have room. Windows are bound
-    /// with `ibv_bind_mw`, which posts at once: this runs before anything is batched, so
-    /// work requests still go in the order of their ids. A bind asks for its completion
-    /// (the next waits for the queue to be idle).
-    pub(super) fn post_grants(&mut self) -> Result<(), ChannelError> {
-        while let Some(op) = self.windows.as_ref().and_then(Windows::next_op) {
-            // Only on an idle send queue: Soft-RoCE (kernel 6.1) stalls or breaks a queue
-            // pair whose binds sit between work requests it retransmits (measured: see
-            // docs/transports.md), and after an idle queue nothing before a bind is resent.
+    /// bound. Returns whether the send queue is the windows' for now, nothing else to be
+    /// posted.
+    ///
+    /// Binds go in phases, alone on the send queue: once it is idle, every bind and close
+    /// due, then nothing until they completed. Soft-RoCE (kernel 6.1) executes a bind again
+    /// when it retransmits work requests posted before it (after an RNR NAK or a timeout),
+    /// which fails and stalls or breaks the queue pair; with nothing unacknowledged before a
+    /// bind, or after it until it completed, there is nothing to retransmit across it.
+    /// `ibv_bind_mw` posts at once: this runs before anything is batched, so work requests
+    /// still go in the order of their ids.
+    pub(super) fn post_grants(&mut self) -> Result<bool, ChannelError> {
+        if let Some(last) = self.binding {
+            if !self.stage.done_through(last) {
+                return Ok(true);
+            }
+            self.binding = None;
+        }
+        if self.windows.as_ref().is_some_and(|w| w.pending() > 0) {
             if self.stage.outstanding() > 0 {
+                // Let the queue drain first.
+                return Ok(true);
+            }
+            self.bind_phase()?;
+            if self.binding.is_some() {
+                return Ok(true);
+            }
+        }
+        self.post_notices(false);
+        self.post_notices(true);
+        Ok(false)
+    }
+
+    /// Posts every bind and close due (as many as the send queue holds), each asking for
+    /// its completion; the phase lasts until the last completed.
+    fn bind_phase(&mut self) -> Result<(), ChannelError> {
+        while let Some(op) = self.windows.as_ref().and_then(Windows::next_op) {
+            if self.stage.outstanding() >= SEND_DEPTH as usize {
                 break;
             }
             let (window, handle, element) = match op {
@@ -145,8 +185,12 @@ impl VerbsTransport {
                     window,
                     handle,
                     element,
-                } => (window, handle, Some(element)),
-                WindowOp::Close { window, handle } => (window, handle, None),
+                } => (window, handle, Ok(element)),
+                WindowOp::Close {
+                    window,
+                    handle,
+                    element,
+                } => (window, handle, Err(element)),
                 WindowOp::Release(handle) => {
                     // Every close of its windows is an earlier work request.
                     let last = self.next_wr - 1;
@@ -168,46 +212,39 @@ impl VerbsTransport {
             let Some(pool) = pool else {
                 return Err(self.fail(format!("a window of a pool gone ({handle})")));
             };
-            let size = u64::from(pool.element_size);
-            let (at, len) = element.map_or((0, 0), |e| (u64::from(e) * size, size));
-            let id = self.next_wr;
-            let Some(_) = self.stage.take(id, 0, 1) else {
-                break;
+            // The element's registration: a bind covers it, a close binds no bytes of it.
+            let (e, len) = match element {
+                Ok(e) => (e, u64::from(pool.element_size)),
+                Err(e) => (e, 0),
             };
+            let Some(mr) = pool.mrs.get(e as usize) else {
+                return Err(self.fail(format!("element {e} outside its pool")));
+            };
+            let at = pool.off + u64::from(e) * u64::from(pool.element_size);
+            let id = self.next_wr;
+            if self.stage.take(id, 0, 1).is_none() {
+                break;
+            }
             self.next_wr += 1;
-            let off = pool.off;
-            let bound = self.qp.bind_mw(
-                &mut self.mws[window],
-                &pool.mr,
-                at,
-                len,
-                SEND_BIT | id,
-                true,
-            );
+            let bound = self
+                .qp
+                .bind_mw(&mut self.mws[window], mr, 0, len, SEND_BIT | id, true);
             self.stats.post_send += 1;
             let rkey = match bound {
                 Ok(rkey) => rkey,
                 Err(e) => return Err(self.fail(format!("ibv_bind_mw: {e}"))),
             };
-            if element.is_some() {
+            self.binding = Some(id);
+            if element.is_ok() {
                 self.stats.bind += 1;
-                self.window_tx.push(
-                    KeyNotice {
-                        off: off + at,
-                        len,
-                        rkey,
-                    }
-                    .emit(),
-                );
+                self.window_tx.push(KeyNotice { off: at, len, rkey }.emit());
             } else {
-                self.stats.invalidate += 1;
+                self.stats.close += 1;
             }
             if let Some(w) = &mut self.windows {
                 w.posted();
             }
         }
-        self.post_notices(false);
-        self.post_notices(true);
         Ok(())
     }
 

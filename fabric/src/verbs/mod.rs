@@ -21,8 +21,9 @@
 //! * SEND: messages, into receives each side keeps posted.
 //!
 //! Each side registers its pools on its own and tells the peer their keys ([`KEYS`]), or,
-//! with windows (opt-in, [`WINDOWS`]), binds a window over each element it grants and
-//! closes it when the write into it is read (seed 004's one-touch grant).
+//! where the device has memory windows, binds a window over each element it grants, tells
+//! its key ([`WINDOWS`]) and closes it when the write into it is read (seed 004's one-touch
+//! grant).
 //!
 //! The device is the one the connection manager resolves the address to, so none is
 //! configured. librdmacm and libibverbs are loaded when first needed: without rdma-core
@@ -153,8 +154,8 @@ struct PoolKey {
     /// Offset in the arena, bytes of each element.
     off: u64,
     element_size: u32,
-    /// Its registration: dropped, it is deregistered.
-    mr: Mr,
+    /// Its registration (with windows, one per element): dropped, deregistered.
+    mrs: Vec<Mr>,
 }
 
 /// A channel over an RC queue pair. Fields drop in order: the memory windows (each bound
@@ -188,6 +189,8 @@ pub struct VerbsTransport {
     window_tx: Vec<[u8; KEY_NOTICE_LEN]>,
     /// The keys the peer told.
     peer_keys: PeerKeys,
+    /// While windows are being bound: the id of the last bind or close posted.
+    binding: Option<u64>,
     /// This side's pool arena (none on a control channel, which carries no writes).
     pools: Option<SharedRegion>,
     pd: Arc<Pd>,
@@ -539,9 +542,11 @@ impl Channel for VerbsTransport {
         // An operation this side cannot post (the peer's pools or limits are wrong): what
         // was staged before it is posted, then the queue pair is given up.
         let mut refused = None;
-        // Windows bound and invalidated, and the keys of this side's new pools and windows,
-        // go first.
-        self.post_grants()?;
+        // Windows bound and closed, and the keys of this side's new pools and windows, go
+        // first; while windows are being bound, nothing else.
+        if self.post_grants()? {
+            return Ok(self.tx.is_empty());
+        }
         while let Some(op) = self.tx.front() {
             if !self.grants_told() {
                 break;
@@ -771,7 +776,10 @@ impl Channel for VerbsTransport {
         if self.reap().is_err() {
             return false;
         }
-        self.wcs.is_empty() && (self.tx.is_empty() || self.stage.outstanding() == before)
+        // Something left to post (operations, windows, notices) waits for a completion: one
+        // that came just now means looking again.
+        let idle = self.tx.is_empty() && self.grants_told();
+        self.wcs.is_empty() && (idle || self.stage.outstanding() == before)
     }
 
     fn wake(&mut self) {

@@ -41,13 +41,11 @@ struct Prepared {
     id: Arc<CmId>,
 }
 
-/// Whether element windows are used where the device has them: only when the environment
-/// says `SPLITNET_VERBS_WINDOWS=on`. Off by default: on Soft-RoCE, the one device tested,
-/// queue pairs with windows stalled under load (docs/transports.md); without them the peer
-/// writes each pool with the pool's key and the registry's checks stop a second write into
-/// an element.
+/// Whether element windows are used where the device has them: yes, unless the
+/// environment says `SPLITNET_VERBS_WINDOWS=off` (then the peer writes each pool with the
+/// pool's key, and only the registry's checks stop a second write into an element).
 fn windows_wanted() -> bool {
-    std::env::var("SPLITNET_VERBS_WINDOWS").is_ok_and(|v| v == "on")
+    std::env::var("SPLITNET_VERBS_WINDOWS").map_or(true, |v| v != "off")
 }
 
 /// Send staging bytes and receives posted of a queue pair: a data channel's (`pools`: its
@@ -125,6 +123,7 @@ impl Prepared {
             key_tx: Vec::new(),
             window_tx: Vec::new(),
             peer_keys: PeerKeys::default(),
+            binding: None,
             pools: self.pools,
             pd: self.pd,
             peer: Peer {

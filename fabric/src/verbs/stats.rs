@@ -32,7 +32,7 @@ pub struct VerbsStats {
     pub bind: u64,
     /// Memory windows closed (the peer's write into the element came, or the grant was
     /// withdrawn).
-    pub invalidate: u64,
+    pub close: u64,
 }
 
 impl std::fmt::Display for VerbsStats {
@@ -40,7 +40,7 @@ impl std::fmt::Display for VerbsStats {
         write!(
             f,
             "write_imm_tx={} write_tx={} send_tx={} write_imm_rx={} write_rx={} send_rx={} \
-             post_send={} post_recv={} poll_cq={} completions={} arm={} events={} bind={} invalidate={}",
+             post_send={} post_recv={} poll_cq={} completions={} arm={} events={} bind={} close={}",
             self.write_imm_tx,
             self.write_tx,
             self.send_tx,
@@ -54,7 +54,7 @@ impl std::fmt::Display for VerbsStats {
             self.arm,
             self.events,
             self.bind,
-            self.invalidate
+            self.close
         )
     }
 }

@@ -113,8 +113,8 @@ pub enum Access {
     LocalWrite,
     /// The peer writes it with RDMA WRITE: a pool arena (remote write, no remote read).
     RemoteWrite,
-    /// The peer writes it only through memory windows bound to it ([`Mw`]): a pool arena
-    /// whose elements are granted one window each (local write, window binding).
+    /// The peer writes it only through a memory window bound to it ([`Mw`]): an element of
+    /// a pool arena, granted through a window (local write, window binding).
     Windowed,
 }
 
@@ -128,9 +128,9 @@ impl Mr {
         unsafe { Mr::register(pd, ptr, len, access, MrMem::Heap(mem)) }
     }
 
-    /// Registers `len` bytes at `off` of a pool arena for the peer's RDMA writes: one
-    /// pool's range, written through its key (`Access::RemoteWrite`) or only through
-    /// windows bound to it (`Access::Windowed`). Refused (nothing registered) if the range
+    /// Registers `len` bytes at `off` of a pool arena for the peer's RDMA writes: a pool,
+    /// written through its key (`Access::RemoteWrite`), or an element, written only through
+    /// a window bound to it (`Access::Windowed`). Refused (nothing registered) if the range
     /// leaves the arena.
     pub fn shared(
         pd: &Arc<Pd>,

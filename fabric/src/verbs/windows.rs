@@ -21,12 +21,14 @@ pub enum WindowOp {
         /// The element.
         element: u32,
     },
-    /// Close window `window`, bound in pool `handle` until now.
+    /// Close window `window`, bound over `element` of pool `handle` until now.
     Close {
         /// The window's index.
         window: usize,
         /// The pool.
         handle: Handle,
+        /// The element.
+        element: u32,
     },
     /// Every earlier work request of pool `handle`'s windows is posted: its registration may
     /// go once they completed.
@@ -81,7 +83,7 @@ impl Windows {
     /// touch) and free for another grant.
     pub fn written(&mut self, handle: Handle, element: u32) {
         if let Some(window) = self.bound.remove(&(handle, element)) {
-            self.close(window, handle);
+            self.close(window, handle, element);
         }
     }
 
@@ -96,7 +98,7 @@ impl Windows {
         gone.sort_unstable();
         for (e, w) in gone {
             self.bound.remove(&(handle, e));
-            self.close(w, handle);
+            self.close(w, handle, e);
         }
     }
 
@@ -107,8 +109,12 @@ impl Windows {
         self.ops.push_back(WindowOp::Release(handle));
     }
 
-    fn close(&mut self, window: usize, handle: Handle) {
-        self.ops.push_back(WindowOp::Close { window, handle });
+    fn close(&mut self, window: usize, handle: Handle, element: u32) {
+        self.ops.push_back(WindowOp::Close {
+            window,
+            handle,
+            element,
+        });
         self.free.push_back(window);
     }
 
@@ -165,6 +171,7 @@ mod tests {
         let close = WindowOp::Close {
             window: 0,
             handle: h(1),
+            element: 0,
         };
         assert_eq!(drain(&mut w), [bind, close, bind]);
     }
@@ -185,11 +192,13 @@ mod tests {
             [
                 WindowOp::Close {
                     window: 0,
-                    handle: h(1)
+                    handle: h(1),
+                    element: 0
                 },
                 WindowOp::Close {
                     window: 2,
-                    handle: h(1)
+                    handle: h(1),
+                    element: 1
                 },
                 WindowOp::Release(h(1))
             ]
@@ -235,8 +244,8 @@ mod tests {
                             prop_assert_eq!(adapter[window], None);
                             adapter[window] = Some((handle, element));
                         }
-                        WindowOp::Close { window, handle } => {
-                            prop_assert_eq!(adapter[window].map(|a| a.0), Some(handle));
+                        WindowOp::Close { window, handle, element } => {
+                            prop_assert_eq!(adapter[window], Some((handle, element)));
                             adapter[window] = None;
                         }
                         WindowOp::Release(_) => {}
