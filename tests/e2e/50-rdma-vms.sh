@@ -19,10 +19,11 @@
 #   50-rdma-vms.sh guest ioc|host CONF_DIR BIN_DIR
 # In the ioc VM first: the verbs transport's integration test (fabric/tests/tcp_loopback.rs,
 # `frames_each_way_over_rdma_verbs`: two queue pairs of rxe0 looped back, frames of every size
-# each way checked byte for byte, the largest as RDMA WRITE with a BufferRDMAIndicate), and the
-# set-up's unit tests (fabric/src/verbs/setup.rs: a connection request needs the token the IOC
-# sent, from the address it sent it to, once, 10.201.0.3 being the other address; a peer that
-# takes no SEND breaks the queue pair after the stall time).
+# each way checked byte for byte, the largest as RDMA WRITE with a BufferRDMAIndicate), with
+# element windows and again with each pool's key, and the set-up's unit tests
+# (fabric/src/verbs/setup.rs: a connection request needs the token the IOC sent, from the
+# address it sent it to, once, 10.201.0.3 being the other address; a peer that takes no SEND
+# breaks the queue pair after the stall time; a listener on [::] takes an IPv4 host).
 set -u
 
 FILE_BYTES=$((20 * 1024 * 1024))
@@ -62,10 +63,15 @@ guest_ioc() {
     vm_step "the set-up's tests: tokens, addresses, once; a peer that takes no SEND"
     vm_run ip addr add 10.201.0.3/24 dev eth0
     SPLITNET_VERBS_ADDR=10.201.0.1 SPLITNET_VERBS_ALIAS=10.201.0.3 "$bin/fabric_unit" --ignored \
-        --test-threads=1 verbs::setup::tests:: >"$VM_OUT/cm-test.txt" 2>&1 ||
+        --test-threads=1 --skip dual_stack verbs::setup::tests:: >"$VM_OUT/cm-test.txt" 2>&1 ||
         vm_die "the set-up's tests: $(tail -n 20 "$VM_OUT/cm-test.txt" | tr '\n' ' ')"
     vm_run ip addr del 10.201.0.3/24 dev eth0
     vm_result cm_test "$(grep '^test result' "$VM_OUT/cm-test.txt")"
+    vm_step "a listener on [::] takes an IPv4 host's connection request"
+    SPLITNET_VERBS_ADDR=10.201.0.1 "$bin/fabric_unit" --ignored --exact \
+        verbs::setup::tests::a_dual_stack_listener_takes_an_ipv4_host >"$VM_OUT/dual-stack-test.txt" 2>&1 ||
+        vm_die "the dual-stack listener's test: $(tail -n 20 "$VM_OUT/dual-stack-test.txt" | tr '\n' ' ')"
+    vm_result dual_stack_test "$(grep '^test result' "$VM_OUT/dual-stack-test.txt")"
     vm_step "ioc-driver on 10.201.0.1:7400 taking RDMA data channels, owning lan0"
     ioc_start "$conf" "$bin"
     guest_lan_files
@@ -236,6 +242,7 @@ log "verbs integration test ($VERBS_FRAMES frames each way over rxe0): $(vm_resu
 assert_match "$(vm_result_get ioc verbs_test_keys)" '^test result: ok\. 1 passed' "the verbs integration test without element windows"
 log "without element windows ($VERBS_FRAMES_NO_WINDOWS frames each way): $(vm_result_get ioc verbs_test_keys)"
 assert_match "$(vm_result_get ioc cm_test)" '^test result: ok\. 2 passed' "the set-up's tests in the ioc VM (connection requests, a stalled peer)"
+assert_match "$(vm_result_get ioc dual_stack_test)" '^test result: ok\. 1 passed' "a listener on [::] took an IPv4 host's connection request"
 
 assert_match "$(vm_result_get host ping4)" '^5 packets transmitted, 5 received' "ping 10.50.0.2 through sd0"
 assert_match "$(vm_result_get host ping6)" '^5 packets transmitted, 5 received' "ping fd50::2 through sd0"

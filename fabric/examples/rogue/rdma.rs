@@ -137,6 +137,15 @@ impl Session {
         (off, imm)
     }
 
+    /// Writes 64 bytes at `off` with `rkey` and immediate data `imm`, past every check of
+    /// this side's; what ending of the session followed within 10 s, if any.
+    async fn write_and_watch(&mut self, off: u64, rkey: u32, imm: u32) -> Option<String> {
+        match self.data.post_unchecked_write(off, 64, rkey, imm) {
+            Ok(()) => self.ended(Duration::from_secs(10)).await,
+            Err(e) => Some(format!("cannot post: {e}")),
+        }
+    }
+
     /// The key the IOC told for `element` of its first pool: with element windows each
     /// element has its own, else the pool's.
     fn element_key(&self, element: u32) -> Option<u32> {
@@ -172,32 +181,23 @@ pub fn attack(addr: &str, keys: &Keys, node_id: u64) -> Vec<&'static str> {
 
 async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static str> {
     let mut missed = Vec::new();
-    let wait = Duration::from_secs(10);
     // Beyond any credit: a write into the first pool whose immediate data names a pool
     // reference the IOC never advertised. (Writing one element twice is no test: the IOC
     // grants an element again as soon as its frame is consumed, which may be before the
     // second write arrives.)
     let name = "rdma write naming no pool of its session";
     let mut old_key = None;
-    match connect(addr, keys, node_id).await {
-        Ok(mut s) => {
-            let (key, _) = s.first_pool();
-            old_key = Some(key);
-            let (off, _) = s.target(0, 64);
-            let imm = Idata::new(200, 0, 64).map_or(0, Idata::to_u32);
-            let posted = s.data.post_unchecked_write(off, 64, key, imm);
-            let seen = match posted {
-                Ok(()) => s.ended(wait).await,
-                Err(e) => Some(format!("cannot post: {e}")),
-            };
-            println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
-            verdict(&mut missed, name, seen.is_some(), "session ended");
-        }
-        Err(e) => {
-            println!("{name}: cannot connect: {e}");
-            missed.push(name);
-        }
-    }
+    let seen = in_a_session(addr, keys, node_id, async |s| {
+        let (key, _) = s.first_pool();
+        old_key = Some(key);
+        let (off, _) = s.target(0, 64);
+        let imm = Idata::new(200, 0, 64).map_or(0, Idata::to_u32);
+        s.write_and_watch(off, key, imm).await
+    })
+    .await;
+    println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
+    let ended = seen.is_some_and(|m| !m.starts_with("cannot"));
+    verdict(&mut missed, name, ended, "session ended");
     // Past the end of the pool its key registers, with a key that is no pool's, and with the
     // previous session's key: the adapter refuses each. Where to write and with which key,
     // from the first pool's key, the offset past its end and the previous session's key.
@@ -212,112 +212,89 @@ async fn attacks(addr: SocketAddr, keys: &Keys, node_id: u64) -> Vec<&'static st
         }),
     ];
     for (name, aim) in cases {
-        match connect(addr, keys, node_id).await {
-            Ok(mut s) => {
-                let (key, end) = s.first_pool();
-                let (aimed, rkey) = aim(key, end, old_key);
-                // At the first pool's offset unless aimed past its end.
-                let off = if aimed == 0 { s.target(0, 64).0 } else { aimed };
-                if name.contains("previous") && rkey == key {
-                    println!("{name}: the IOC reused the key {key:#x}: cannot tell");
-                }
-                let (_, imm) = s.target(0, 64);
-                let seen = match s.data.post_unchecked_write(off, 64, rkey, imm) {
-                    Ok(()) => s.ended(wait).await,
-                    Err(e) => Some(format!("cannot post: {e}")),
-                };
-                println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
-                let refused = seen
-                    .as_deref()
-                    .is_some_and(|m| m.contains("remote access") || m.contains("Remote access"));
-                verdict(&mut missed, name, refused, "refused by the adapter");
-                old_key = Some(key);
+        let seen = in_a_session(addr, keys, node_id, async |s| {
+            let (key, end) = s.first_pool();
+            let (aimed, rkey) = aim(key, end, old_key);
+            // At the first pool's offset unless aimed past its end.
+            let (first, imm) = s.target(0, 64);
+            let off = if aimed == 0 { first } else { aimed };
+            if name.contains("previous") && rkey == key {
+                println!("{name}: the IOC reused the key {key:#x}: cannot tell");
             }
-            Err(e) => {
-                println!("{name}: cannot connect: {e}");
-                missed.push(name);
-            }
-        }
+            old_key = Some(key);
+            s.write_and_watch(off, rkey, imm).await
+        })
+        .await;
+        refused_by_adapter(&mut missed, name, seen);
     }
     // With element windows (seed 004), a key opens one element, for one write: a write into
     // the next element with the first's key, and a second write with a key already used, are
     // refused by the adapter.
     let name = "rdma write into the next element with an element's window key";
-    match connect(addr, keys, node_id).await {
-        Ok(mut s) => {
-            let seen = match (s.element_key(0), s.element_key(1)) {
-                (Some(k0), Some(k1)) if k0 != k1 => {
-                    let (off, imm) = s.target(1, 64);
-                    match s.data.post_unchecked_write(off, 64, k0, imm) {
-                        Ok(()) => s.ended(wait).await,
-                        Err(e) => Some(format!("cannot post: {e}")),
-                    }
-                }
-                _ => Some("no element windows: one key for the pool".into()),
-            };
-            println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
-            let refused = seen.as_deref().is_some_and(|m| m.contains("remote access"));
-            verdict(&mut missed, name, refused, "refused by the adapter");
+    let seen = in_a_session(addr, keys, node_id, async |s| {
+        match (s.element_key(0), s.element_key(1)) {
+            (Some(k0), Some(k1)) if k0 != k1 => {
+                let (off, imm) = s.target(1, 64);
+                s.write_and_watch(off, k0, imm).await
+            }
+            _ => Some("no element windows: one key for the pool".into()),
         }
-        Err(e) => {
-            println!("{name}: cannot connect: {e}");
-            missed.push(name);
-        }
-    }
+    })
+    .await;
+    refused_by_adapter(&mut missed, name, seen);
     let name = "rdma write with an element's window key used once already";
-    match connect(addr, keys, node_id).await {
-        Ok(mut s) => {
-            let (off, imm) = s.target(0, 64);
-            let seen = match s.element_key(0) {
-                Some(key) => match s.data.post_unchecked_write(off, 64, key, imm) {
-                    // The first write is the grant's: the session goes on. Once the IOC
-                    // has read it (and closed the window), the same again.
-                    Ok(()) => match s.ended(Duration::from_secs(1)).await {
-                        Some(e) => Some(format!("the first write ended the session: {e}")),
-                        None => match s.data.post_unchecked_write(off, 64, key, imm) {
-                            Ok(()) => s.ended(wait).await,
-                            Err(e) => Some(format!("cannot post: {e}")),
-                        },
-                    },
-                    Err(e) => Some(format!("cannot post: {e}")),
-                },
-                None => Some("no key for the first element".into()),
-            };
-            println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
-            let refused = seen
-                .as_deref()
-                .is_some_and(|m| m.starts_with("queue pair") && m.contains("remote access"));
-            verdict(&mut missed, name, refused, "refused by the adapter");
+    let seen = in_a_session(addr, keys, node_id, async |s| {
+        let (off, imm) = s.target(0, 64);
+        let key = s.element_key(0)?;
+        // The first write is the grant's: the session goes on. Once the IOC has read it
+        // (and closed the window), the same again.
+        if let Err(e) = s.data.post_unchecked_write(off, 64, key, imm) {
+            return Some(format!("cannot post: {e}"));
         }
-        Err(e) => {
-            println!("{name}: cannot connect: {e}");
-            missed.push(name);
+        if let Some(e) = s.ended(Duration::from_secs(1)).await {
+            return Some(format!("the first write ended the session: {e}"));
         }
-    }
+        s.write_and_watch(off, key, imm).await
+    })
+    .await;
+    refused_by_adapter(&mut missed, name, seen);
     // A pool it flushed: the IOC frees it, and its registration with it.
     let name = "rdma write into a pool it flushed, with its old key";
-    match connect(addr, keys, node_id).await {
-        Ok(mut s) => {
-            let seen = match flush_first_pool(&mut s).await {
-                Ok(key) => {
-                    let (off, imm) = s.target(0, 64);
-                    match s.data.post_unchecked_write(off, 64, key, imm) {
-                        Ok(()) => s.ended(wait).await,
-                        Err(e) => Some(format!("cannot post: {e}")),
-                    }
-                }
-                Err(e) => Some(format!("cannot flush: {e}")),
-            };
-            println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
-            let refused = seen.as_deref().is_some_and(|m| m.contains("remote access"));
-            verdict(&mut missed, name, refused, "refused by the adapter");
+    let seen = in_a_session(addr, keys, node_id, async |s| {
+        match flush_first_pool(s).await {
+            Ok(key) => {
+                let (off, imm) = s.target(0, 64);
+                s.write_and_watch(off, key, imm).await
+            }
+            Err(e) => Some(format!("cannot flush: {e}")),
         }
-        Err(e) => {
-            println!("{name}: cannot connect: {e}");
-            missed.push(name);
-        }
-    }
+    })
+    .await;
+    refused_by_adapter(&mut missed, name, seen);
     missed
+}
+
+/// Runs `attack` in a session of its own; what it saw, or why there was no session.
+async fn in_a_session(
+    addr: SocketAddr,
+    keys: &Keys,
+    node_id: u64,
+    attack: impl AsyncFnOnce(&mut Session) -> Option<String>,
+) -> Option<String> {
+    match connect(addr, keys, node_id).await {
+        Ok(mut s) => attack(&mut s).await,
+        Err(e) => Some(format!("cannot connect: {e}")),
+    }
+}
+
+/// Reports attack `name`, refused if what it saw is the queue pair broken by a remote
+/// access error (the IOC's adapter refused the write).
+fn refused_by_adapter(missed: &mut Vec<&'static str>, name: &'static str, seen: Option<String>) {
+    println!("{name}: {}", seen.as_deref().unwrap_or("nothing"));
+    let refused = seen
+        .as_deref()
+        .is_some_and(|m| m.starts_with("queue pair") && m.contains("remote access"));
+    verdict(missed, name, refused, "refused by the adapter");
 }
 
 /// Flushes the IOC's first pool as its initiator (a BufferPoolFlushRequest on the data

@@ -1,6 +1,6 @@
 //! What the peer may write, as the adapter enforces it: each of this side's pools registered
 //! on its own; where the device has memory windows, a window bound over each element granted
-//! and invalidated when the peer's write into it completes (seed 004's one-touch grant),
+//! and closed when the peer's write into it completes (seed 004's one-touch grant),
 //! else the pool's key; and the keys the peer tells of its own.
 
 use super::windows::WindowOp;
@@ -10,7 +10,7 @@ use splitnet_messaging::memory::GrantEvent;
 impl VerbsTransport {
     /// Follows the registry: registers the pools it added since the last look and
     /// deregisters those it freed (a write that arrives later, with an old key, fails in the
-    /// adapter); with windows, binds one over each element granted since and invalidates
+    /// adapter); with windows, binds one over each element granted since and closes
     /// those of grants withdrawn.
     pub(super) fn sync_keys(&mut self, reg: &mut Registry) -> Result<(), ChannelError> {
         // A control channel takes no writes: none of its pools is registered here.
@@ -36,7 +36,7 @@ impl VerbsTransport {
             }
             let freed = self.keys.swap_remove(i);
             if let Some(w) = &mut self.windows {
-                // Deregistered once its windows' invalidations are done.
+                // Deregistered once its windows' closes are done.
                 w.release(freed.handle);
                 self.retired.push((None, freed));
             }
@@ -122,7 +122,7 @@ impl VerbsTransport {
     }
 
     /// The peer's write into an element completed (`done`, once checked): its window, if
-    /// it has one, is invalidated, so its key opens nothing any more.
+    /// it has one, is closed, so its key opens nothing any more.
     pub(super) fn touched(
         &mut self,
         done: Result<RxCompletion, ChannelError>,
@@ -297,7 +297,7 @@ impl VerbsTransport {
             && self.windows.as_ref().is_none_or(|w| w.pending() == 0)
     }
 
-    /// Deregisters the freed pools whose windows' invalidations completed.
+    /// Deregisters the freed pools whose windows' closes completed.
     pub(super) fn retire_after_post(&mut self) {
         let stage = &self.stage;
         self.retired

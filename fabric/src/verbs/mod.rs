@@ -158,10 +158,9 @@ struct PoolKey {
     mrs: Vec<Mr>,
 }
 
-/// A channel over an RC queue pair. Fields drop in order: the memory windows (each bound
-/// one holds its queue pair, which the adapter cannot destroy while it does), the queue
-/// pair before the completion queue and the memory regions it uses, all before their
-/// protection domain.
+/// A channel over an RC queue pair. Fields drop in order: the memory windows (a region
+/// with a window bound to it cannot be deregistered), the queue pair before the completion
+/// queue and the memory regions it uses, all before their protection domain.
 pub struct VerbsTransport {
     mws: Vec<Mw>,
     qp: Qp,
@@ -178,8 +177,8 @@ pub struct VerbsTransport {
     /// This side's pools, each registered on its own, and the registry's layout they
     /// mirror. Without windows the peer writes a pool with its key (told in a key notice).
     keys: Vec<PoolKey>,
-    /// Pools freed whose registrations wait for their windows' invalidations to complete:
-    /// the id of the last work request posted before, once posted.
+    /// Pools freed whose registrations wait for their windows' closes to complete: the id
+    /// of the last close, once posted.
     retired: Vec<(Option<u64>, PoolKey)>,
     layout: Option<u64>,
     /// The registry's layout count, for [`Channel::prepare_sleep`] (no registry there).
@@ -285,8 +284,8 @@ impl VerbsTransport {
         self.bell.fd()
     }
 
-    /// The peer's pool arena's length, and the remote key of its pool at arena offset
-    /// `off`, once its key notice came.
+    /// The peer's pool arena's length, and the remote key of the pool or element window
+    /// holding arena offset `off`, once its notice came.
     pub fn peer_key(&self, off: u64) -> (u64, Option<u32>) {
         (self.peer.arena_len, self.peer_keys.get(off))
     }

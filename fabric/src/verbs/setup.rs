@@ -41,6 +41,13 @@ struct Prepared {
     id: Arc<CmId>,
 }
 
+/// Waits for the connection request of the host whose data channel's TCP connection comes
+/// from `host`. An IPv4 host on a dual-stack listener is `::ffff:a.b.c.d` there, and
+/// `a.b.c.d` to the connection manager.
+fn expect_from(host: SocketAddr) -> Result<Expected, FabricError> {
+    Expected::new(host.ip().to_canonical())
+}
+
 /// Whether element windows are used where the device has them: yes, unless the
 /// environment says `SPLITNET_VERBS_WINDOWS=off` (then the peer writes each pool with the
 /// pool's key, and only the registry's checks stop a second write into an element).
@@ -216,9 +223,7 @@ pub async fn accept(
     let deadline = Instant::now() + timeout.max(SETUP_MIN);
     let work = async {
         let peer = read_endpoint(&mut s, unread, max_arena).await?;
-        // An IPv4 host on a dual-stack listener is ::ffff:a.b.c.d there, and a.b.c.d to the
-        // connection manager.
-        let mut expected = Expected::new(host.ip().to_canonical())?;
+        let mut expected = expect_from(host)?;
         s.write_all(&endpoint(&pools, expected.token()).emit())
             .await?;
         let id = expected.request().await?;
@@ -391,6 +396,35 @@ mod tests {
         drop((host_side, ioc_side));
 
         refused(request(ip, ioc, token, Some(a.region()), deadline()));
+    }
+
+    /// An IOC listening on every address of both families (`fabric.listen = "[::]:PORT"`)
+    /// takes an IPv4 host's connection request: its TCP connection came from the host's
+    /// IPv4-mapped IPv6 address, the connection request from its IPv4 address.
+    #[test]
+    #[ignore = "needs an RDMA device holding SPLITNET_VERBS_ADDR, and a process of its own (tests/e2e/50-rdma-vms.sh)"]
+    fn a_dual_stack_listener_takes_an_ipv4_host() {
+        let ip = env_ip("SPLITNET_VERBS_ADDR");
+        assert!(ip.is_ipv4(), "SPLITNET_VERBS_ADDR: an IPv4 address");
+        let (_, rt) = listening("::".parse().unwrap());
+        let ioc = SocketAddr::new(ip, 7410);
+        let IpAddr::V4(v4) = ip else { unreachable!() };
+        let host = SocketAddr::new(IpAddr::V6(v4.to_ipv6_mapped()), 40000);
+        let mut expected = expect_from(host).unwrap();
+        let token = expected.token();
+        let (a, b) = (arena(), arena());
+        let region = Some(a.region());
+        let connecting = std::thread::spawn(move || request(ip, ioc, token, region, deadline()));
+        let waited = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), expected.request()).await
+        });
+        let Ok(id) = waited else {
+            let why = connecting.join().unwrap().err();
+            panic!("the request never reached the set-up: {why:?}");
+        };
+        let ioc_side = answer(id.unwrap(), host, Some(b.region()), deadline()).unwrap();
+        let host_side = connecting.join().unwrap().unwrap();
+        drop((host_side, ioc_side));
     }
 
     /// A peer that takes no SEND (its application never reposts its receives; its adapter
