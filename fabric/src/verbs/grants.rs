@@ -35,9 +35,10 @@ impl VerbsTransport {
                 continue;
             }
             let freed = self.keys.swap_remove(i);
-            if let Some(w) = &mut self.windows {
+            if let (true, Some(w)) = (freed.windowed, &mut self.windows) {
                 // Deregistered once its windows' closes are done.
-                w.release(freed.handle);
+                self.windowed -= freed.mrs.len();
+                self.stats.close += w.release(freed.handle) as u64;
                 self.retired.push((None, freed));
             }
         }
@@ -50,7 +51,7 @@ impl VerbsTransport {
                 GrantEvent::Granted(..) => {}
                 GrantEvent::Revoked(h) => {
                     if let Some(w) = &mut self.windows {
-                        w.revoke(h);
+                        self.stats.close += w.revoke(h) as u64;
                     }
                 }
             }
@@ -66,15 +67,19 @@ impl VerbsTransport {
             // windows one per element, which the peer cannot write, each window bound over
             // one (so the adapter confines a window's write to its element even where it
             // checks a window's writes against its region's bounds only, as Soft-RoCE does).
-            let ranges: Vec<(u64, u64)> = match self.windows {
-                Some(_) => (0..u64::from(count))
+            // A peer's pools beyond MAX_WINDOWED_ELEMENTS get a key each: what it asks for
+            // costs this side a bounded number of registrations and windows.
+            let windowed =
+                self.windows.is_some() && self.windowed + count as usize <= MAX_WINDOWED_ELEMENTS;
+            let ranges: Vec<(u64, u64)> = match windowed {
+                true => (0..u64::from(count))
                     .map(|e| (off + e * u64::from(element_size), u64::from(element_size)))
                     .collect(),
-                None => vec![(off, len)],
+                false => vec![(off, len)],
             };
-            let access = match self.windows {
-                Some(_) => sys::Access::Windowed,
-                None => sys::Access::RemoteWrite,
+            let access = match windowed {
+                true => sys::Access::Windowed,
+                false => sys::Access::RemoteWrite,
             };
             let mut mrs = Vec::with_capacity(ranges.len());
             for (at, n) in ranges {
@@ -83,17 +88,21 @@ impl VerbsTransport {
                     Err(e) => return Err(self.fail(format!("cannot register a pool: {e}"))),
                 }
             }
-            if let (None, Some(mr)) = (&self.windows, mrs.first()) {
+            if let (false, Some(mr)) = (windowed, mrs.first()) {
                 let rkey = mr.rkey();
                 self.key_tx.push(KeyNotice { off, len, rkey }.emit());
+            }
+            if windowed {
+                self.windowed += mrs.len();
             }
             self.keys.push(PoolKey {
                 handle,
                 off,
                 element_size,
+                windowed,
                 mrs,
             });
-            if self.windows.is_some() {
+            if windowed {
                 for e in (0..count).filter(|&e| reg.is_granted(handle, e)) {
                     self.open_window(handle, e)?;
                 }
@@ -105,6 +114,9 @@ impl VerbsTransport {
     /// Binds a window over `element` of pool `handle`, granted to the peer, allocating one
     /// more when none is free.
     fn open_window(&mut self, handle: Handle, element: u32) -> Result<(), ChannelError> {
+        if !self.keys.iter().any(|k| k.handle == handle && k.windowed) {
+            return Ok(());
+        }
         let Some(w) = &mut self.windows else {
             return Ok(());
         };
@@ -117,7 +129,9 @@ impl VerbsTransport {
                 Err(e) => return Err(self.fail(e.to_string())),
             }
         }
-        w.grant(handle, element);
+        if w.grant(handle, element) == Some(true) {
+            self.stats.bind += 1;
+        }
         Ok(())
     }
 
@@ -134,7 +148,9 @@ impl VerbsTransport {
             Some(w),
         ) = (&done, &mut self.windows)
         {
-            w.written(*handle, *element);
+            if w.written(*handle, *element) {
+                self.stats.close += 1;
+            }
         }
         done
     }
@@ -158,7 +174,8 @@ impl VerbsTransport {
             }
             self.binding = None;
         }
-        if self.windows.as_ref().is_some_and(|w| w.pending() > 0) {
+        // The keys of the last phase's binds go before another phase starts.
+        if self.window_tx.is_empty() && self.windows.as_ref().is_some_and(|w| w.pending() > 0) {
             if self.stage.outstanding() > 0 {
                 // Let the queue drain first.
                 return Ok(true);
@@ -236,10 +253,7 @@ impl VerbsTransport {
             };
             self.binding = Some(id);
             if element.is_ok() {
-                self.stats.bind += 1;
                 self.window_tx.push(KeyNotice { off: at, len, rkey }.emit());
-            } else {
-                self.stats.close += 1;
             }
             if let Some(w) = &mut self.windows {
                 w.posted();

@@ -100,6 +100,10 @@ const CONTROL_STAGE_BYTES: usize = 256 << 10;
 /// and receives, of its data channel and of its control channel.
 pub const PINNED: u64 = (STAGE_BYTES + CONTROL_STAGE_BYTES) as u64
     + (RECV_DEPTH + CONTROL_RECV_DEPTH) as u64 * RECV_BUF as u64;
+/// Most elements of one queue pair's pools granted through windows, each a registration
+/// and a window of this side's: a peer's pools beyond it get a key each (docs/protocol.md
+/// section 10).
+const MAX_WINDOWED_ELEMENTS: usize = 4096;
 /// At most this many unsignalled work requests in a row.
 const SIGNAL_EVERY: u64 = 16;
 /// Longest a queue pair waits with sends outstanding and none completing: a peer that takes
@@ -154,16 +158,19 @@ struct PoolKey {
     /// Offset in the arena, bytes of each element.
     off: u64,
     element_size: u32,
+    /// Granted through element windows (else through the pool's key).
+    windowed: bool,
     /// Its registration (with windows, one per element): dropped, deregistered.
     mrs: Vec<Mr>,
 }
 
-/// A channel over an RC queue pair. Fields drop in order: the memory windows (a region
-/// with a window bound to it cannot be deregistered), the queue pair before the completion
-/// queue and the memory regions it uses, all before their protection domain.
+/// A channel over an RC queue pair. Fields drop in order: the queue pair (its binds
+/// name the windows), the memory windows (a region with a window bound to it cannot be
+/// deregistered), the completion queue and the memory regions, all before their protection
+/// domain.
 pub struct VerbsTransport {
-    mws: Vec<Mw>,
     qp: Qp,
+    mws: Vec<Mw>,
     cq: Cq,
     /// The connection manager's identifier: its channel says when the peer disconnects.
     id: Arc<CmId>,
@@ -190,6 +197,9 @@ pub struct VerbsTransport {
     peer_keys: PeerKeys,
     /// While windows are being bound: the id of the last bind or close posted.
     binding: Option<u64>,
+    /// Elements of this side's pools registered for windows (at most
+    /// [`MAX_WINDOWED_ELEMENTS`]).
+    windowed: usize,
     /// This side's pool arena (none on a control channel, which carries no writes).
     pools: Option<SharedRegion>,
     pd: Arc<Pd>,

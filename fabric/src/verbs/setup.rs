@@ -116,12 +116,12 @@ impl Prepared {
         let bell = sys::Bell::new(&[self.cq.fd(), self.id.events_fd()])?;
         Ok(VerbsTransport {
             qp: self.qp,
+            mws: Vec::new(),
             cq: self.cq,
             id: self.id,
             bell,
             stage_mr: self.stage_mr,
             recv_mr: self.recv_mr,
-            mws: Vec::new(),
             windows: self.windows.then(Windows::default),
             keys: Vec::new(),
             retired: Vec::new(),
@@ -131,6 +131,7 @@ impl Prepared {
             window_tx: Vec::new(),
             peer_keys: PeerKeys::default(),
             binding: None,
+            windowed: 0,
             pools: self.pools,
             pd: self.pd,
             peer: Peer {

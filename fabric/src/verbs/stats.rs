@@ -28,10 +28,10 @@ pub struct VerbsStats {
     pub arm: u64,
     /// Completion events read from the channel (wake-ups).
     pub events: u64,
-    /// Memory windows bound over elements granted to the peer.
+    /// Memory windows bound (or due to be) over elements granted to the peer.
     pub bind: u64,
-    /// Memory windows closed (the peer's write into the element came, or the grant was
-    /// withdrawn).
+    /// Memory windows closed (or due to be): the peer's write into the element was read, or
+    /// the grant was withdrawn.
     pub close: u64,
 }
 

@@ -62,33 +62,33 @@ impl Windows {
     }
 
     /// `element` of `handle` was granted to the peer: binds a free window over it (none
-    /// needed if one is bound there already). `false` if no window is free.
-    pub fn grant(&mut self, handle: Handle, element: u32) -> bool {
+    /// needed if one is bound there already: `Some(false)`). `None` if no window is free.
+    pub fn grant(&mut self, handle: Handle, element: u32) -> Option<bool> {
         if self.bound.contains_key(&(handle, element)) {
-            return true;
+            return Some(false);
         }
-        let Some(window) = self.free.pop_front() else {
-            return false;
-        };
+        let window = self.free.pop_front()?;
         self.bound.insert((handle, element), window);
         self.ops.push_back(WindowOp::Bind {
             window,
             handle,
             element,
         });
-        true
+        Some(true)
     }
 
     /// The peer's write into `element` of `handle` completed: its window is closed (one
-    /// touch) and free for another grant.
-    pub fn written(&mut self, handle: Handle, element: u32) {
-        if let Some(window) = self.bound.remove(&(handle, element)) {
+    /// touch) and free for another grant. Whether it had one.
+    pub fn written(&mut self, handle: Handle, element: u32) -> bool {
+        let window = self.bound.remove(&(handle, element));
+        if let Some(window) = window {
             self.close(window, handle, element);
         }
+        window.is_some()
     }
 
-    /// Closes every window bound in pool `handle` (its grants are withdrawn).
-    pub fn revoke(&mut self, handle: Handle) {
+    /// Closes every window bound in pool `handle` (its grants are withdrawn); how many.
+    pub fn revoke(&mut self, handle: Handle) -> usize {
         let mut gone: Vec<(u32, usize)> = self
             .bound
             .iter()
@@ -96,17 +96,19 @@ impl Windows {
             .map(|(&(_, e), &w)| (e, w))
             .collect();
         gone.sort_unstable();
-        for (e, w) in gone {
+        for &(e, w) in &gone {
             self.bound.remove(&(handle, e));
             self.close(w, handle, e);
         }
+        gone.len()
     }
 
-    /// Pool `handle` is freed: its windows are closed, then [`WindowOp::Release`] says
-    /// when its registration may go.
-    pub fn release(&mut self, handle: Handle) {
-        self.revoke(handle);
+    /// Pool `handle` is freed: its windows are closed (how many), then
+    /// [`WindowOp::Release`] says when its registration may go.
+    pub fn release(&mut self, handle: Handle) -> usize {
+        let closed = self.revoke(handle);
         self.ops.push_back(WindowOp::Release(handle));
+        closed
     }
 
     fn close(&mut self, window: usize, handle: Handle, element: u32) {
@@ -156,13 +158,13 @@ mod tests {
     fn a_grant_binds_a_window_a_write_closes_it() {
         let mut w = Windows::default();
         assert!(w.needs_window());
-        assert!(!w.grant(h(1), 0));
+        assert_eq!(w.grant(h(1), 0), None);
         assert_eq!(w.add(), 0);
-        assert!(w.grant(h(1), 0));
-        assert!(w.grant(h(1), 0), "bound already");
-        w.written(h(1), 0);
-        w.written(h(1), 0);
-        assert!(w.grant(h(1), 0));
+        assert_eq!(w.grant(h(1), 0), Some(true));
+        assert_eq!(w.grant(h(1), 0), Some(false), "bound already");
+        assert!(w.written(h(1), 0));
+        assert!(!w.written(h(1), 0));
+        assert_eq!(w.grant(h(1), 0), Some(true));
         let bind = WindowOp::Bind {
             window: 0,
             handle: h(1),
@@ -187,6 +189,7 @@ mod tests {
         w.grant(h(1), 1);
         drain(&mut w);
         w.release(h(1));
+        assert_eq!(w.revoke(h(1)), 0, "closed already");
         assert_eq!(
             drain(&mut w),
             [
@@ -204,9 +207,9 @@ mod tests {
             ]
         );
         // The closed windows serve the next grants, the longest closed first.
-        assert!(w.grant(h(3), 5));
-        assert!(w.grant(h(3), 6));
-        assert!(!w.grant(h(3), 7));
+        assert_eq!(w.grant(h(3), 5), Some(true));
+        assert_eq!(w.grant(h(3), 6), Some(true));
+        assert_eq!(w.grant(h(3), 7), None);
     }
 
     proptest! {
@@ -225,17 +228,18 @@ mod tests {
             for (kind, pool, element) in events {
                 match kind {
                     0 => {
-                        if w.grant(h(pool), element) {
+                        if w.grant(h(pool), element).is_some() {
                             granted.insert((h(pool), element));
                         }
                     }
                     1 => {
-                        w.written(h(pool), element);
-                        granted.remove(&(h(pool), element));
+                        let had = w.written(h(pool), element);
+                        prop_assert_eq!(had, granted.remove(&(h(pool), element)));
                     }
                     _ => {
-                        w.revoke(h(pool));
+                        let before = granted.len();
                         granted.retain(|g| g.0 != h(pool));
+                        prop_assert_eq!(w.revoke(h(pool)), before - granted.len());
                     }
                 }
                 for op in drain(&mut w) {
