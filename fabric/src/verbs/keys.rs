@@ -17,6 +17,15 @@ struct Key {
     once: bool,
 }
 
+/// The key for a write ([`PeerKeys::find`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyUse {
+    /// The remote key.
+    pub rkey: u32,
+    /// A window's key: where its range starts, to forget it once used.
+    once_at: Option<u64>,
+}
+
 /// The keys the peer told this side, none overlapping another.
 #[derive(Debug, Default)]
 pub struct PeerKeys {
@@ -53,18 +62,28 @@ impl PeerKeys {
             .map(|(_, k)| k.rkey)
     }
 
-    /// The key of the range holding all of `off..end`, if one does.
-    pub fn find(&self, off: u64, end: u64) -> Option<u32> {
-        self.holding(off, end).map(|(_, k)| k.rkey)
+    /// The key of the range holding all of `off..end`, if one does, for a write there:
+    /// pass it to [`PeerKeys::used`] once the write is posted.
+    pub fn find(&self, off: u64, end: u64) -> Option<KeyUse> {
+        self.holding(off, end).map(|(start, k)| KeyUse {
+            rkey: k.rkey,
+            once_at: k.once.then_some(start),
+        })
     }
 
-    /// The key of the range holding all of `off..end`, for a write posted there: a
-    /// window's key is forgotten (it opens the element for one write).
-    pub fn take(&mut self, off: u64, end: u64) -> Option<u32> {
-        let (start, key) = self.holding(off, end)?;
-        if key.once {
+    /// A write with `key` was posted: a window's key is forgotten (it opens its element
+    /// for one write).
+    pub fn used(&mut self, key: KeyUse) {
+        if let Some(start) = key.once_at {
             self.keys.remove(&start);
         }
+    }
+
+    /// [`PeerKeys::find`] and [`PeerKeys::used`] at once.
+    #[cfg(test)]
+    pub fn take(&mut self, off: u64, end: u64) -> Option<u32> {
+        let key = self.find(off, end)?;
+        self.used(key);
         Some(key.rkey)
     }
 
@@ -95,7 +114,7 @@ mod tests {
         assert_eq!(k.take(4000, 4097), None);
         assert_eq!(k.take(8192, 8192 + 1025), None);
         assert_eq!(k.get(8192), Some(9));
-        assert_eq!(k.find(8192, 8192 + 1024), Some(9));
+        assert_eq!(k.find(8192, 8192 + 1024).map(|u| u.rkey), Some(9));
         assert_eq!(k.take(8192, 8192 + 1024), Some(9));
         assert_eq!(
             k.take(8192, 8192 + 1024),

@@ -52,7 +52,7 @@ pub use setup::{accept, offer};
 pub use stats::VerbsStats;
 
 use cm::CmId;
-use keys::PeerKeys;
+use keys::{KeyUse, PeerKeys};
 use splitnet_messaging::adapter::{
     Channel, ChannelError, Op, OpHeader, Payload, RxCompletion, RxError, MAX_PREFIX, OP_HEADER_LEN,
 };
@@ -437,7 +437,7 @@ impl VerbsTransport {
     /// Where a write to `addr` (the peer's registry address) of `len` bytes lands in the
     /// peer's arena, and the key of the pool or element window it lies in: `Err(false)`
     /// while that key has not come yet, `Err(true)` if it lies outside the arena.
-    fn remote(&self, addr: u64, len: usize) -> Result<(u64, u32), bool> {
+    fn remote(&self, addr: u64, len: usize) -> Result<(u64, KeyUse), bool> {
         let off = splitnet_messaging::memory::arena_offset(addr);
         let end = off.checked_add(len as u64).ok_or(true)?;
         if end > self.peer.arena_len {
@@ -571,6 +571,8 @@ impl Channel for VerbsTransport {
             if self.stage.outstanding() + wrs > SEND_DEPTH as usize {
                 break;
             }
+            // The key a write uses: a window's is used up once the write is posted.
+            let mut key = None;
             let (kind, notice) = match op.op {
                 Op::Send => {
                     if len > self.peer.recv_buf as usize {
@@ -584,7 +586,10 @@ impl Channel for VerbsTransport {
                 }
                 Op::WriteImm { addr, .. } | Op::Write { addr, .. } => {
                     let (raddr, rkey) = match self.remote(addr, len) {
-                        Ok(r) => r,
+                        Ok((raddr, k)) => {
+                            key = Some(k);
+                            (raddr, k.rkey)
+                        }
                         // The pool's key is on its way: wait for it.
                         Err(false) => break,
                         Err(true) => {
@@ -626,10 +631,8 @@ impl Channel for VerbsTransport {
                 bytes[len..].copy_from_slice(&h);
             }
             let Some(op) = self.tx.pop_front() else { break };
-            if let SendKind::Write { addr, .. } | SendKind::WriteImm { addr, .. } = kind {
-                // A window's key opens its element for this write only.
-                let off = addr - self.peer.arena_addr;
-                self.peer_keys.take(off, off + len as u64);
+            if let Some(k) = key {
+                self.peer_keys.used(k);
             }
             self.tx_bytes -= len;
             if let Payload::Buf(b) = op.payload {
