@@ -32,6 +32,7 @@ BIN = os.environ.get("SPLITNET_BIN") or os.path.join(
 OUT = os.path.join(ROOT, "bench", "out")
 WORKERS = None  # the IOC's fabric.workers (--workers); None: the shipped configuration's
 SPIN_MAX_US = None  # the hosts' fabric.spin_max_us (--spin-max-us); None: the shipped one's
+RX_QUEUES = None  # the IOC's lan.rx_queues (--rx-queues); None: the shipped configuration's
 NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
 procs = []
 
@@ -191,12 +192,14 @@ def ioc_config(local=False, plain=False):
     open admission), with `--workers` workers when given, and listening on LOCAL_SOCKET too
     when `local`."""
     src = os.path.join(ROOT, "systemd", "ioc.toml")
-    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{int(local)}-{int(plain)}.toml"
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{int(local)}-{int(plain)}.toml"
     _, host_pubs = keys()
     with open(src) as f, open(path, "w") as out:
         text = f.read()
         if WORKERS is not None:
             text = text.replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n")
+        if RX_QUEUES is not None:
+            text = text.replace("\nrx_queues = 2\n", f"\nrx_queues = {RX_QUEUES}\n")
         if local:
             text = text.replace("\n[lan]\n", f'\nlisten_local = "{LOCAL_SOCKET}"\n\n[lan]\n', 1)
         text = text.replace("\n# private_key_file = ", f'\nprivate_key_file = "{KEYS}/ioc.key"\n# was: ')
@@ -554,9 +557,13 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hosts", default="1,2,4,8")
     ap.add_argument("--queues", default="1,2", help="TAP queues of one host to compare (4 flows)")
-    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet,splitnet-shm,splitnet-unix")
+    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet,splitnet-shm,splitnet-unix",
+                    help="modes to measure; a splitnet mode ending in -qN (splitnet-shm-q4)"
+                         " gives its host N TAP queues")
     ap.add_argument("--workers", type=int, default=None,
                     help="the IOC's fabric.workers (default: the shipped ioc.toml's)")
+    ap.add_argument("--rx-queues", type=int, default=None,
+                    help="the IOC's lan.rx_queues (default: the shipped ioc.toml's)")
     ap.add_argument("--spin-max-us", type=int, default=None,
                     help="the hosts' fabric.spin_max_us (default: the shipped host.toml's)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
@@ -564,8 +571,9 @@ def main():
     ap.add_argument("--syscalls", action="store_true",
                     help="only the daemons' system calls per frame (perf), over TCP and shared memory")
     a = ap.parse_args()
-    global WORKERS, SPIN_MAX_US
+    global WORKERS, SPIN_MAX_US, RX_QUEUES
     WORKERS = a.workers
+    RX_QUEUES = a.rx_queues
     SPIN_MAX_US = a.spin_max_us
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
@@ -587,12 +595,17 @@ def main():
             json.dump(rows, f, indent=2)
         print(f"\nwrote {OUT}/syscalls.json")
         return
-    setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn,
-              "splitnet": setup_splitnet,
-              "splitnet-plain": lambda: setup_splitnet(plain=True),
-              "splitnet-encrypted": lambda: setup_splitnet(sealed=True),
-              "splitnet-shm": lambda: setup_splitnet(local="shm"),
-              "splitnet-unix": lambda: setup_splitnet(local="unix")}
+    setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn}
+    variants = {"splitnet": {}, "splitnet-plain": {"plain": True},
+                "splitnet-encrypted": {"sealed": True}, "splitnet-shm": {"local": "shm"},
+                "splitnet-unix": {"local": "unix"}}
+    for m in a.only.split(","):
+        # A splitnet mode with "-qN": its host with N TAP queues.
+        base, _, q = m.rpartition("-q")
+        kw = dict(variants[base], queues=int(q)) if base in variants and q.isdigit() \
+            else variants.get(m)
+        if kw is not None:
+            setups[m] = lambda kw=kw: setup_splitnet(**kw)
     results = []
     try:
         print(f"== peers and splitnet: iperf3 {a.seconds}s x best of {a.runs}, ping 300 x 5 ms")

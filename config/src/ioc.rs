@@ -264,11 +264,26 @@ pub struct Lan {
     /// that at once); beyond, they are dropped and counted. 0: no limit.
     #[serde(default = "default_storm_control_pps")]
     pub storm_control_pps: u32,
+    /// Receive queues of each worker on the NIC: packet sockets in the NIC's fanout group
+    /// among which the kernel spreads each worker's frames by flow hash, read round robin,
+    /// so that a bulk flow's backlog waits in its own queue and not in front of a ping.
+    #[serde(default = "default_rx_queues")]
+    pub rx_queues: u32,
 }
 
 fn default_storm_control_pps() -> u32 {
     5000
 }
+
+/// Most receive queues per worker.
+pub const MAX_RX_QUEUES: u32 = 16;
+
+fn default_rx_queues() -> u32 {
+    DEFAULT_RX_QUEUES
+}
+
+/// Receive queues per worker unless configured (see README, "Latency under load").
+pub const DEFAULT_RX_QUEUES: u32 = 2;
 
 /// Which MAC addresses a host may set for itself (CfgUtil SetMac).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -367,6 +382,12 @@ impl IocConfig {
             self.lan.storm_control_pps.into(),
             0,
             10_000_000,
+        )?;
+        range(
+            "lan.rx_queues",
+            self.lan.rx_queues.into(),
+            1,
+            MAX_RX_QUEUES.into(),
         )?;
         self.pools.validate()?;
         self.metrics.validate()?;

@@ -251,8 +251,8 @@ fn stats(s: &Stats) -> String {
     if let Some(l) = &s.tx_limit {
         let _ = writeln!(
             o,
-            "  in flight to the IOC at most {} bytes (grown {}, shrunk {}, held back {}); {} frames queued, {} dropped by the flow queue",
-            l.limit_bytes, l.grown, l.shrunk, l.held_back, l.queued, l.queue_drops
+            "  in flight to the IOC at most {} bytes (grown {}, shrunk {}, held back {}); {} frames queued, {} dropped by the flow queue, {} marked CE",
+            l.limit_bytes, l.grown, l.shrunk, l.held_back, l.queued, l.queue_drops, l.ce_marked
         );
     }
     o
@@ -439,6 +439,7 @@ mod tests {
             buffers: 0,
             buffer_quota: 512,
             in_place: 0,
+            ce_marked: 0,
             drops: BTreeMap::new(),
         };
         let h = Hosts {

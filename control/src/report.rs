@@ -288,6 +288,10 @@ pub struct HostEntry {
     /// NIC (a host over shared memory; frames few enough for SendData go inline instead).
     #[serde(default)]
     pub in_place: u64,
+    /// Frames to it the IOC marked Congestion Experienced (RFC 3168) while more than half
+    /// its share of send buffers was held, instead of dropping frames once it is full.
+    #[serde(default)]
+    pub ce_marked: u64,
     /// Its frames dropped, by cause (causes with a count only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drops: BTreeMap<String, u64>,
@@ -435,4 +439,7 @@ pub struct TxLimit {
     pub queued: u64,
     /// Frames the flow queue dropped: a flow over its share, or the queue full.
     pub queue_drops: u64,
+    /// Frames of a flow with a standing queue marked Congestion Experienced (RFC 3168).
+    #[serde(default)]
+    pub ce_marked: u64,
 }

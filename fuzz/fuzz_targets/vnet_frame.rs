@@ -1,7 +1,8 @@
-//! The virtio-net header and Ethernet checks, the flow hash and the VLAN tag re-insertion,
-//! on arbitrary frames.
+//! The virtio-net header and Ethernet checks, the flow hash, the VLAN tag re-insertion and
+//! the ECN mark, on arbitrary frames.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use splitnet_messaging::ecn::{mark_ce, Mark};
 use splitnet_messaging::vnet::{
     check_frame, flow_hash, gso_segment_l3_len, insert_vlan, VLAN_TAG_LEN, VNET_HDR_LEN,
 };
@@ -40,5 +41,16 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         None => assert_eq!(&buf[..data.len()], data),
+    }
+    // An ECN mark changes only the ECN field and the IPv4 checksum (three bytes at most),
+    // never the length, and a second one finds the mark.
+    let mut marked = data.to_vec();
+    match mark_ce(&mut marked) {
+        Mark::Marked => {
+            let changed = marked.iter().zip(data).filter(|(a, b)| a != b).count();
+            assert!((1..=3).contains(&changed));
+            assert_eq!(mark_ce(&mut marked.clone()), Mark::AlreadyMarked);
+        }
+        _ => assert_eq!(marked, data),
     }
 });

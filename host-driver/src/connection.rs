@@ -147,7 +147,7 @@ impl<'a> Conn<'a> {
             peer: cfg.fabric.ioc.to_string(),
             tl,
             reg,
-            out: Outbound::new(limit),
+            out: Outbound::new(limit, queue.count > 1),
             keepalive: Keepalive::new(
                 cfg.fabric.keepalive_interval(),
                 cfg.fabric.keepalive_timeout(),
@@ -189,7 +189,7 @@ impl<'a> Conn<'a> {
             if first {
                 self.carrier.update(&self.settings, self.tap, ready_sent);
             }
-            let tap_wanted = tap_wanted(self.carrier.is_on() || !first, self.out.has_free());
+            let tap_wanted = tap_wanted(self.carrier.is_on() || !first, self.out.can_read());
             let pending = self.tl.link.pending() > 0;
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
             // Shared memory: ask for the doorbell; records may be waiting already. Before

@@ -293,6 +293,12 @@ impl Snapshot {
             self.drops_before.tx_flow_queue + self.drops.tx_flow_queue,
         )
         .metric(
+            "splitnet_host_tx_ce_marked_total",
+            "counter",
+            "Frames the first queue's flow queue marked Congestion Experienced (this connection).",
+            self.tx_limit.ce_marked,
+        )
+        .metric(
             "splitnet_host_credits_free",
             "gauge",
             "Free elements in the IOC's pools.",

@@ -35,7 +35,9 @@ pub fn budget(cfg: &IocConfig, workers: usize, tcp: u64) -> Budget {
         .max(tcp / 2 + splitnet_fabric::verbs::PINNED);
     let session = pools + transport + MAX_CONTROL_BACKLOG as u64 + RCVBUF as u64;
     let (_, buffers) = buffer_plan(cfg.fabric.max_hosts);
-    let worker = buffers as u64 * wire::MAX_SEND_DATA as u64 + RCVBUF as u64 + NIC_SNDBUF;
+    // Each receive queue's socket holds up to RCVBUF; the first also sends.
+    let nic = u64::from(cfg.lan.rx_queues) * RCVBUF as u64 + NIC_SNDBUF;
+    let worker = buffers as u64 * wire::MAX_SEND_DATA as u64 + nic;
     let workers = workers as u64;
     Budget {
         bytes: sessions * session + workers * worker + BASE,
@@ -96,6 +98,7 @@ mod tests {
             20 << 20,
         );
         let more_workers = budget(&config(base), 2, 20 << 20);
+        let more_queues = budget(&config(&format!("{base}rx_queues = 4\n")), 1, 20 << 20);
         let bigger_sockets = budget(&config(base), 1, 200 << 20);
         let bigger_pools = budget(
             &config(&format!("{base}[pools]\nmax_granted_bytes = 268435456\n")),
@@ -105,6 +108,7 @@ mod tests {
         for (what, x) in [
             ("hosts", &more_hosts),
             ("workers", &more_workers),
+            ("receive queues", &more_queues),
             ("sockets", &bigger_sockets),
             ("pools", &bigger_pools),
         ] {

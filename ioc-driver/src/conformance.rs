@@ -333,7 +333,7 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut WorkerState)) -> SocketAddr {
         local.block_on(&rt, async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let fake = |_| -> NicFactory {
-                Box::new(|| Ok((Box::new(FakeNic::default()) as Box<dyn Nic>, None)))
+                Box::new(|| Ok((Box::new(FakeNic::default()) as Box<dyn Nic>, Vec::new())))
             };
             let cluster = Cluster::start(cfg, None, 1500, true, None, fake, prepare).unwrap();
             let acceptor = Acceptor::new(Rc::new(RefCell::new(cluster)));

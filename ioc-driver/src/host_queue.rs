@@ -12,6 +12,7 @@ use crate::gate::Policy;
 use crate::own_queue::{OwnQueue, OwnQueueRetry};
 use crate::rate::RateLimit;
 use splitnet_fabric::FabricChannel;
+use splitnet_messaging::ecn::{self, Mark};
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
 use splitnet_messaging::sched::{Deficit, FqConfig, Scheduler};
@@ -124,6 +125,8 @@ pub struct HostQueue {
     pub cfg_costly_rate: RateLimit,
     /// Its broadcast and multicast frames (`lan.storm_control_pps`; `None`: no limit).
     pub storm: Option<RateLimit>,
+    /// Frames to it marked Congestion Experienced instead of being dropped later.
+    pub ce_marked: u64,
     /// Its share of its worker: frames are read from its data channel by deficit round robin
     /// among the worker's hosts ([`DRR_QUANTUM`] per host and round, split among its queues).
     pub drr: Deficit,
@@ -194,6 +197,7 @@ impl HostQueue {
             cfg_rate: RateLimit::new(CFG_RATE.0, CFG_RATE.1, Instant::now()),
             cfg_costly_rate: RateLimit::new(CFG_COSTLY_RATE.0, CFG_COSTLY_RATE.1, Instant::now()),
             storm: None,
+            ce_marked: 0,
             drr: Deficit::new(DRR_QUANTUM / u32::from(queue.count.max(1))),
         }
     }
@@ -309,10 +313,17 @@ impl HostQueue {
     /// Queues a frame for this host in its receive ring, by flow, and sends what the credits
     /// let through. A frame beyond its quota, or pushed out of a full ring, is dropped and
     /// counted.
-    pub fn post(&mut self, buf: SendBuf, cache: &mut SendBufCache) {
+    pub fn post(&mut self, mut buf: SendBuf, cache: &mut SendBufCache) {
         if !self.make_room(cache) {
             cache.put(buf);
             return;
+        }
+        // More than half its share of send buffers held (frames waiting for credit or on
+        // its link): a standing backlog towards the host, which sheds frames once the share
+        // is full. An ECN-capable frame is marked Congestion Experienced instead (RFC 3168),
+        // so that its sender slows down before frames must be dropped.
+        if self.held() * 2 > self.quota && ecn::mark_ce(buf.as_mut_slice()) == Mark::Marked {
+            self.ce_marked += 1;
         }
         let len = buf.len() as u32;
         let mut dropped = 0;

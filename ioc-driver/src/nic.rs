@@ -8,6 +8,7 @@ use splitnet_netif::packet::{FilterHandle, PacketSocket};
 use splitnet_netif::{fanout, filter};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
+use tracing::warn;
 
 /// The NIC's frames for one host alone, which the kernel sorts out of the others
 /// ([`Nic::host_rx`]) and the IOC reads straight into the host's shared memory.
@@ -67,6 +68,16 @@ pub trait Nic: std::fmt::Debug {
         }
         Ok(got)
     }
+    /// As [`Nic::recv_batch`], from receive queue `queue` (a NIC of one queue has queue 0).
+    fn recv_batch_from(
+        &self,
+        queue: usize,
+        bufs: &mut [&mut [u8]],
+        lens: &mut [usize],
+    ) -> io::Result<usize> {
+        let _ = queue;
+        self.recv_batch(bufs, lens)
+    }
     /// Sends one frame.
     fn send(&self, frame: &[u8]) -> io::Result<usize>;
     /// Sends one frame made of `head` (private) and `rest` (in a host's shared pool).
@@ -98,8 +109,9 @@ pub trait Nic: std::fmt::Debug {
     fn set_unicast(&self, mac: [u8; 6], add: bool) -> io::Result<()>;
     /// Holds (`on`) the NIC in promiscuous mode, or lets it go.
     fn set_promisc(&self, on: bool) -> io::Result<()>;
-    /// Steers received frames for each MAC of `table` to the worker it names, the
-    /// rest by flow hash (a NIC shared by workers); nothing for a NIC of one worker.
+    /// Steers received frames for each MAC of `table` to the worker it names (to its
+    /// receive queues by flow hash), the rest by flow hash (a NIC shared by workers);
+    /// nothing for a NIC of one worker.
     fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
         let _ = table;
         Ok(())
@@ -113,6 +125,160 @@ pub trait Nic: std::fmt::Debug {
     /// The handle that sets this socket's exclusions; `None` when it has none.
     fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
         Ok(None)
+    }
+}
+
+/// Opens `queues` packet sockets per worker on `name` (its receive queues), for `n`
+/// workers, in one fanout group when there are several: worker `w`'s are the group's sockets
+/// `w * queues ..`, and until the workers steer their MACs every frame goes by flow hash.
+pub fn open_lan(
+    name: &str,
+    n: usize,
+    queues: usize,
+    promisc: bool,
+) -> io::Result<Vec<Vec<PacketSocket>>> {
+    let mut socks = Vec::with_capacity(n * queues);
+    let mut group = None;
+    for _ in 0..n * queues {
+        let s = PacketSocket::open(name)?;
+        if n * queues > 1 {
+            group = Some(s.join_fanout(group)?);
+        }
+        socks.push(s);
+    }
+    if let (Some(s), Some(_)) = (socks.first(), group) {
+        s.set_fanout_program(&fanout::steering_program(&[], queues as u32))?;
+    }
+    let want = splitnet_netif::packet::RCVBUF as usize;
+    if let Some(got) = socks.first().and_then(|s| s.rcvbuf().ok()) {
+        if got < want {
+            warn!(
+                "the NIC's receive ring is {} KiB, not {} KiB: capped by net.core.rmem_max \
+                 (SO_RCVBUFFORCE needs CAP_NET_ADMIN)",
+                got >> 10,
+                want >> 10
+            );
+        }
+    }
+    if promisc {
+        if let Some(s) = socks.first() {
+            s.set_promiscuous()?;
+        }
+    }
+    let mut socks = socks.into_iter();
+    Ok((0..n)
+        .map(|_| socks.by_ref().take(queues).collect())
+        .collect())
+}
+
+/// A worker's receive queues on the NIC: its packet sockets in the NIC's fanout group (see
+/// [`fanout`]), among which the kernel spreads the worker's frames by flow hash. The first
+/// also sends, holds the multicast memberships and the promiscuous mode, and sets the group's
+/// program; every one of them takes the workers' exclusions.
+#[derive(Debug)]
+pub struct LanQueues {
+    socks: Vec<PacketSocket>,
+}
+
+impl LanQueues {
+    /// The queues `socks` (at least one), the group's sockets `w * n ..` of worker `w`.
+    pub fn new(socks: Vec<PacketSocket>) -> io::Result<LanQueues> {
+        if socks.is_empty() {
+            return Err(io::Error::other("no socket for this worker"));
+        }
+        Ok(LanQueues { socks })
+    }
+
+    /// The sockets, to wait on each.
+    pub fn sockets(&self) -> &[PacketSocket] {
+        &self.socks
+    }
+
+    fn first(&self) -> &PacketSocket {
+        &self.socks[0]
+    }
+}
+
+impl Nic for LanQueues {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.first().recv(buf)
+    }
+
+    fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
+        self.first().recv_batch(bufs, lens)
+    }
+
+    /// One `recvmmsg(2)` on that queue's socket.
+    fn recv_batch_from(
+        &self,
+        queue: usize,
+        bufs: &mut [&mut [u8]],
+        lens: &mut [usize],
+    ) -> io::Result<usize> {
+        match self.socks.get(queue) {
+            Some(s) => s.recv_batch(bufs, lens),
+            None => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    fn send(&self, frame: &[u8]) -> io::Result<usize> {
+        self.first().send(frame)
+    }
+
+    fn send_parts(&self, head: &[u8], rest: &SharedBytes<'_>) -> io::Result<usize> {
+        self.first().send_parts(head, rest)
+    }
+
+    fn send_batch(&self, frames: &[&[u8]]) -> io::Result<usize> {
+        self.first().send_batch(frames)
+    }
+
+    /// Every queue's (a failed read counts nothing).
+    fn take_drops(&self) -> u64 {
+        self.socks.iter().map(|s| s.take_drops().unwrap_or(0)).sum()
+    }
+
+    fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {
+        self.first().set_multicast(group, join)
+    }
+
+    fn set_unicast(&self, mac: [u8; 6], add: bool) -> io::Result<()> {
+        self.first().set_unicast(mac, add)
+    }
+
+    fn set_promisc(&self, on: bool) -> io::Result<()> {
+        self.first().set_promisc(on)
+    }
+
+    /// The group's program, each worker's MACs spread over its queues.
+    fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
+        let queues = self.socks.len() as u32;
+        self.first()
+            .set_fanout_program(&fanout::steering_program(table, queues))
+    }
+
+    fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
+        self.first().host_rx(mac)
+    }
+
+    /// A second descriptor of every queue's socket, whose filters it sets.
+    fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
+        let handles = self
+            .socks
+            .iter()
+            .map(PacketSocket::filter_handle)
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(Some(Box::new(Exclusions(handles))))
+    }
+}
+
+/// The exclusions of every receive queue of a worker.
+#[derive(Debug)]
+struct Exclusions(Vec<FilterHandle>);
+
+impl Exclusion for Exclusions {
+    fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
+        self.0.iter().try_for_each(|h| h.exclude(macs))
     }
 }
 
@@ -157,9 +323,9 @@ impl Nic for PacketSocket {
         PacketSocket::take_drops(self).unwrap_or(0)
     }
 
-    /// The fanout group's program (see [`PacketSocket::join_fanout`]).
+    /// The fanout group's program (see [`PacketSocket::join_fanout`]), one queue per worker.
     fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
-        self.set_fanout_program(&fanout::steering_program(table))
+        self.set_fanout_program(&fanout::steering_program(table, 1))
     }
 
     /// A socket of its own on the interface, whose filter takes only `mac`'s frames.

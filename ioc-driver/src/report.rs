@@ -160,6 +160,7 @@ impl WorkerState {
                     buffers: h.held() as u32,
                     buffer_quota: h.quota as u32,
                     in_place: h.link.as_ref().map_or(0, |l| l.stats().tx_in_place),
+                    ce_marked: h.ce_marked,
                     drops: counted(h.drops.named().into_iter()),
                 },
                 stats: h.stats,
@@ -522,27 +523,42 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             e.sample(name, &labels, n);
         }
     }
-    let name = "splitnet_ioc_host_rx_in_place_total";
-    e.family(
-        name,
-        "counter",
-        "LAN frames read straight into the host's pools from its own queue on the NIC (small ones go inline).",
+    // One sample per host session of each of these: name, type, help, value.
+    type PerSession = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&HostEntry) -> u64,
     );
-    for h in &snap.hosts {
-        let labels = format!(
-            "session=\"{}\",queue=\"{}\"",
-            h.entry.session, h.entry.queue
-        );
-        e.sample(name, &labels, h.entry.in_place);
-    }
-    let name = "splitnet_ioc_host_send_buffers";
-    e.family(name, "gauge", "The IOC's send buffers the host holds now.");
-    for h in &snap.hosts {
-        let labels = format!(
-            "session=\"{}\",queue=\"{}\"",
-            h.entry.session, h.entry.queue
-        );
-        e.sample(name, &labels, u64::from(h.entry.buffers));
+    let by_session: [PerSession; 3] = [
+        (
+            "splitnet_ioc_host_rx_in_place_total",
+            "counter",
+            "LAN frames read straight into the host's pools from its own queue on the NIC (small ones go inline).",
+            |h| h.in_place,
+        ),
+        (
+            "splitnet_ioc_host_rx_ce_marked_total",
+            "counter",
+            "Frames to the host marked Congestion Experienced while its backlog stood (instead of dropped later).",
+            |h| h.ce_marked,
+        ),
+        (
+            "splitnet_ioc_host_send_buffers",
+            "gauge",
+            "The IOC's send buffers the host holds now.",
+            |h| u64::from(h.buffers),
+        ),
+    ];
+    for (name, kind, help, get) in by_session {
+        e.family(name, kind, help);
+        for h in &snap.hosts {
+            let labels = format!(
+                "session=\"{}\",queue=\"{}\"",
+                h.entry.session, h.entry.queue
+            );
+            e.sample(name, &labels, get(&h.entry));
+        }
     }
     e.finish()
 }

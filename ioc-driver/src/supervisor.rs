@@ -5,7 +5,7 @@
 
 use crate::admission::Incoming;
 use crate::gate::Gate;
-use crate::nic::Nic;
+use crate::nic::{open_lan, LanQueues, Nic};
 use crate::nic_link::{NicFollow, NicLink};
 use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
@@ -315,37 +315,6 @@ impl Introspect for Cluster {
     }
 }
 
-/// Opens one packet socket per worker on `name`, in one fanout group when there are
-/// several (in worker order: the group's socket `i` is worker `i`'s).
-fn open_sockets(name: &str, n: usize, promisc: bool) -> io::Result<Vec<PacketSocket>> {
-    let mut socks = Vec::with_capacity(n);
-    let mut group = None;
-    for _ in 0..n {
-        let s = PacketSocket::open(name)?;
-        if n > 1 {
-            group = Some(s.join_fanout(group)?);
-        }
-        socks.push(s);
-    }
-    let want = splitnet_netif::packet::RCVBUF as usize;
-    if let Some(got) = socks.first().and_then(|s| s.rcvbuf().ok()) {
-        if got < want {
-            warn!(
-                "the NIC's receive ring is {} KiB, not {} KiB: capped by net.core.rmem_max \
-                 (SO_RCVBUFFORCE needs CAP_NET_ADMIN)",
-                got >> 10,
-                want >> 10
-            );
-        }
-    }
-    if promisc {
-        if let Some(s) = socks.first() {
-            s.set_promiscuous()?;
-        }
-    }
-    Ok(socks)
-}
-
 /// How long the IOC waits for its fabric address to be free: an instance killed a moment
 /// ago may still hold it while the kernel tears its sockets down.
 const LISTEN_RETRY: Duration = Duration::from_secs(5);
@@ -387,7 +356,8 @@ pub async fn run(
     // "auto": each worker puts its hosts' MACs in the NIC's unicast filter and holds it
     // promiscuous while one of its hosts is (`WorkerState::sync_nic_filter`).
     let promisc = cfg.lan.promiscuous == Promiscuous::On;
-    let mut socks: Vec<Option<PacketSocket>> = open_sockets(&name, n, promisc)
+    let queues = cfg.lan.rx_queues as usize;
+    let mut socks: Vec<Option<Vec<PacketSocket>>> = open_lan(&name, n, queues, promisc)
         .map_err(lan_err)?
         .into_iter()
         .map(Some)
@@ -447,9 +417,13 @@ pub async fn run(
         |i| {
             let sock = socks[i].take();
             Box::new(move || {
-                let sock = sock.ok_or_else(|| io::Error::other("no socket for this worker"))?;
-                let ready = Ready::new(&sock)?;
-                Ok((Box::new(sock) as Box<dyn Nic>, Some(ready)))
+                let queues = LanQueues::new(sock.unwrap_or_default())?;
+                let ready = queues
+                    .sockets()
+                    .iter()
+                    .map(Ready::new)
+                    .collect::<io::Result<Vec<_>>>()?;
+                Ok((Box::new(queues) as Box<dyn Nic>, ready))
             })
         },
         |_| {},

@@ -224,13 +224,17 @@ fn pump(ioc: &mut WorkerState, peer: &mut Peer, session: u64, read_data: bool) {
     }
 }
 
-/// An Ethernet frame with a virtio-net header: `len` bytes of IPv4 payload.
+/// An Ethernet frame with a virtio-net header: `len` bytes of IPv4 payload (not
+/// ECN-capable: a backlog never marks it).
 fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
     let mut f = VnetHdr::default().emit().to_vec();
     f.extend_from_slice(&dst);
     f.extend_from_slice(&src);
     f.extend_from_slice(&[0x08, 0x00]);
     f.resize(VNET_HDR_LEN + 14 + len, 0x45);
+    if let Some(tos) = f.get_mut(VNET_HDR_LEN + 15) {
+        *tos = 0;
+    }
     f
 }
 
@@ -264,7 +268,7 @@ fn from_lan(ioc: &mut WorkerState, nic: &FakeNic, to: [u8; 6], n: usize) {
         if nic.rx.borrow().is_empty() {
             return;
         }
-        from_lan::drive_lan(ioc);
+        from_lan::drive_lan(ioc, 0);
     }
     assert!(
         nic.rx.borrow().is_empty(),
@@ -343,7 +347,7 @@ fn a_lan_frame_no_pool_of_the_host_can_hold_goes_inline_not_dropped() {
     for len in [4000, 100] {
         nic.rx.borrow_mut().push_back(frame(to, LAN_PEER, len));
     }
-    from_lan::drive_lan(&mut ioc);
+    from_lan::drive_lan(&mut ioc, 0);
     pump(&mut ioc, &mut peer, s, true);
     assert_eq!(peer.frames, 2);
     assert_eq!(host(&ioc, s).drops, crate::counters::Drops::default());
@@ -420,7 +424,7 @@ fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_old
     nic.rx
         .borrow_mut()
         .push_back(frame([0xff; 6], LAN_PEER, 60));
-    from_lan::drive_lan(&mut ioc);
+    from_lan::drive_lan(&mut ioc, 0);
     let h = host(&ioc, s);
     assert_eq!(h.held(), h.quota);
     assert_eq!(
@@ -929,7 +933,7 @@ fn a_full_inbox_drops_and_counts_and_admission_spans_the_workers() {
     let n = crate::shard::INBOX_BYTES / big.len() + 5;
     for _ in 0..n {
         nic0.rx.borrow_mut().push_back(big.clone());
-        from_lan::drive_lan(&mut w[0].0);
+        from_lan::drive_lan(&mut w[0].0, 0);
     }
     let s = w[0].0.stats;
     assert_eq!(s.crossed_out + s.cross_dropped, n as u64);
@@ -1307,7 +1311,7 @@ fn a_nic_frame_the_kernel_cannot_hand_over_is_counted_and_the_frames_behind_it_a
         // reads on until one does.
         let mut got = Vec::new();
         while got.last() != Some(&LanProgress::Drained) && got.len() < 8 {
-            got.push(from_lan::drive_lan(&mut ioc));
+            got.push(from_lan::drive_lan(&mut ioc, 0));
         }
         assert_eq!(got, want, "the failed frame at {at}");
         assert!(nic.rx.borrow().is_empty());
@@ -1556,7 +1560,7 @@ fn a_lan_frame_cut_by_the_read_is_counted_and_dropped() {
     nic.rx
         .borrow_mut()
         .push_back(frame(own, LAN_PEER, wire::MAX_SEND_DATA + 100));
-    from_lan::drive_lan(&mut ioc);
+    from_lan::drive_lan(&mut ioc, 0);
     assert_eq!(ioc.stats.lan_rx_truncated, 1);
     assert_eq!(lan_to(&mut ioc, &nic, &mut pa, a, own), (3, 0));
     assert_eq!(pa.frames, 3, "only the whole frames reached the host");
@@ -1599,7 +1603,7 @@ fn a_lan_frame_with_a_bad_header_is_counted_and_dropped() {
     let mut bad = frame(own, LAN_PEER, 200);
     bad[0] = 0x80; // an unknown virtio-net flag
     nic.rx.borrow_mut().push_back(bad);
-    from_lan::drive_lan(&mut ioc);
+    from_lan::drive_lan(&mut ioc, 0);
     assert_eq!(ioc.stats.lan_rx_bad_frame, 1);
     assert_eq!(lan_to(&mut ioc, &nic, &mut pa, a, own), (3, 0));
     assert_eq!(pa.frames, 3, "only the good frames reached the host");
@@ -1711,4 +1715,61 @@ fn auto_promiscuity_puts_the_hosts_macs_in_the_nics_filter_and_holds_promisc_for
             "{setting:?}"
         );
     }
+}
+
+#[test]
+fn an_ecn_flow_towards_a_backlogged_host_is_marked_and_a_plain_one_is_not() {
+    // Two hosts at most: a quota of 128 send buffers each.
+    let (mut ioc, nic) = ioc_with("max_hosts = 2");
+    let mut cfg = host_config(128);
+    cfg.advertise = vec![PoolSpec {
+        element_size: 16 << 10,
+        element_count: 8,
+    }];
+    cfg.target.credit_batch = 1;
+    // Little credit: the host's frames wait in its receive ring, its backlog grows.
+    let (s, mut peer) = connect_with(&mut ioc, Who::node(7), false, cfg);
+    let to = mac(&ioc, s);
+    // A 15,000-byte frame of an ECT(0) flow, or of a Not-ECT flow (another source address).
+    let ip_frame = |ect: bool| {
+        let mut f = frame(to, LAN_PEER, 15_000);
+        let ip = VNET_HDR_LEN + 14;
+        f[ip + 1] = if ect { 0b10 } else { 0 };
+        f[ip + 12] = if ect { 1 } else { 2 };
+        f
+    };
+    for _ in 0..100 {
+        nic.rx.borrow_mut().push_back(ip_frame(true));
+        nic.rx.borrow_mut().push_back(ip_frame(false));
+    }
+    while !nic.rx.borrow().is_empty() {
+        from_lan::drive_lan(&mut ioc, 0);
+    }
+    let marked = host(&ioc, s).ce_marked;
+    assert!(marked > 0, "the host's backlog went past half its share");
+    peer.kept = Some(Vec::new());
+    for _ in 0..10 {
+        pump(&mut ioc, &mut peer, s, true);
+    }
+    let kept = peer.kept.take().unwrap();
+    let ip = VNET_HDR_LEN + 14;
+    let ce = |f: &Vec<u8>| f[ip + 1] & 3 == 3;
+    let (ect, plain): (Vec<_>, Vec<_>) = kept.iter().partition(|f| f[ip + 12] == 1);
+    assert_eq!(ect.iter().filter(|f| ce(f)).count() as u64, marked);
+    assert!(
+        plain.iter().all(|f| f[ip + 1] == 0),
+        "a Not-ECT frame is never marked"
+    );
+    let h = host(&ioc, s);
+    assert_eq!(
+        kept.len() as u64 + h.stats.rx_dropped,
+        200,
+        "every frame delivered or counted"
+    );
+    let line =
+        format!("splitnet_ioc_host_rx_ce_marked_total{{session=\"{s}\",queue=\"0\"}} {marked}");
+    assert!(
+        ioc.metrics_text().contains(&line),
+        "{line} not in the metrics"
+    );
 }

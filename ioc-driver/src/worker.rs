@@ -49,9 +49,9 @@ pub enum Cmd {
     Stop,
 }
 
-/// Opens the worker's NIC inside its event loop: the NIC, and the readiness of its
-/// socket (`None`: nothing to read, as for a test's NIC).
-pub type NicFactory = Box<dyn FnOnce() -> io::Result<(Box<dyn Nic>, Option<Ready>)> + Send>;
+/// Opens the worker's NIC inside its event loop: the NIC, and the readiness of each of its
+/// receive queues' sockets (none: nothing to read, as for a test's NIC).
+pub type NicFactory = Box<dyn FnOnce() -> io::Result<(Box<dyn Nic>, Vec<Ready>)> + Send>;
 
 /// A running worker, as the main thread holds it.
 #[derive(Debug)]
@@ -157,7 +157,7 @@ async fn run(
         nic,
         prepare,
     } = spec;
-    let (nic, ready) = match nic() {
+    let (nic, queues) = match nic() {
         Ok(n) => n,
         Err(e) => {
             let _ = started.send(Err(e));
@@ -173,8 +173,10 @@ async fn run(
         tokio::task::spawn_local(deliver_crossed(ioc.clone(), inbox)),
         tokio::task::spawn_local(heartbeat(beat, epoch)),
     ];
-    if let Some(ready) = ready {
-        tasks.push(tokio::task::spawn_local(lan(ioc.clone(), ready)));
+    // A task per receive queue: the runtime runs the ready ones in turn, so the queues are
+    // read round robin, a batch at a time.
+    for (queue, ready) in queues.into_iter().enumerate() {
+        tasks.push(tokio::task::spawn_local(lan(ioc.clone(), queue, ready)));
     }
     let _ = started.send(Ok(()));
     while let Some(cmd) = cmds.recv().await {
@@ -202,8 +204,8 @@ async fn run(
     shutdown(&ioc).await;
 }
 
-/// Moves frames from the NIC to the hosts.
-async fn lan(ioc: Rc<RefCell<WorkerState>>, ready: Ready) {
+/// Moves frames from the NIC's receive queue `queue` to the hosts.
+async fn lan(ioc: Rc<RefCell<WorkerState>>, queue: usize, ready: Ready) {
     loop {
         let mut g = match ready.readable().await {
             Ok(g) => g,
@@ -214,7 +216,10 @@ async fn lan(ioc: Rc<RefCell<WorkerState>>, ready: Ready) {
         };
         let (progress, freed) = {
             let mut st = ioc.borrow_mut();
-            (from_lan::drive_lan(&mut st), st.buffers_freed.clone())
+            (
+                from_lan::drive_lan(&mut st, queue),
+                st.buffers_freed.clone(),
+            )
         };
         match progress {
             LanProgress::Drained => g.clear_ready(),

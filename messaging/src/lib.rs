@@ -9,6 +9,7 @@
 //! * [`endpoint`]: the push-push state machines (target and initiator sides), the session
 //!   and the link of a host's two channels.
 //! * [`sched`]: transmit scheduling (per-flow fair queueing and a byte limit in flight).
+//! * [`ecn`]: marking a frame Congestion Experienced instead of dropping it.
 //! * [`vnet`]: checks of the virtio-net header and Ethernet frame carried by every frame.
 //! * `testing` (feature `test-utils`): the in-process two-peer harness.
 //!
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod adapter;
+pub mod ecn;
 pub mod endpoint;
 pub mod memory;
 pub mod sched;

@@ -199,7 +199,7 @@ pub fn l3_len_of(head: &[u8], len: usize) -> usize {
 
 /// Bytes of the Ethernet header at the start of `eth`: the MAC addresses, up to two VLAN
 /// tags (802.1Q, 802.1ad), and the EtherType.
-fn l2_len(eth: &[u8]) -> usize {
+pub(crate) fn l2_len(eth: &[u8]) -> usize {
     let mut at = 12;
     while at < 20 && matches!(eth.get(at..at + 2), Some([0x81, 0x00] | [0x88, 0xa8])) {
         at += 4;

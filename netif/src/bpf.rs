@@ -8,13 +8,20 @@
 pub type Insn = libc::sock_filter;
 
 const BPF_LD: u16 = 0x00;
+const BPF_LDX: u16 = 0x01;
+const BPF_ALU: u16 = 0x04;
 const BPF_JMP: u16 = 0x05;
 const BPF_RET: u16 = 0x06;
 const BPF_W: u16 = 0x00;
 const BPF_H: u16 = 0x08;
+const BPF_IMM: u16 = 0x00;
 const BPF_ABS: u16 = 0x20;
+const BPF_ADD: u16 = 0x00;
+const BPF_MOD: u16 = 0x90;
+const BPF_JA: u16 = 0x00;
 const BPF_JEQ: u16 = 0x10;
 const BPF_K: u16 = 0x00;
+const BPF_X: u16 = 0x08;
 const BPF_A: u16 = 0x10;
 /// Offsets from this base are relative to the frame's MAC header (`SKF_LL_OFF`): where
 /// the fanout runs, the frame's data may start at its network header.
@@ -32,6 +39,14 @@ pub const LD_H_ABS: u16 = BPF_LD | BPF_H | BPF_ABS;
 pub const LD_W_ABS: u16 = BPF_LD | BPF_W | BPF_ABS;
 /// Jump if A equals `k`.
 pub const JEQ_K: u16 = BPF_JMP | BPF_JEQ | BPF_K;
+/// X = `k`.
+pub const LDX_IMM: u16 = BPF_LDX | BPF_W | BPF_IMM;
+/// A = A % `k` (`k` not 0).
+pub const MOD_K: u16 = BPF_ALU | BPF_MOD | BPF_K;
+/// A = A + X.
+pub const ADD_X: u16 = BPF_ALU | BPF_ADD | BPF_X;
+/// Jump `k` instructions forward.
+pub const JA: u16 = BPF_JMP | BPF_JA;
 /// Return `k`.
 pub const RET_K: u16 = BPF_RET | BPF_K;
 /// Return A.
@@ -68,11 +83,15 @@ pub struct Meta {
 #[cfg(test)]
 pub fn valid(prog: &[Insn]) -> bool {
     let n = prog.len();
-    let jumps_inside = prog.iter().enumerate().all(|(i, x)| {
-        x.code != JEQ_K || (i + 1 + usize::from(x.jt) < n && i + 1 + usize::from(x.jf) < n)
+    let jumps_inside = prog.iter().enumerate().all(|(i, x)| match x.code {
+        JEQ_K => i + 1 + usize::from(x.jt) < n && i + 1 + usize::from(x.jf) < n,
+        JA => i + 1 + (x.k as usize) < n,
+        _ => true,
     });
+    let no_mod_zero = prog.iter().all(|x| x.code != MOD_K || x.k != 0);
     (1..=4096).contains(&n)
         && jumps_inside
+        && no_mod_zero
         && matches!(prog.last().map(|x| x.code), Some(RET_K | RET_A))
 }
 
@@ -84,7 +103,7 @@ pub fn run(prog: &[Insn], frame: &[u8], meta: Meta) -> Option<u32> {
     if !valid(prog) {
         return None;
     }
-    let mut a: u32 = 0;
+    let (mut a, mut x): (u32, u32) = (0, 0);
     let mut pc = 0usize;
     let load = |k: u32, n: usize| -> Option<u32> {
         let k = k as i32;
@@ -104,6 +123,10 @@ pub fn run(prog: &[Insn], frame: &[u8], meta: Meta) -> Option<u32> {
             LD_H_ABS => a = load(i.k, 2)?,
             LD_W_ABS => a = load(i.k, 4)?,
             JEQ_K => pc += usize::from(if a == i.k { i.jt } else { i.jf }),
+            JA => pc += i.k as usize,
+            LDX_IMM => x = i.k,
+            MOD_K => a %= i.k,
+            ADD_X => a = a.wrapping_add(x),
             RET_K => return Some(i.k),
             RET_A => return Some(a),
             _ => return None,

@@ -1,25 +1,47 @@
 //! Steering received frames among the packet sockets of a `PACKET_FANOUT` group with a
-//! classic BPF program: a frame whose destination MAC is in a table goes to the socket the
-//! table names; any other frame (broadcast, multicast, an unknown MAC) by the flow hash
-//! the kernel computed (`SKF_AD_RXHASH`), which the kernel takes modulo the group's size.
+//! classic BPF program. The group holds `queues` sockets per worker, worker `w`'s at
+//! `w * queues ..`: a frame whose destination MAC is in a table goes to one of the sockets
+//! of the worker the table names, by the flow hash the kernel computed (`SKF_AD_RXHASH`),
+//! as a NIC's receive-side scaling spreads flows over its queues; any other frame
+//! (broadcast, multicast, an unknown MAC) by that hash alone, which the kernel takes modulo
+//! the group's size.
 //!
 //! Written by hand (see [`super::bpf`]).
 
-use super::bpf::{insn, match_dst, Insn, LD_W_ABS, RET_A, RET_K, SKF_AD_RXHASH};
+use super::bpf::{
+    insn, match_dst, Insn, ADD_X, JA, LDX_IMM, LD_W_ABS, MOD_K, RET_A, RET_K, SKF_AD_RXHASH,
+};
 
-/// Most MACs a program holds (5 instructions each, within the 4,096 the kernel allows).
-pub const MAX_ENTRIES: usize = 800;
+/// Most MACs a program holds (6 instructions each, within the 4,096 the kernel allows).
+pub const MAX_ENTRIES: usize = 680;
 
-/// The program sending frames for each `(mac, socket)` of `table` to that socket (the
-/// first [`MAX_ENTRIES`]), every other frame by its flow hash.
-pub fn steering_program(table: &[([u8; 6], u32)]) -> Vec<Insn> {
-    let mut p = Vec::with_capacity(table.len().min(MAX_ENTRIES) * 5 + 2);
-    for (mac, socket) in table.iter().take(MAX_ENTRIES) {
-        match_dst(&mut p, mac, 1);
-        p.push(insn(RET_K, 0, 0, *socket));
+/// The program sending frames for each `(mac, worker)` of `table` (the first
+/// [`MAX_ENTRIES`]) to socket `worker * queues + hash % queues`, every other frame by its
+/// flow hash. `queues` is at least 1.
+pub fn steering_program(table: &[([u8; 6], u32)], queues: u32) -> Vec<Insn> {
+    let queues = queues.max(1);
+    let entries = table.len().min(MAX_ENTRIES);
+    let mut p = Vec::with_capacity(entries * 6 + 6);
+    for (i, (mac, worker)) in table.iter().take(entries).enumerate() {
+        match_dst(&mut p, mac, 1 + u8::from(queues > 1));
+        if queues == 1 {
+            p.push(insn(RET_K, 0, 0, *worker));
+        } else {
+            // X = the worker's first socket; on to the tail, past the other entries (6
+            // instructions each) and the hash-only return (2).
+            p.push(insn(LDX_IMM, 0, 0, worker.saturating_mul(queues)));
+            p.push(insn(JA, 0, 0, ((entries - 1 - i) * 6 + 2) as u32));
+        }
     }
     p.push(insn(LD_W_ABS, 0, 0, SKF_AD_RXHASH as u32));
     p.push(insn(RET_A, 0, 0, 0));
+    if queues > 1 {
+        // The tail: the worker's first socket plus the hash modulo its queues.
+        p.push(insn(LD_W_ABS, 0, 0, SKF_AD_RXHASH as u32));
+        p.push(insn(MOD_K, 0, 0, queues));
+        p.push(insn(ADD_X, 0, 0, 0));
+        p.push(insn(RET_A, 0, 0, 0));
+    }
     p
 }
 
@@ -37,13 +59,13 @@ mod tests {
     fn frames_go_to_the_socket_of_their_destination_else_by_hash() {
         let a = [2, 0, 0, 0xaa, 0xbb, 0xcc];
         let b = [2, 0, 0, 0xaa, 0xbb, 0xcd];
-        let p = steering_program(&[(a, 1), (b, 0)]);
+        let p = steering_program(&[(a, 1), (b, 0)], 1);
         assert_eq!(run(&p, &frame(a), 7), Some(1));
         assert_eq!(run(&p, &frame(b), 7), Some(0));
         // Same low word, other high half; broadcast; unknown: the hash.
         assert_eq!(run(&p, &frame([3, 0, 0, 0xaa, 0xbb, 0xcc]), 7), Some(7));
         assert_eq!(run(&p, &frame([0xff; 6]), 9), Some(9));
-        assert_eq!(run(&steering_program(&[]), &frame(a), 5), Some(5));
+        assert_eq!(run(&steering_program(&[], 1), &frame(a), 5), Some(5));
     }
 
     #[test]
@@ -54,25 +76,45 @@ mod tests {
                 ([2, 0, b[0], b[1], b[2], b[3]], 1)
             })
             .collect();
-        let p = steering_program(&table);
-        assert!(p.len() <= 4096);
-        assert_eq!(run(&p, &frame(table[MAX_ENTRIES - 1].0), 0), Some(1));
-        assert_eq!(run(&p, &frame(table[MAX_ENTRIES].0), 0), Some(0));
+        for queues in [1, 2, 16] {
+            let p = steering_program(&table, queues);
+            assert!(p.len() <= 4096);
+            let last = run(&p, &frame(table[MAX_ENTRIES - 1].0), 3);
+            assert_eq!(last, Some(queues + 3 % queues));
+            assert_eq!(run(&p, &frame(table[MAX_ENTRIES].0), 3), Some(3));
+        }
+    }
+
+    #[test]
+    fn a_workers_frames_spread_over_its_queues_by_hash() {
+        let a = [2, 0, 0, 0xaa, 0xbb, 0xcc];
+        let b = [2, 0, 0, 0xaa, 0xbb, 0xcd];
+        let p = steering_program(&[(a, 0), (b, 2)], 4);
+        let sockets =
+            |mac| -> Vec<u32> { (0..8).map(|h| run(&p, &frame(mac), h).unwrap()).collect() };
+        assert_eq!(sockets(a), [0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(sockets(b), [8, 9, 10, 11, 8, 9, 10, 11]);
+        assert_eq!(
+            run(&p, &frame([0xff; 6]), 13),
+            Some(13),
+            "the rest by the hash"
+        );
     }
 
     proptest! {
-        /// Every MAC of a table goes to its socket, whatever the others; a MAC outside it
-        /// goes by the hash.
+        /// Every MAC of a table goes to a socket of its worker by the hash, whatever the
+        /// others; a MAC outside it goes by the hash alone.
         #[test]
         fn every_mac_reaches_its_socket(
             table in proptest::collection::hash_map(any::<[u8; 6]>(), 0u32..64, 0..40),
             other in any::<[u8; 6]>(),
             hash in any::<u32>(),
+            queues in 1u32..=16,
         ) {
             let t: Vec<([u8; 6], u32)> = table.iter().map(|(m, s)| (*m, *s)).collect();
-            let p = steering_program(&t);
-            for (m, s) in &t {
-                prop_assert_eq!(run(&p, &frame(*m), hash), Some(*s));
+            let p = steering_program(&t, queues);
+            for (m, w) in &t {
+                prop_assert_eq!(run(&p, &frame(*m), hash), Some(w * queues + hash % queues));
             }
             if !table.contains_key(&other) {
                 prop_assert_eq!(run(&p, &frame(other), hash), Some(hash));

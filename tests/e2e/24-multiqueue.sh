@@ -62,6 +62,16 @@ ip netns exec sd-host ping -6 -c 3 -i 0.2 -W 2 "$(host_ip6 2)" >/dev/null ||
     fail "IPv6 ping from the 3-queue host to host 2"
 tx=$(iperf sd-host 10.50.0.2 5211 -t 2 -P 32) || fail "iperf3 -P 32 host -> LAN: $tx"
 assert_positive "$tx" "host -> LAN throughput, 32 flows (Gb/s)"
+# Back-pressure: with several queues host-driver leaves a frame its flow queue could not take
+# without dropping in the TAP queue's ring, so its own queues drop nothing; what overflows a
+# ring the kernel counts as sd0's tx drops.
+flow_drops=$(ctl_json "$T/host1.sock" stats "sum(v for k, v in d['stats'].get('drops', {}).items() if k.startswith('tx_flow'))")
+log "32 uploads: host 1's flow queues dropped $flow_drops frames; sd0's rings $(ip netns exec sd-host cat /sys/class/net/sd0/statistics/tx_dropped)"
+assert_eq "$flow_drops" 0 "frames host 1's flow queues dropped during 32 uploads"
+# The IOC reads the LAN from lan.rx_queues (2) packet sockets per worker in a fanout group.
+workers=$(sed -n 's/.*IOC ready.* workers=\([0-9]*\).*/\1/p' "$T/ioc.log" | tail -n 1)
+assert_eq "$(ip netns exec sd-ioc ss -0 -p | grep -c '"ioc-driver"')" "$((workers * 2))" \
+    "the IOC's packet sockets ($workers workers, 2 receive queues each)"
 rx=$(iperf sd-host 10.50.0.2 5212 -t 2 -P 32 -R) || fail "iperf3 -P 32 LAN -> host: $rx"
 assert_positive "$rx" "LAN -> host throughput, 32 flows (Gb/s)"
 hh=$(SERVER_NS=sd-host2 iperf sd-host "$(host_ip 2)" 5213 -t 2 -P 8) || fail "iperf3 host 1 -> host 2: $hh"

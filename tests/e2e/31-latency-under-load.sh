@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Latency under load: a ping every 10 ms during an iperf3 upload, then a download, through sd0
 # is answered; during the upload the host's byte limit on what it has in flight to the IOC
-# held it back and shrank under the standing queue. Counters from splitnetctl, never timings
+# held it back and shrank under the standing queue, and its flow queue dropped nothing of the
+# upload. Both ends speak ECN (the queues' marks are logged: here the standing queue is the
+# fabric's token bucket, not splitnet's). Counters from splitnetctl, never timings
 # (bench/run.py measures those). The fabric is made the bottleneck (a token bucket of
 # 400 Mbit/s on the sending side's fabric link), as a link slower than the daemons is between
 # two machines, so that a queue stands behind the limit whatever this machine's CPUs do.
@@ -13,7 +15,10 @@ need_root; need_tool ip iperf3 ping python3 ss tc; need_daemons
 sed 's/^credit_batch = 16$/credit_batch = 1/' "$IOC_CONF" >"$T/ioc.toml"
 grep -q '^credit_batch = 1$' "$T/ioc.toml" || fail "no credit_batch line to change in $IOC_CONF"
 IOC_CONF=$T/ioc.toml
-topo_up 1; start_ioc; start_host 1
+topo_up 1
+# ECN-capable TCP on both ends: a queue that must shed marks these flows instead.
+for ns in sd-host sd-lan; do run ip netns exec "$ns" sysctl -qw net.ipv4.tcp_ecn=1; done
+start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
 LIMIT="d['stats']['tx_limit']"
@@ -54,5 +59,12 @@ assert_ge "$held" 1 "times the host's byte limit held it back"
 assert_ge "$shrunk" 1 "times the host's byte limit shrank under the standing queue"
 "$BIN/splitnetctl" -s "$T/host1.sock" stats | grep -q "in flight to the IOC at most" ||
     fail "splitnetctl stats does not show the host's byte limit"
+# Nothing of the upload was dropped by the host's flow queue (marked, if it stood that long).
+read -r marked dropped < <(ctl_json "$T/host1.sock" stats \
+    "${LIMIT}['ce_marked'], ${LIMIT}['queue_drops']" | tr -d '(),')
+log "upload: $marked frames marked CE by the host's flow queue, $dropped dropped"
+assert_eq "$dropped" 0 "frames of the upload dropped by the host's flow queue"
 again download 5302 sd-ioc fab1 -R
-pass "pings during an upload and a download are answered; the host's byte limit held back and shrank"
+marked=$(ctl_json "$T/ioc.sock" hosts "sum(h['ce_marked'] for h in d['hosts']['hosts'])")
+log "download: $marked frames marked CE in the host's receive ring on the IOC"
+pass "pings during an upload and a download are answered; the host's byte limit held back and shrank; its flow queue dropped nothing"

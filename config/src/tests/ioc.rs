@@ -176,6 +176,13 @@ fn mtu_range() {
         ioc("", "storm_control_pps = 10000001", ""),
         "lan.storm_control_pps",
     );
+    invalid(ioc("", "rx_queues = 0", ""), "lan.rx_queues");
+    invalid(ioc("", "rx_queues = 17", ""), "lan.rx_queues");
+    assert_eq!(ioc("", "rx_queues = 16", "").unwrap().lan.rx_queues, 16);
+    assert_eq!(
+        ioc("", "", "").unwrap().lan.rx_queues,
+        crate::ioc::DEFAULT_RX_QUEUES
+    );
     assert_eq!(
         ioc("", "storm_control_pps = 0", "")
             .unwrap()

@@ -45,6 +45,11 @@ impl SendBuf {
         &self.data[..self.len]
     }
 
+    /// The frame held, to change in place (an ECN mark).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.data[..self.len]
+    }
+
     /// Copies `bytes` in; false (and unchanged) if they do not fit.
     pub fn fill_from(&mut self, bytes: &[u8]) -> bool {
         match self.data.get_mut(..bytes.len()) {

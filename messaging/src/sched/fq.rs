@@ -22,6 +22,10 @@ pub struct FqConfig {
     pub max_bytes: u64,
     /// Bytes one flow may have waiting.
     pub flow_bytes: u64,
+    /// A flow with more bytes than this waiting gets each ECN-capable frame that arrives
+    /// marked Congestion Experienced ([`FlowQueue::push_marking`]), so that it slows down
+    /// before its share is full and frames must be dropped (`None`: no marks).
+    pub mark_bytes: Option<u64>,
 }
 
 impl Default for FqConfig {
@@ -40,6 +44,7 @@ impl Default for FqConfig {
             max_frames: 192,
             max_bytes: 8 << 20,
             flow_bytes: 4 << 20,
+            mark_bytes: None,
         }
     }
 }
@@ -61,6 +66,8 @@ pub struct FlowQueue<T> {
     old: VecDeque<usize>,
     frames: usize,
     bytes: u64,
+    /// Frames marked Congestion Experienced.
+    marked: u64,
 }
 
 impl<T> FlowQueue<T> {
@@ -81,7 +88,36 @@ impl<T> FlowQueue<T> {
             old: VecDeque::new(),
             frames: 0,
             bytes: 0,
+            marked: 0,
         }
+    }
+
+    /// As [`FlowQueue::push`], and when the frame's flow has more than
+    /// [`FqConfig::mark_bytes`] waiting, `mark` is asked to mark it Congestion Experienced
+    /// (true: the frame carries the mark, counted in [`FlowQueue::marked`]).
+    pub fn push_marking(
+        &mut self,
+        hash: u64,
+        len: u32,
+        mut frame: T,
+        mark: impl FnOnce(&mut T) -> bool,
+        dropped: &mut impl FnMut(T),
+    ) {
+        let i = (hash % self.flows.len() as u64) as usize;
+        if self
+            .config
+            .mark_bytes
+            .is_some_and(|m| self.flows[i].bytes > m)
+            && mark(&mut frame)
+        {
+            self.marked += 1;
+        }
+        self.push(hash, len, frame, dropped);
+    }
+
+    /// Frames marked Congestion Experienced so far.
+    pub fn marked(&self) -> u64 {
+        self.marked
     }
 
     /// Queues `frame` of `len` bytes in the flow of `hash`. Frames dropped to make room (the
@@ -188,6 +224,21 @@ impl<T> FlowQueue<T> {
     /// (the TAP keeps its frames) stops taking more instead.
     pub fn is_full(&self, len: u32) -> bool {
         self.frames >= self.config.max_frames || self.bytes + u64::from(len) > self.config.max_bytes
+    }
+
+    /// True when a frame of up to `len` bytes, of any flow, would be taken without pushing
+    /// another out: neither the queue nor its longest flow's share is that close to full.
+    /// A sender that can leave frames where they are (a TAP queue's ring) reads only then,
+    /// and never drops here.
+    pub fn has_room(&self, len: u32) -> bool {
+        let longest = self
+            .new
+            .iter()
+            .chain(self.old.iter())
+            .map(|&i| self.flows[i].bytes)
+            .max()
+            .unwrap_or(0);
+        !self.is_full(len) && longest + u64::from(len) <= self.config.flow_bytes
     }
 
     /// Frames waiting.
@@ -336,7 +387,80 @@ mod tests {
         assert_eq!(q.pop(), Some(2));
     }
 
+    #[test]
+    fn room_for_any_flow_means_no_drop() {
+        let mut q = FlowQueue::new(FqConfig {
+            max_frames: 4,
+            max_bytes: 10_000,
+            flow_bytes: 1000,
+            ..FqConfig::default()
+        });
+        assert!(q.has_room(1000));
+        put(&mut q, 1, 600, 0);
+        assert!(q.has_room(400), "the flow still takes 400 bytes");
+        assert!(!q.has_room(401), "its share would overflow");
+        put(&mut q, 1, 400, 1);
+        put(&mut q, 2, 100, 2);
+        assert!(!q.has_room(1), "flow 1 is at its share");
+        assert_eq!(q.pop(), Some(0));
+        assert!(q.has_room(600));
+        put(&mut q, 3, 100, 3);
+        assert!(q.has_room(600));
+        put(&mut q, 4, 100, 4);
+        assert!(!q.has_room(1), "four frames: the queue is full");
+    }
+
+    #[test]
+    fn a_flow_past_its_mark_threshold_gets_marks_not_drops() {
+        let mut q = FlowQueue::new(FqConfig {
+            flow_bytes: 1000,
+            mark_bytes: Some(300),
+            ..FqConfig::default()
+        });
+        let mut marks = Vec::new();
+        for n in 0..6u32 {
+            q.push_marking(
+                1,
+                100,
+                n,
+                |f| {
+                    marks.push(*f);
+                    true
+                },
+                &mut |_| panic!("dropped"),
+            );
+        }
+        assert_eq!(marks, vec![4, 5], "marked once more than 300 bytes waited");
+        // Another flow is not marked; a frame its marker cannot mark is not counted.
+        q.push_marking(2, 100, 9, |_| panic!("asked"), &mut |_| panic!("dropped"));
+        q.push_marking(1, 100, 6, |_| false, &mut |_| panic!("dropped"));
+        assert_eq!(q.marked(), 2);
+        let unmarked: FlowQueue<u32> = FlowQueue::new(FqConfig::default());
+        assert_eq!(unmarked.config.mark_bytes, None);
+    }
+
     proptest! {
+        /// A queue that says it has room for `len` takes any frame of up to `len` bytes
+        /// without dropping one.
+        #[test]
+        fn room_is_never_a_drop(
+            ops in proptest::collection::vec((any::<bool>(), 0u64..6, 1u32..3000), 0..300),
+            len in 1u32..3000,
+        ) {
+            let cfg = FqConfig { buckets: 8, max_frames: 12, max_bytes: 15_000, flow_bytes: 6000, ..FqConfig::default() };
+            let mut q = FlowQueue::new(cfg);
+            for (push, hash, n) in ops {
+                if push {
+                    let room = q.has_room(len);
+                    let mut dropped = 0;
+                    q.push(hash, n.min(len), (), &mut |_| dropped += 1);
+                    prop_assert!(!room || dropped == 0);
+                } else {
+                    q.pop();
+                }
+            }
+        }
+
         /// Every frame pushed comes out exactly once, popped or dropped; bounds always hold;
         /// each flow's frames leave in order.
         #[test]

@@ -43,6 +43,24 @@ impl<T> Scheduler<T> {
         self.queue.push(flow, len, frame, dropped);
     }
 
+    /// As [`Scheduler::push`], marking the frame Congestion Experienced with `mark` when
+    /// its flow is past the queue's mark threshold (see [`FlowQueue::push_marking`]).
+    pub fn push_marking(
+        &mut self,
+        flow: u64,
+        len: u32,
+        frame: T,
+        mark: impl FnOnce(&mut T) -> bool,
+        dropped: &mut impl FnMut(T),
+    ) {
+        self.queue.push_marking(flow, len, frame, mark, dropped);
+    }
+
+    /// Frames marked Congestion Experienced so far.
+    pub fn marked(&self) -> u64 {
+        self.queue.marked()
+    }
+
     /// The next frame to post with `inflight` bytes outstanding: the held one first, then
     /// the flow queue's choice. `None` when nothing waits, or when the limit holds the sender
     /// back (counted only when something waits).
@@ -65,6 +83,12 @@ impl<T> Scheduler<T> {
         self.held.is_none()
             && self.queue.is_empty()
             && self.limit.as_ref().is_none_or(|l| l.would_admit(inflight))
+    }
+
+    /// Whether a frame of up to `len` bytes would be queued without dropping another (see
+    /// [`FlowQueue::has_room`]).
+    pub fn has_room(&self, len: u32) -> bool {
+        self.queue.has_room(len)
     }
 
     /// Puts back a frame [`Scheduler::next`] gave that met no credit: it goes first next
