@@ -168,9 +168,10 @@ impl FabricChannel {
         match self {
             FabricChannel::Stream(c) => Ready::new(c.stream()),
             FabricChannel::Sealed(c) => c.conn().readiness(),
-            FabricChannel::Shm(t) => Ready::new(t.bell()),
+            // Only ever waited on to be readable (a doorbell, a completion channel).
+            FabricChannel::Shm(t) => Ready::reading(t.bell()),
             #[cfg(feature = "verbs")]
-            FabricChannel::Verbs(t) => Ready::new(&t.fd()),
+            FabricChannel::Verbs(t) => Ready::reading(&t.fd()),
         }
     }
 }

@@ -19,7 +19,7 @@
 //! `unsafe` is denied but in six places, each with its `// SAFETY:` notes: the two `shm`
 //! submodules, the three `verbs` submodules that call libibverbs and librdmacm (`sys`,
 //! `device`, `cm`), and
-//! [`Ready::new`], whose registration with the reactor tokio declares unsafe (the descriptor
+//! [`Ready`]'s registration with the reactor, which tokio declares unsafe (the descriptor
 //! must stay open while registered: it is a duplicate the `Ready` owns).
 
 #![deny(unsafe_code)]
@@ -199,12 +199,25 @@ pub struct Ready(AsyncFd<OwnedFd>);
 
 impl Ready {
     /// Registers a duplicate of `sock`'s descriptor for read and write readiness.
-    #[allow(unsafe_code)]
     pub fn new(sock: &impl AsFd) -> io::Result<Ready> {
+        Ready::register(sock, Interest::READABLE | Interest::WRITABLE)
+    }
+
+    /// Registers a duplicate of `sock`'s descriptor for read readiness only, for what is
+    /// never waited on to become writable (a doorbell, a TAP, a packet socket, a completion
+    /// channel): interest in writability wakes the thread each time the kernel reports
+    /// room to write, as a Unix socket does whenever its peer reads a datagram of it, a
+    /// wake-up for nothing on every doorbell rung. [`Ready::writable`] never completes.
+    pub fn reading(sock: &impl AsFd) -> io::Result<Ready> {
+        Ready::register(sock, Interest::READABLE)
+    }
+
+    #[allow(unsafe_code)]
+    fn register(sock: &impl AsFd, interest: Interest) -> io::Result<Ready> {
         let fd = sock.as_fd().try_clone_to_owned()?;
         // SAFETY: the AsyncFd owns `fd`, a valid open descriptor that nothing else closes,
         // so it stays open and names the same socket until the AsyncFd is dropped.
-        unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::WRITABLE) }
+        unsafe { AsyncFd::register_with_interest(fd, interest) }
             .map(Ready)
             .map_err(io::Error::from)
     }

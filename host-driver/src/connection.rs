@@ -139,7 +139,7 @@ impl<'a> Conn<'a> {
             settings.request_initial(tl.link.session_mut());
         }
         let watch = Watch::new(&cfg.interface.name, queue.is_first());
-        let watch_ready = watch.socket().and_then(|w| fabric::Ready::new(w).ok());
+        let watch_ready = watch.socket().and_then(|w| fabric::Ready::reading(w).ok());
         Ok(Conn {
             queue,
             tap,

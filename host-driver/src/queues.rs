@@ -122,7 +122,7 @@ fn queue_thread(
     let serve = async {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        let tap_ready = fabric::Ready::new(&*tap)?;
+        let tap_ready = fabric::Ready::reading(&*tap)?;
         let timeout = cfg.fabric.keepalive_timeout();
         let (ctrl, data, _) = connect(
             &cfg.fabric,

@@ -98,7 +98,7 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         &[Capability::CAP_NET_ADMIN]
     };
     service::privilege::keep_only_logged(keep);
-    let tap_ready = fabric::Ready::new(&tap)?;
+    let tap_ready = fabric::Ready::reading(&tap)?;
     let snap = Rc::new(RefCell::new(Snapshot::new(
         cfg.fabric.ioc.to_string(),
         Interface {

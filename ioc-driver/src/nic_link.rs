@@ -42,7 +42,7 @@ impl NicFollow {
             let mut w = LinkWatch::open()?;
             // Its state now, in case it changed since `now` was read.
             w.request(index)?;
-            let ready = Ready::new(&w)?;
+            let ready = Ready::reading(&w)?;
             Ok((index, (w, ready)))
         });
         let (index, watch) = match watch {

@@ -131,7 +131,7 @@ impl OwnQueue {
     /// readiness. Every worker's socket must already exclude `mac` (`Shard::place`).
     pub fn open(nic: &dyn Nic, mac: [u8; 6]) -> io::Result<OwnQueue> {
         let rx = nic.host_rx(mac)?;
-        let ready = rx.fd().map(|fd| Ready::new(&fd)).transpose()?;
+        let ready = rx.fd().map(|fd| Ready::reading(&fd)).transpose()?;
         Ok(OwnQueue {
             rx,
             ready: ready.map(Rc::new),

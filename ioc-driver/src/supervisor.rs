@@ -421,7 +421,7 @@ pub async fn run(
                 let ready = queues
                     .sockets()
                     .iter()
-                    .map(Ready::new)
+                    .map(Ready::reading)
                     .collect::<io::Result<Vec<_>>>()?;
                 Ok((Box::new(queues) as Box<dyn Nic>, ready))
             })
