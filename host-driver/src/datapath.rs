@@ -5,11 +5,12 @@
 use crate::drops::Drops;
 use splitnet_control::report::TxLimit;
 use splitnet_fabric::{FabricChannel, Guard};
+use splitnet_messaging::ecn::{self, Mark};
 use splitnet_messaging::endpoint::{InPlace, Lane, Link, LinkEvent, Posted};
 use splitnet_messaging::memory::{Frame, Registry, SendBuf, SendBufCache, SharedBytes};
 use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
+use splitnet_messaging::vnet;
 use splitnet_messaging::wire;
-use splitnet_messaging::{ecn, vnet};
 use splitnet_netif::tap::Tap;
 use std::io;
 use std::time::Instant;
@@ -25,11 +26,13 @@ const TAP_FRAME_MAX: u32 = (vnet::VNET_HDR_LEN + 18 + 65_535) as u32;
 /// small batch returns them sooner to the IOC, whose frames for this host wait for them.
 const RX_BUDGET: usize = 32;
 /// Bytes of one flow waiting in the flow queue beyond which its ECN-capable frames are
-/// marked Congestion Experienced as they are read: an eighth of its share, more than the
-/// byte limit lets go in flight (so marks never starve the link), so that an ECN sender
-/// keeps a short standing queue and slows down long before the queue must drop (or, with
-/// back-pressure, leave frames in the TAP).
+/// marked Congestion Experienced as they are read: an eighth of its share, half what the
+/// byte limit lets go in flight at most over shared memory (twice its most over a byte
+/// stream), so that an ECN sender keeps a short standing queue and slows down long before
+/// the queue must drop (or, with back-pressure, leave frames in the TAP).
 const MARK_BYTES: u64 = 512 << 10;
+/// The largest frame a send buffer holds, and so the largest the flow queue is given.
+const SEND_BUFFER_BYTES: u32 = wire::MAX_SEND_DATA as u32;
 /// Send buffers: bounds the frames in flight to the IOC.
 pub const SEND_BUFFERS: usize = 256;
 
@@ -65,7 +68,7 @@ impl Outbound {
     /// flow pass a bulk one (measured: a 4 MiB share per flow made those drops rare).
     pub fn new(limit: LimitConfig, backpressure: bool) -> Outbound {
         Outbound {
-            cache: SendBufCache::new(wire::MAX_SEND_DATA, SEND_BUFFERS),
+            cache: SendBufCache::new(SEND_BUFFER_BYTES as usize, SEND_BUFFERS),
             tx: Scheduler::new(
                 FqConfig {
                     mark_bytes: Some(MARK_BYTES),
@@ -81,7 +84,7 @@ impl Outbound {
 
     /// Whether the flow queue takes another frame from the TAP now.
     fn takes_more(&self) -> bool {
-        !self.backpressure || self.tx.has_room(TAP_FRAME_MAX)
+        !self.backpressure || self.tx.has_room(SEND_BUFFER_BYTES)
     }
 
     /// Whether a frame may be read from the TAP: a send buffer is free to read it into and,
@@ -153,7 +156,7 @@ impl Outbound {
                 tx, cache, drops, ..
             } = self;
             let (flow, len) = (tx.flow(buf.as_slice()), buf.len() as u32);
-            let mark = |b: &mut SendBuf| ecn::mark_ce(b.as_mut_slice()).signalled();
+            let mark = |b: &mut SendBuf| ecn::mark_ce(b.as_mut_slice()) == Mark::Marked;
             tx.push_marking(flow, len, buf, mark, &mut |b| {
                 cache.put(b);
                 drops.tx_flow_queue += 1;
@@ -335,14 +338,14 @@ mod tests {
     /// could not take another without dropping; returns how many.
     fn fill_one_flow(out: &mut Outbound) -> usize {
         let mut queued = 0;
-        while out.tx.has_room(TAP_FRAME_MAX) {
+        while out.tx.has_room(SEND_BUFFER_BYTES) {
             let mut b = out.cache.get().unwrap();
-            let mut f = vec![0u8; TAP_FRAME_MAX as usize];
+            let mut f = vec![0u8; SEND_BUFFER_BYTES as usize];
             f[vnet::VNET_HDR_LEN + 12] = 0x08;
             assert!(b.fill_from(&f));
             let flow = out.tx.flow(b.as_slice());
             out.tx
-                .push(flow, TAP_FRAME_MAX, b, &mut |_| panic!("dropped"));
+                .push(flow, SEND_BUFFER_BYTES, b, &mut |_| panic!("dropped"));
             queued += 1;
         }
         queued
@@ -355,7 +358,7 @@ mod tests {
         let queued = fill_one_flow(&mut out);
         assert_eq!(
             queued,
-            (4 << 20) / TAP_FRAME_MAX as usize,
+            (4 << 20) / SEND_BUFFER_BYTES as usize,
             "a flow's 4 MiB share"
         );
         assert!(

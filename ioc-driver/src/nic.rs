@@ -171,6 +171,23 @@ pub fn open_lan(
         .collect())
 }
 
+/// Most sockets a fanout group joined by number holds (the kernel's legacy
+/// `PACKET_FANOUT_MAX`; beyond, joining fails with ENOSPC).
+const FANOUT_MAX: usize = 256;
+
+/// The receive queues each of `workers` workers gets: `wanted`, fewer where the fanout
+/// group could not hold them all (said once).
+pub fn rx_queues(wanted: usize, workers: usize) -> usize {
+    let most = (FANOUT_MAX / workers.max(1)).max(1);
+    if wanted > most {
+        warn!(
+            wanted,
+            workers, "lan.rx_queues: {most} per worker, the most a fanout group holds"
+        );
+    }
+    wanted.clamp(1, most)
+}
+
 /// A worker's receive queues on the NIC: its packet sockets in the NIC's fanout group (see
 /// [`fanout`]), among which the kernel spreads the worker's frames by flow hash. The first
 /// also sends, holds the multicast memberships and the promiscuous mode, and sets the group's
@@ -371,6 +388,18 @@ impl HostRx for PacketSocket {
 impl Exclusion for FilterHandle {
     fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
         self.set(&filter::all_but(macs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_fanout_group_holds_every_workers_queues() {
+        assert_eq!(super::rx_queues(2, 2), 2);
+        assert_eq!(super::rx_queues(16, 16), 16);
+        assert_eq!(super::rx_queues(16, 64), 4, "64 workers: 256 sockets");
+        assert_eq!(super::rx_queues(0, 1), 1);
+        assert_eq!(super::rx_queues(3, 300), 1, "at least one each");
     }
 }
 

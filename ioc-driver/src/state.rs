@@ -136,7 +136,7 @@ pub struct WorkerState {
     pub stats: IocStats,
     /// Shutting down: no new hosts.
     pub stopping: bool,
-    /// Signalled when send buffers come back to the cache.
+    /// Signalled when send buffers come back to the cache ([`WorkerState::wake_readers`]).
     pub buffers_freed: Rc<Notify>,
     /// When the IOC started.
     pub started: Instant,
@@ -312,8 +312,16 @@ impl WorkerState {
             h.kick(&mut self.cache);
         }
         if self.cache.in_use() < before {
-            self.buffers_freed.notify_one();
+            self.wake_readers();
         }
+    }
+
+    /// Send buffers came back: wakes every receive queue's task waiting for them (each
+    /// waits on its own, so one wake-up would leave the others' sockets unread), and keeps a
+    /// permit for a task about to wait.
+    pub fn wake_readers(&self) {
+        self.buffers_freed.notify_waiters();
+        self.buffers_freed.notify_one();
     }
 
     /// The connected first queue, named by its token `who.first`, that a session for
@@ -686,7 +694,7 @@ impl WorkerState {
         host.wake.notify_one();
         self.past += host.stats;
         self.past_drops += host.drops;
-        self.buffers_freed.notify_one();
+        self.wake_readers();
         if !host.multicast.is_empty() {
             self.sync_multicast();
         }

@@ -5,7 +5,7 @@
 
 use crate::admission::Incoming;
 use crate::gate::Gate;
-use crate::nic::{open_lan, LanQueues, Nic};
+use crate::nic::{open_lan, rx_queues, LanQueues, Nic};
 use crate::nic_link::{NicFollow, NicLink};
 use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
@@ -356,7 +356,7 @@ pub async fn run(
     // "auto": each worker puts its hosts' MACs in the NIC's unicast filter and holds it
     // promiscuous while one of its hosts is (`WorkerState::sync_nic_filter`).
     let promisc = cfg.lan.promiscuous == Promiscuous::On;
-    let queues = cfg.lan.rx_queues as usize;
+    let queues = rx_queues(cfg.lan.rx_queues as usize, n);
     let mut socks: Vec<Option<Vec<PacketSocket>>> = open_lan(&name, n, queues, promisc)
         .map_err(lan_err)?
         .into_iter()

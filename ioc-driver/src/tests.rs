@@ -1773,3 +1773,33 @@ fn an_ecn_flow_towards_a_backlogged_host_is_marked_and_a_plain_one_is_not() {
         "{line} not in the metrics"
     );
 }
+
+#[test]
+fn freed_buffers_wake_every_receive_queue_waiting_for_them() {
+    let (ioc, _nic) = ioc_with("");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    let woken = Rc::new(std::cell::Cell::new(0));
+    local.block_on(&rt, async {
+        // Two receive queues' tasks out of buffers, as `worker::lan` waits.
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let (freed, woken) = (ioc.buffers_freed.clone(), woken.clone());
+                tokio::task::spawn_local(async move {
+                    freed.notified().await;
+                    woken.set(woken.get() + 1);
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert_eq!(woken.get(), 0);
+        ioc.wake_readers();
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(woken.get(), 2, "both queues read again");
+        tasks.iter().for_each(|t| t.abort());
+    });
+}

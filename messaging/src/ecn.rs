@@ -24,13 +24,6 @@ pub enum Mark {
     NotCapable,
 }
 
-impl Mark {
-    /// Whether the frame carries CE now: the congestion is signalled without a drop.
-    pub fn signalled(self) -> bool {
-        self != Mark::NotCapable
-    }
-}
-
 /// Marks the IP packet in `frame` (a virtio-net header, then Ethernet) Congestion
 /// Experienced when it is ECN-capable, keeping an IPv4 header's checksum right. A GSO
 /// super-frame's header is copied into each of its segments, so all of them carry the

@@ -12,6 +12,8 @@ const BPF_LDX: u16 = 0x01;
 const BPF_ALU: u16 = 0x04;
 const BPF_JMP: u16 = 0x05;
 const BPF_RET: u16 = 0x06;
+const BPF_MISC: u16 = 0x07;
+const BPF_TXA: u16 = 0x80;
 const BPF_W: u16 = 0x00;
 const BPF_H: u16 = 0x08;
 const BPF_IMM: u16 = 0x00;
@@ -45,6 +47,10 @@ pub const LDX_IMM: u16 = BPF_LDX | BPF_W | BPF_IMM;
 pub const MOD_K: u16 = BPF_ALU | BPF_MOD | BPF_K;
 /// A = A + X.
 pub const ADD_X: u16 = BPF_ALU | BPF_ADD | BPF_X;
+/// A = A + `k`.
+pub const ADD_K: u16 = BPF_ALU | BPF_ADD | BPF_K;
+/// A = X.
+pub const TXA: u16 = BPF_MISC | BPF_TXA;
 /// Jump `k` instructions forward.
 pub const JA: u16 = BPF_JMP | BPF_JA;
 /// Return `k`.
@@ -127,6 +133,8 @@ pub fn run(prog: &[Insn], frame: &[u8], meta: Meta) -> Option<u32> {
             LDX_IMM => x = i.k,
             MOD_K => a %= i.k,
             ADD_X => a = a.wrapping_add(x),
+            ADD_K => a = a.wrapping_add(i.k),
+            TXA => a = x,
             RET_K => return Some(i.k),
             RET_A => return Some(a),
             _ => return None,

@@ -41,6 +41,11 @@ dropped=$(val "$i" splitnet_ioc_lan_rx_dropped_total)
 log "a burst of 12000 frames at a stopped IOC: $dropped dropped by its receive ring"
 [ "$dropped" -gt 0 ] || fail "no receive drops counted after the burst"
 [ "$dropped" -lt 12000 ] || fail "every frame of the burst dropped: the ring held none"
+# The fanout group's program sent the burst (unicast to host 1's MAC) to host 1's worker's
+# receive queues, whichever worker that is: next to none crossed from another worker.
+crossed=$(val "$i" splitnet_ioc_worker_crossed_total)
+log "frames handed from one worker to another: $crossed"
+assert_le "$crossed" 120 "frames of the burst that reached another worker's socket (1%)"
 assert_no_grep "$T/host1.log" "fabric lost" "the host's session through the burst"
 ping_ok sd-host 10.50.0.2
 pass "metrics endpoints"
