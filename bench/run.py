@@ -199,7 +199,7 @@ def ioc_config(local=False, plain=False):
         if WORKERS is not None:
             text = text.replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n")
         if RX_QUEUES is not None:
-            text = text.replace("\nrx_queues = 2\n", f"\nrx_queues = {RX_QUEUES}\n")
+            text = text.replace("\nrx_queues = 1\n", f"\nrx_queues = {RX_QUEUES}\n")
         if local:
             text = text.replace("\n[lan]\n", f'\nlisten_local = "{LOCAL_SOCKET}"\n\n[lan]\n', 1)
         text = text.replace("\n# private_key_file = ", f'\nprivate_key_file = "{KEYS}/ioc.key"\n# was: ')

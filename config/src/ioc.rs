@@ -282,8 +282,10 @@ fn default_rx_queues() -> u32 {
     DEFAULT_RX_QUEUES
 }
 
-/// Receive queues per worker unless configured (see README, "Latency under load").
-pub const DEFAULT_RX_QUEUES: u32 = 2;
+/// Receive queues per worker unless configured: one, by measurement (README, "Measured":
+/// on two shared cores a second queue per worker cost the busy worker more than the wait it
+/// saved a ping).
+pub const DEFAULT_RX_QUEUES: u32 = 1;
 
 /// Which MAC addresses a host may set for itself (CfgUtil SetMac).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Multi-queue: a host with interface.queues = 3 next to a single-queue host on one IOC. sd0
+# Multi-queue: a host with interface.queues = 3 next to a single-queue host on one IOC with
+# two receive queues per worker (lan.rx_queues = 2). sd0
 # has 3 queues; the IOC serves 3 sessions for it (queues 0/3, 1/3, 2/3, one MAC, one protection
 # domain each); 32 parallel TCP flows each way spread over every queue; host to host and LAN
 # traffic work; the host's own counters and the IOC's counters for it (GetStats) add up all
@@ -11,6 +12,17 @@ need_root; need_tool ip ping iperf3 python3 ss; need_daemons
 CTL=$BIN/splitnetctl
 sed 's/^queues = 1$/queues = 3/' "$HOST_CONF" >"$T/host-3q.toml"
 grep -q '^queues = 3$' "$T/host-3q.toml" || fail "cannot make a 3-queue host configuration"
+# The IOC reads the LAN from two receive queues per worker.
+sed 's/^rx_queues = 1$/rx_queues = 2/' "$IOC_CONF" >"$T/ioc-2rq.toml"
+grep -q '^rx_queues = 2$' "$T/ioc-2rq.toml" || fail "cannot give the IOC two receive queues"
+sed -i 's/^# listen = "127.0.0.1:9702"/listen = "127.0.0.1:9702"/' "$T/ioc-2rq.toml"
+IOC_CONF=$T/ioc-2rq.toml
+# crossed: frames the IOC's workers handed one another so far (its metrics endpoint).
+crossed() {
+    ip netns exec sd-ioc python3 -c "import urllib.request as u
+m = u.urlopen('http://127.0.0.1:9702/metrics', timeout=3).read().decode()
+print(next(l.split()[1] for l in m.splitlines() if l.startswith('splitnet_ioc_worker_crossed_total ')))"
+}
 topo_up 2; start_ioc
 HOST_CONF=$T/host-3q.toml start_host 1
 start_host 2
@@ -68,12 +80,18 @@ assert_positive "$tx" "host -> LAN throughput, 32 flows (Gb/s)"
 flow_drops=$(ctl_json "$T/host1.sock" stats "sum(v for k, v in d['stats'].get('drops', {}).items() if k.startswith('tx_flow'))")
 log "32 uploads: host 1's flow queues dropped $flow_drops frames; sd0's rings $(ip netns exec sd-host cat /sys/class/net/sd0/statistics/tx_dropped)"
 assert_eq "$flow_drops" 0 "frames host 1's flow queues dropped during 32 uploads"
-# The IOC reads the LAN from lan.rx_queues (2) packet sockets per worker in a fanout group.
+# The IOC reads the LAN from lan.rx_queues (2) packet sockets per worker in a fanout group,
+# and the group's program sends host 1's and host 2's frames to their workers' queues.
 workers=$(sed -n 's/.*IOC ready.* workers=\([0-9]*\).*/\1/p' "$T/ioc.log" | tail -n 1)
 assert_eq "$(ip netns exec sd-ioc ss -0 -p | grep -c '"ioc-driver"')" "$((workers * 2))" \
     "the IOC's packet sockets ($workers workers, 2 receive queues each)"
+before=$(crossed) || fail "no IOC metrics"
 rx=$(iperf sd-host 10.50.0.2 5212 -t 2 -P 32 -R) || fail "iperf3 -P 32 LAN -> host: $rx"
 assert_positive "$rx" "LAN -> host throughput, 32 flows (Gb/s)"
+# The fanout group's program sent the download's frames to host 1's worker's queues.
+download=$(json hosts "sum(h['counters']['tx']['frames'] for h in mine)")
+log "32 downloads: $(($(crossed) - before)) of $download frames crossed from another worker"
+assert_le "$(( ($(crossed) - before) * 100 ))" "$download" "frames of the download that crossed workers (x100)"
 hh=$(SERVER_NS=sd-host2 iperf sd-host "$(host_ip 2)" 5213 -t 2 -P 8) || fail "iperf3 host 1 -> host 2: $hh"
 assert_positive "$hh" "host 1 -> host 2 throughput (Gb/s)"
 log "32 flows: host -> LAN ${tx} Gb/s, LAN -> host ${rx} Gb/s; host 1 -> host 2 ${hh} Gb/s"
