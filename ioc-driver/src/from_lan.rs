@@ -44,7 +44,7 @@ pub fn drive_lan(st: &mut WorkerState, queue: usize) -> LanProgress {
     // (`recvmmsg` returns the frames before it, and the error at the next call).
     let (got, drained) = {
         let mut spaces: Vec<&mut [u8]> = batch.iter_mut().map(|b| b.space()).collect();
-        match nic.recv_batch_from(queue, &mut spaces, &mut lens) {
+        match nic.recv_batch(queue, &mut spaces, &mut lens) {
             Ok(n) => (n, false),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => (0, true),
             // The NIC went down (reported once): no frame was lost.

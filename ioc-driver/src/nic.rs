@@ -1,7 +1,8 @@
 //! The NIC as the IOC uses it: frames in and out, and its multicast filter.
 //!
-//! The daemon's NIC is an AF_PACKET socket ([`PacketSocket`]); the unit tests put a queue in
-//! its place, so that forwarding, quotas and session ends run without root or an interface.
+//! The daemon's NIC is a worker's AF_PACKET sockets in the NIC's fanout group
+//! ([`LanQueues`]); the unit tests put a queue in its place, so that forwarding, quotas and
+//! session ends run without root or an interface.
 
 use splitnet_messaging::memory::SharedBytes;
 use splitnet_netif::packet::{FilterHandle, PacketSocket};
@@ -51,33 +52,16 @@ pub trait Exclusion: Send + std::fmt::Debug {
 
 /// A network interface carrying frames with a virtio-net header in front.
 pub trait Nic: std::fmt::Debug {
-    /// Receives one frame into `buf`; `WouldBlock` when none is waiting. A frame longer than
-    /// `buf` is cut, and its whole length returned (more than `buf.len()`).
-    fn recv(&self, buf: &mut [u8]) -> io::Result<usize>;
-    /// Receives up to `bufs.len()` frames, their lengths into `lens`; returns how many
-    /// arrived (fewer when the NIC ran out; `WouldBlock` when none was waiting).
-    fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
-        let mut got = 0;
-        for (buf, len) in bufs.iter_mut().zip(lens.iter_mut()) {
-            match self.recv(buf) {
-                Ok(n) => *len = n,
-                Err(e) if got == 0 => return Err(e),
-                Err(_) => break,
-            }
-            got += 1;
-        }
-        Ok(got)
-    }
-    /// As [`Nic::recv_batch`], from receive queue `queue` (a NIC of one queue has queue 0).
-    fn recv_batch_from(
+    /// Receives up to `bufs.len()` frames from receive queue `queue`, their lengths into
+    /// `lens`; returns how many arrived (fewer when the queue ran out; `WouldBlock` when none
+    /// was waiting). A frame longer than its buffer is cut, and its whole length given
+    /// (more than the buffer's). A NIC of one queue has queue 0 alone.
+    fn recv_batch(
         &self,
         queue: usize,
         bufs: &mut [&mut [u8]],
         lens: &mut [usize],
-    ) -> io::Result<usize> {
-        let _ = queue;
-        self.recv_batch(bufs, lens)
-    }
+    ) -> io::Result<usize>;
     /// Sends one frame.
     fn send(&self, frame: &[u8]) -> io::Result<usize>;
     /// Sends one frame made of `head` (private) and `rest` (in a host's shared pool).
@@ -217,16 +201,8 @@ impl LanQueues {
 }
 
 impl Nic for LanQueues {
-    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.first().recv(buf)
-    }
-
-    fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
-        self.first().recv_batch(bufs, lens)
-    }
-
     /// One `recvmmsg(2)` on that queue's socket.
-    fn recv_batch_from(
+    fn recv_batch(
         &self,
         queue: usize,
         bufs: &mut [&mut [u8]],
@@ -274,8 +250,9 @@ impl Nic for LanQueues {
             .set_fanout_program(&fanout::steering_program(table, queues))
     }
 
+    /// A socket of its own on the interface, whose filter takes only `mac`'s frames.
     fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
-        self.first().host_rx(mac)
+        Ok(Box::new(self.first().open_sibling(&filter::only_to(&mac))?))
     }
 
     /// A second descriptor of every queue's socket, whose filters it sets.
@@ -296,63 +273,6 @@ struct Exclusions(Vec<FilterHandle>);
 impl Exclusion for Exclusions {
     fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
         self.0.iter().try_for_each(|h| h.exclude(macs))
-    }
-}
-
-impl Nic for PacketSocket {
-    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        PacketSocket::recv(self, buf)
-    }
-
-    /// One `recvmmsg(2)` for the whole batch.
-    fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
-        PacketSocket::recv_batch(self, bufs, lens)
-    }
-
-    fn send(&self, frame: &[u8]) -> io::Result<usize> {
-        PacketSocket::send(self, frame)
-    }
-
-    /// One `writev(2)`: the kernel copies the shared part itself.
-    fn send_parts(&self, head: &[u8], rest: &SharedBytes<'_>) -> io::Result<usize> {
-        PacketSocket::send_parts(self, head, rest)
-    }
-
-    /// One `sendmmsg(2)` for the whole batch.
-    fn send_batch(&self, frames: &[&[u8]]) -> io::Result<usize> {
-        PacketSocket::send_batch(self, frames)
-    }
-
-    fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {
-        PacketSocket::set_multicast(self, group, join)
-    }
-
-    fn set_unicast(&self, mac: [u8; 6], add: bool) -> io::Result<()> {
-        PacketSocket::set_unicast(self, mac, add)
-    }
-
-    fn set_promisc(&self, on: bool) -> io::Result<()> {
-        PacketSocket::set_promisc(self, on)
-    }
-
-    /// `PACKET_STATISTICS` (a failed read counts nothing).
-    fn take_drops(&self) -> u64 {
-        PacketSocket::take_drops(self).unwrap_or(0)
-    }
-
-    /// The fanout group's program (see [`PacketSocket::join_fanout`]), one queue per worker.
-    fn steer(&self, table: &[([u8; 6], u32)]) -> io::Result<()> {
-        self.set_fanout_program(&fanout::steering_program(table, 1))
-    }
-
-    /// A socket of its own on the interface, whose filter takes only `mac`'s frames.
-    fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
-        Ok(Box::new(self.open_sibling(&filter::only_to(&mac))?))
-    }
-
-    /// A second descriptor of the socket, whose filter it sets.
-    fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
-        Ok(Some(Box::new(self.filter_handle()?)))
     }
 }
 
@@ -623,7 +543,8 @@ pub mod fake {
         Ok(n)
     }
 
-    impl Nic for FakeNic {
+    impl FakeNic {
+        /// Receives the next frame, as a packet socket does (`WouldBlock`: none).
         fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
             let frame = self
                 .rx
@@ -643,10 +564,20 @@ pub mod fake {
             // As the kernel with MSG_TRUNC: the whole length of a frame cut short.
             Ok(frame.len())
         }
+    }
 
+    impl Nic for FakeNic {
         /// As `recvmmsg(2)`: an error after some frames ends the batch and is returned by
         /// the next call.
-        fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
+        fn recv_batch(
+            &self,
+            queue: usize,
+            bufs: &mut [&mut [u8]],
+            lens: &mut [usize],
+        ) -> io::Result<usize> {
+            if queue != 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
             read_batch(&self.pending, bufs.len().min(lens.len()), |i| {
                 self.recv(bufs[i]).map(|n| lens[i] = n)
             })
