@@ -82,6 +82,24 @@ pub struct AdmittedHost {
     /// Whether it may turn promiscuous (then it also gets the LAN's frames for no host).
     #[serde(default)]
     pub promiscuous: bool,
+    /// Queues the host may open (sessions of its key at once: one per queue of sd0); 1 to
+    /// [`MAX_HOST_QUEUES`], 1 unless set. Sessions beyond are refused (Busy).
+    #[serde(default = "default_queues")]
+    pub queues: u16,
+}
+
+/// Most queues one host's entry may allow.
+pub const MAX_HOST_QUEUES: u16 = 16;
+
+fn default_queues() -> u16 {
+    1
+}
+
+impl AdmittedHost {
+    /// Every MAC the entry reserves for its host: its `mac`, if set, and its `extra_macs`.
+    pub fn reserved_macs(&self) -> impl Iterator<Item = [u8; 6]> + '_ {
+        self.mac.iter().chain(self.extra_macs.iter()).map(|m| m.0)
+    }
 }
 
 impl IocAuth {
@@ -106,15 +124,16 @@ impl IocAuth {
                 unicast("auth.hosts.mac", mac)?;
             }
             range("auth.hosts.extra_macs", h.extra_macs.len() as u64, 0, 64)?;
+            range(
+                "auth.hosts.queues",
+                h.queues.into(),
+                1,
+                MAX_HOST_QUEUES.into(),
+            )?;
             for mac in &h.extra_macs {
                 unicast("auth.hosts.extra_macs", *mac)?;
             }
-            let macs = |h: &AdmittedHost| {
-                h.mac
-                    .into_iter()
-                    .chain(h.extra_macs.iter().copied())
-                    .collect::<Vec<_>>()
-            };
+            let macs = |h: &AdmittedHost| h.reserved_macs().collect::<Vec<_>>();
             let mine = macs(h);
             if let Some(m) = mine
                 .iter()
@@ -123,7 +142,7 @@ impl IocAuth {
             {
                 return Err(Invalid::new(
                     "auth.hosts",
-                    format!("host {:?} lists mac {} twice", h.name, m.1),
+                    format!("host {:?} lists mac {} twice", h.name, MacAddr(*m.1)),
                 ));
             }
             for other in &self.hosts[..i] {
@@ -133,7 +152,7 @@ impl IocAuth {
                 } else if other.public_key == h.public_key {
                     Some(format!("public key {}", h.public_key))
                 } else {
-                    shared.map(|m| format!("mac {m}"))
+                    shared.map(|m| format!("mac {}", MacAddr(m)))
                 };
                 if let Some(what) = clash {
                     return Err(Invalid::new(
@@ -321,6 +340,28 @@ fn default_true() -> bool {
 }
 
 impl IocConfig {
+    /// What differs between this configuration and `new` that a reload cannot apply, by
+    /// section or key (empty: `new` can be reloaded). A reload applies `[auth]` but for
+    /// `auth.private_key_file`; everything else needs a restart.
+    pub fn restart_needed(&self, new: &IocConfig) -> Vec<&'static str> {
+        let differs = [
+            ("[fabric]", self.fabric != new.fabric),
+            ("[lan]", self.lan != new.lan),
+            ("[pools]", self.pools != new.pools),
+            ("[log]", self.log != new.log),
+            ("[metrics]", self.metrics != new.metrics),
+            ("[control]", self.control != new.control),
+            (
+                "auth.private_key_file",
+                self.auth.private_key_file != new.auth.private_key_file,
+            ),
+        ];
+        differs
+            .into_iter()
+            .filter_map(|(name, changed)| changed.then_some(name))
+            .collect()
+    }
+
     pub(crate) fn validate(&self) -> Result<(), Invalid> {
         let f = &self.fabric;
         if f.listen.port() == 0 {
@@ -375,6 +416,13 @@ impl IocConfig {
         )?;
         for mac in &self.lan.extra_source_macs {
             unicast("lan.extra_source_macs", *mac)?;
+        }
+        if !self.lan.extra_source_macs.is_empty() && self.auth.admission == Admission::Keys {
+            return Err(Invalid::new(
+                "lan.extra_source_macs",
+                "would let every host send from these MACs; with auth.admission = \"keys\" \
+                 list each in the extra_macs of the host it is bridged behind",
+            ));
         }
         if let Some(mtu) = self.lan.mtu {
             range("lan.mtu", mtu.into(), 68, 65_535)?;

@@ -6,6 +6,7 @@
 
 use crate::gate::Policy;
 use crate::session_task;
+use crate::shard::KeyHold;
 use crate::state::{Waiting, Who, WorkerState};
 use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink, StreamConn};
 use splitnet_messaging::adapter::shm::setup::Setup;
@@ -27,6 +28,26 @@ pub struct Incoming {
     pub peer: String,
     /// What admission gives the host.
     pub policy: Policy,
+    /// A first queue's hold on its key's worker.
+    pub hold: Option<KeyHold>,
+}
+
+/// A session place taken on a worker for a session being set up, given back when it is
+/// dropped (the session became a host, counted as such, or failed).
+struct Place(Rc<RefCell<WorkerState>>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        match self.0.try_borrow_mut() {
+            Ok(mut st) => {
+                st.admitting -= 1;
+                st.publish_load();
+            }
+            // Never borrowed where a place drops; the count stays one high rather than
+            // panic.
+            Err(_) => warn!("a session place could not be given back"),
+        }
+    }
 }
 
 /// Completes the handshake of a connection the main thread read the Hello of, and serves
@@ -36,6 +57,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         accepted,
         peer,
         policy,
+        hold,
     } = incoming;
     let fabric::Accepted {
         mut ch,
@@ -50,6 +72,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         queue: hello.queue,
         first: hello.session,
         policy,
+        clear_data: false,
     };
     let note = |status: ErrorCode, why: &str| {
         let mut st = ioc.borrow_mut();
@@ -70,6 +93,11 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     if let Some(why) = transport_refused(hello.channel, ch.stream(), rdma) {
         refuse!(ch, ErrorCode::Refused, why);
     }
+    // A handshake that proves a key takes a session's place only once it has proven it:
+    // when its data channel names the token the HelloReply gave (a recorded first message
+    // played again cannot read it), so that a replay holds no place or MAC. One without a
+    // key takes its place at once.
+    let keyed = who.key.is_some();
     if fabric::is_control(hello.channel) {
         let shm = hello.channel == fabric::shm::SHM_CONTROL_CHANNEL;
         let verbs = hello.channel == fabric::verbs::VERBS_CONTROL_CHANNEL;
@@ -83,11 +111,11 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
                     ErrorCode::UnknownSession,
                     "queue of a host whose first queue is not connected",
                 ))
-            } else if !st.shard.admit(st.cfg.fabric.max_hosts as usize) {
+            } else if !keyed && !st.shard.admit(st.cfg.fabric.max_hosts as usize) {
                 Err((ErrorCode::Busy, "max_hosts reached"))
             } else {
                 // Counted from here: the session's place is taken while its reply is sent.
-                st.admitting += 1;
+                st.admitting += usize::from(!keyed);
                 Ok(st.new_session())
             }
         };
@@ -114,7 +142,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         };
         {
             let mut st = ioc.borrow_mut();
-            st.admitting -= 1;
+            st.admitting -= usize::from(!keyed);
             let ch = match opened {
                 Ok(ch) => ch,
                 Err(e) => {
@@ -126,7 +154,19 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
                     return;
                 }
             };
-            let waiting = Waiting { ch, session, who };
+            // A newer control channel of a key for the same queue replaces one still
+            // waiting (the host tried again), so a key holds at most one per queue.
+            let key = who.key;
+            if key.is_some() {
+                st.pending
+                    .retain(|_, w| w.who.key != key || w.who.queue != who.queue);
+            }
+            let waiting = Waiting {
+                ch,
+                session,
+                who,
+                hold,
+            };
             st.pending.insert(token, waiting);
             st.publish_load();
         }
@@ -171,8 +211,29 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         st.publish_load();
         w
     };
-    let Some(w) = joined else {
+    let Some(mut w) = joined else {
         refuse!(ch, ErrorCode::UnknownSession, "unknown session");
+    };
+    w.who.clear_data = !seal && !shm && !verbs;
+    // Proven: a newer first queue of a key replaces its older sessions before it takes
+    // their place.
+    let place = if let Some(key) = w.who.key {
+        let taken = {
+            let mut st = ioc.borrow_mut();
+            if w.who.queue.is_first() {
+                let (name, peer) = (w.who.policy.name.clone().unwrap_or_default(), peer.clone());
+                st.replace_older(&key, &name, &peer);
+            }
+            let taken = st.shard.admit(st.cfg.fabric.max_hosts as usize);
+            st.admitting += usize::from(taken);
+            taken
+        };
+        if !taken {
+            refuse!(ch, ErrorCode::Busy, "max_hosts reached");
+        }
+        Some(Place(ioc.clone()))
+    } else {
+        None
     };
     let (session, token) = (w.session, hello.session);
     let domain = DomainId(session);
@@ -291,9 +352,15 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     } else {
         peer
     };
-    let added = ioc
-        .borrow_mut()
-        .add_host(session, token, w.who, link, peer.clone());
+    let added = {
+        let mut st = ioc.borrow_mut();
+        let added = st.add_host(session, token, w.who, link, peer.clone());
+        if let Some(h) = st.hosts.get_mut(&session) {
+            h.hold = w.hold;
+        }
+        added
+    };
+    drop(place);
     match added {
         Some(wake) => session_task::serve(ioc, session, ready, wake).await,
         None => {

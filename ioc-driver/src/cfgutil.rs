@@ -42,10 +42,14 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
     // it gives up is never excluded from the general sockets once another host may take
     // it. A request for the MAC it has, or for one the policy or another host here
     // refuses, changes nothing and costs nothing.
-    let current = st.hosts.get(&session).map(|h| h.mac);
+    let (current, key) = match st.hosts.get(&session) {
+        Some(h) => (Some(h.mac), h.key),
+        None => (None, None),
+    };
     let may_take = |m: [u8; 6]| {
         Some(m) != current
             && set_mac.allows(m, mac_base)
+            && !st.reserved_for_other(&m, key.as_ref())
             && st.by_mac.get(&m).is_none_or(|&s| s == session)
     };
     if code == CfgCode::SetMac && wire::parse_mac(data).is_ok_and(may_take) {
@@ -56,7 +60,7 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
     }
     // The first queue reports the counters of all the host's queues together.
     let node_stats = (code == CfgCode::GetStats).then(|| host_stats(st, session));
-    let (by_mac, shard, nic) = (&mut st.by_mac, &st.shard, &st.nic);
+    let (by_mac, shard, nic, reserved) = (&mut st.by_mac, &st.shard, &st.nic, &st.reserved);
     let Some(host) = st.hosts.get_mut(&session) else {
         return;
     };
@@ -74,8 +78,10 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
             ErrorCode::Ok
         }
         CfgCode::SetMac => match wire::parse_mac(data) {
+            // Never a MAC another entry of `[[auth.hosts]]` reserves, present or not.
             Ok(mac)
                 if set_mac.allows(mac, mac_base)
+                    && reserved.get(&mac).is_none_or(|k| Some(k) == key.as_ref())
                     && by_mac.get(&mac).is_none_or(|&s| s == session)
                     && shard.move_mac(&**nic, host.mac, mac) =>
             {

@@ -7,7 +7,7 @@
 //! cannot be played again. The host's identity (and so its derived MAC) is then its key, not
 //! the node id it claims. With `admission = "open"` (a lab) anyone gets in.
 
-use splitnet_config::{Admission, IocAuth};
+use splitnet_config::{Admission, IocAuth, MAX_HOST_QUEUES};
 use splitnet_fabric::auth::{Key, Responder};
 use splitnet_messaging::wire::{ErrorCode, Hello};
 use std::collections::{HashMap, HashSet};
@@ -38,19 +38,44 @@ pub struct Policy {
     pub extra_macs: Vec<[u8; 6]>,
     /// Whether it may turn promiscuous.
     pub promiscuous: bool,
+    /// Queues it may open.
+    pub queues: u16,
 }
 
 impl Policy {
     /// Open admission's policy (and a host without a key's): no name or fixed MAC, no
-    /// bridged machines, promiscuous mode allowed.
+    /// bridged machines, promiscuous mode allowed, as many queues as a host may have.
     pub fn open() -> Policy {
         Policy {
             name: None,
             mac: None,
             extra_macs: Vec::new(),
             promiscuous: true,
+            queues: MAX_HOST_QUEUES,
         }
     }
+
+    /// The policy `auth` gives a session proving `key` (`None`: none proven): its entry's,
+    /// open admission's, or none (the session may not stay).
+    pub fn of(auth: &IocAuth, key: Option<&Key>) -> Option<Policy> {
+        if auth.admission == Admission::Open {
+            return Some(Policy::open());
+        }
+        let host = auth.host(key?)?;
+        Some(Policy {
+            name: Some(host.name.clone()),
+            mac: host.mac.map(|m| m.0),
+            extra_macs: host.extra_macs.iter().map(|m| m.0).collect(),
+            promiscuous: host.promiscuous,
+            queues: host.queues,
+        })
+    }
+}
+
+/// A handshake timestamp (nanoseconds since the Unix epoch) as a log shows it: seconds
+/// since the epoch with their fraction.
+fn shown(ns: u64) -> String {
+    format!("{}.{:09}", ns / 1_000_000_000, ns % 1_000_000_000)
 }
 
 impl Gate {
@@ -68,14 +93,13 @@ impl Gate {
         self.key.as_ref()
     }
 
-    /// Takes a new `[auth]` (a reload; this IOC's key stays): returns the keys now admitted,
-    /// or `None` with open admission. What the old policy remembers of admitted keys'
-    /// timestamps stays, so a handshake recorded before the reload stays refused.
-    pub fn reload(&mut self, cfg: IocAuth) -> Option<HashSet<Key>> {
+    /// Takes a new `[auth]` (a reload; this IOC's key stays). What the old policy remembers
+    /// of the timestamps of keys still admitted stays, so a handshake recorded before the
+    /// reload stays refused; a key taken out of `[[auth.hosts]]` is forgotten.
+    pub fn reload(&mut self, cfg: IocAuth) {
         self.cfg = cfg;
         let admitted: HashSet<Key> = self.cfg.hosts.iter().map(|h| h.public_key.0).collect();
         self.last.retain(|(k, _, _), _| admitted.contains(k));
-        (self.cfg.admission == Admission::Keys).then_some(admitted)
     }
 
     /// Lets a Hello in, authenticated by `proof` if it came in an AuthHello, or refuses it.
@@ -108,26 +132,31 @@ impl Gate {
                 ),
             ));
         };
-        let last = self
-            .last
-            .entry((r.peer, hello.queue.index, control))
-            .or_default();
+        let q = hello.queue;
+        if u16::from(q.count) > host.queues || u16::from(q.index) >= host.queues {
+            return Err((
+                ErrorCode::Busy,
+                format!(
+                    "host {:?}: queue {} of {} beyond the {} its entry allows (queues in [[auth.hosts]])",
+                    host.name, q.index, q.count, host.queues
+                ),
+            ));
+        }
+        let last = self.last.entry((r.peer, q.index, control)).or_default();
         if r.timestamp <= *last {
             return Err((
                 ErrorCode::Unauthenticated,
                 format!(
-                    "host {:?}: handshake replayed, or the host's clock went back",
-                    host.name
+                    "host {:?}: handshake timestamp {} s is not after the last taken from its key, {} s: \
+                     a replayed handshake, or the host's clock went back (README, \"Admitting a host\")",
+                    host.name,
+                    shown(r.timestamp),
+                    shown(*last)
                 ),
             ));
         }
         *last = r.timestamp;
-        Ok(Policy {
-            name: Some(host.name.clone()),
-            mac: host.mac.map(|m| m.0),
-            extra_macs: host.extra_macs.iter().map(|m| m.0).collect(),
-            promiscuous: host.promiscuous,
-        })
+        Ok(Policy::of(&self.cfg, Some(&r.peer)).unwrap_or_else(Policy::open))
     }
 }
 
@@ -180,6 +209,7 @@ mod tests {
                     mac: mac.map(MacAddr),
                     extra_macs: vec![MacAddr([2, 0xaa, 0, 0, 0, 1])],
                     promiscuous: false,
+                    queues: 2,
                 })
                 .collect(),
         };
@@ -229,11 +259,14 @@ mod tests {
         let (mut h, r) = hello_from(&a, &ioc, 0, 100);
         assert!(g.admit(&mut h.clone(), true, Some(&r)).is_ok());
         // The same message again (a replay), and an older one.
-        assert!(g
-            .admit(&mut h, true, Some(&r))
-            .unwrap_err()
-            .1
-            .contains("replayed"));
+        let why = g.admit(&mut h, true, Some(&r)).unwrap_err().1;
+        assert!(why.contains("replayed"), "{why}");
+        assert!(
+            why.contains("\"a\"")
+                && why.contains("0.000000100 s is not after")
+                && why.contains("0.000000100 s:"),
+            "the entry's name and both times: {why}"
+        );
         let (mut h, r) = hello_from(&a, &ioc, 0, 99);
         assert!(g.admit(&mut h, true, Some(&r)).is_err());
         // The data channel counts on its own, and a later control handshake gets in.
@@ -254,13 +287,56 @@ mod tests {
         let (mut h, r) = hello_from(&b, &ioc, 0, 5);
         assert!(g.admit(&mut h.clone(), true, Some(&r)).is_err());
         let next = gate(Admission::Keys, &[("b", b, None)], ioc).cfg;
-        let admitted = g.reload(next).unwrap();
-        assert_eq!(admitted, HashSet::from([public_key(&b)]));
+        g.reload(next);
         assert!(g.admit(&mut h, true, Some(&r)).is_ok());
         let (mut h, r) = hello_from(&a, &ioc, 0, 6);
         assert!(g.admit(&mut h, true, Some(&r)).is_err());
-        let open = gate(Admission::Open, &[], ioc).cfg;
-        assert_eq!(g.reload(open), None);
+        g.reload(gate(Admission::Open, &[], ioc).cfg);
+        assert!(g.admit(&mut h, true, Some(&r)).is_ok());
+    }
+
+    #[test]
+    fn a_key_opens_no_more_queues_than_its_entry_allows() {
+        let (ioc, a) = (generate().unwrap(), generate().unwrap());
+        let mut g = gate(Admission::Keys, &[("a", a, None)], ioc);
+        let mut ts = 0;
+        let mut try_queue = |index: u8, count: u8| {
+            ts += 1;
+            let bytes = handshake::hello(Role::Host, 0, Queue { index, count }, 0, 99, 70_000);
+            let mut i = Initiator::new(&a, &public_key(&ioc)).unwrap();
+            let (r, inner) = Responder::accept(&ioc, &i.hello(&bytes, ts).unwrap()).unwrap();
+            let Ok((_, Message::Hello(mut h))) = Message::parse(&inner) else {
+                panic!("not a Hello");
+            };
+            g.admit(&mut h, true, Some(&r)).map(|p| p.queues)
+        };
+        assert_eq!(try_queue(0, 2), Ok(2));
+        assert_eq!(try_queue(1, 2), Ok(2));
+        for (index, count) in [(0, 3), (2, 3)] {
+            let (code, why) = try_queue(index, count).unwrap_err();
+            assert_eq!(code, ErrorCode::Busy);
+            assert!(why.contains("beyond the 2 its entry allows"), "{why}");
+        }
+    }
+
+    #[test]
+    fn the_policy_of_a_key_follows_the_configuration() {
+        let (ioc, a, b) = (
+            generate().unwrap(),
+            generate().unwrap(),
+            generate().unwrap(),
+        );
+        let mac = [2, 0x5d, 0, 0, 0, 7];
+        let g = gate(Admission::Keys, &[("a", a, Some(mac))], ioc);
+        let p = Policy::of(&g.cfg, Some(&public_key(&a))).unwrap();
+        assert_eq!(
+            (p.name.as_deref(), p.mac, p.queues),
+            (Some("a"), Some(mac), 2)
+        );
+        assert_eq!(Policy::of(&g.cfg, Some(&public_key(&b))), None);
+        assert_eq!(Policy::of(&g.cfg, None), None, "no key under key admission");
+        let open = gate(Admission::Open, &[], ioc);
+        assert_eq!(Policy::of(&open.cfg, None), Some(Policy::open()));
     }
 
     #[test]

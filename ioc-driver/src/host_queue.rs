@@ -11,6 +11,7 @@ use crate::counters::{Drops, RxDrop, TxDrop};
 use crate::gate::Policy;
 use crate::own_queue::{OwnQueue, OwnQueueRetry};
 use crate::rate::RateLimit;
+use crate::shard::KeyHold;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::ecn::{self, Mark};
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
@@ -61,8 +62,16 @@ pub struct HostQueue {
     pub key: Option<splitnet_fabric::auth::Key>,
     /// What admission gave it: bridged machines' MACs, whether it may be promiscuous.
     pub policy: Policy,
-    /// The bridged MACs entered in the forwarding table for it (first queue only).
+    /// The bridged MACs of its policy entered in the forwarding table for it (on every
+    /// queue of the host): the sources it may send from besides its own MAC.
     pub bridged: Vec<[u8; 6]>,
+    /// Some bridged MACs of its policy were another host's when it asked: tried again
+    /// (first queue only).
+    pub bridged_missing: bool,
+    /// Its data channel travels over TCP in the clear.
+    pub clear_data: bool,
+    /// A first queue's hold on its key's worker ([`KeyHold`]).
+    pub hold: Option<KeyHold>,
     /// Which of the host's queues this session serves.
     pub queue: Queue,
     /// Session of the host's first queue (its own id on the first queue), which carries
@@ -153,6 +162,9 @@ impl HostQueue {
             key: None,
             policy: Policy::open(),
             bridged: Vec::new(),
+            bridged_missing: false,
+            clear_data: false,
+            hold: None,
             queue,
             first,
             queues: if queue.is_first() {
@@ -266,7 +278,8 @@ impl HostQueue {
 
     /// Checks a frame of `len` bytes the host sent, from `head` (its first bytes, private),
     /// against what it negotiated: offload metadata the kernel may see, its own source MAC
-    /// (or one of `extra_macs`), only the offloads it negotiated (`offered` until it sent
+    /// (or one of `extra_macs`, or a bridged MAC of its policy that it holds), only the
+    /// offloads it negotiated (`offered` until it sent
     /// SetFeatures), and its MTU. The error says why.
     pub fn check_tx(
         &self,
@@ -277,7 +290,7 @@ impl HostQueue {
     ) -> Result<(), (TxDrop, String)> {
         let h = vnet::check_head(head, len).map_err(|e| (TxDrop::BadOffload, e.to_string()))?;
         let src = vnet::src_mac(head);
-        if src != self.mac && !extra_macs.contains(&src) && !self.policy.extra_macs.contains(&src) {
+        if src != self.mac && !extra_macs.contains(&src) && !self.bridged.contains(&src) {
             return Err((
                 TxDrop::Spoofed,
                 format!("source MAC {} is not the host's", wire::fmt_mac(&src)),

@@ -11,6 +11,7 @@
 //! generation changes.
 
 use crate::nic::{Exclusion, Nic};
+use splitnet_fabric::auth::Key;
 use splitnet_netif::filter::MAX_EXCLUDED;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -43,6 +44,10 @@ struct Directory {
     own_queue_macs: Vec<[u8; 6]>,
     /// Each started worker's handle on its socket's exclusions.
     exclusions: Vec<Box<dyn Exclusion>>,
+    /// The worker a host key's first queues go to, and how many of them are held there
+    /// (connections on their way, sessions): all of a key's sessions are one worker's, so
+    /// a newer one replaces an older there ([`KeyHold`]).
+    keys: HashMap<Key, (usize, usize)>,
 }
 
 impl Directory {
@@ -381,10 +386,51 @@ impl Shard {
 pub struct Observer(Arc<Shared>);
 
 impl Observer {
+    fn dir(&self) -> MutexGuard<'_, Directory> {
+        self.0.dir.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The worker holding the fewest sessions: where a new host goes.
     pub fn least_loaded(&self) -> usize {
-        let d = self.0.dir.lock().unwrap_or_else(|e| e.into_inner());
+        let d = self.dir();
         (0..d.load.len()).min_by_key(|&w| d.load[w]).unwrap_or(0)
+    }
+
+    /// The worker for a first queue of host `key`: the one that holds the key's other
+    /// connections and sessions, else the least loaded. The key stays that worker's while
+    /// the hold returned (carried by the connection, then its session) lives.
+    pub fn hold_key(&self, key: Key) -> (usize, KeyHold) {
+        let mut d = self.dir();
+        let worker = match d.keys.get(&key) {
+            Some(&(w, _)) => w,
+            None => (0..d.load.len()).min_by_key(|&w| d.load[w]).unwrap_or(0),
+        };
+        d.keys.entry(key).or_insert((worker, 0)).1 += 1;
+        let hold = KeyHold {
+            shared: self.0.clone(),
+            key,
+        };
+        (worker, hold)
+    }
+}
+
+/// A first-queue connection or session of a host key, which keeps the key's connections
+/// going to one worker ([`Observer::hold_key`]); dropped when it ends.
+#[derive(Debug)]
+pub struct KeyHold {
+    shared: Arc<Shared>,
+    key: Key,
+}
+
+impl Drop for KeyHold {
+    fn drop(&mut self) {
+        let mut d = self.shared.dir.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = d.keys.get_mut(&self.key) {
+            held.1 -= 1;
+            if held.1 == 0 {
+                d.keys.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -453,6 +499,24 @@ mod tests {
         assert_eq!(rx.recv(&mut out, fit).await, fit);
         assert!(a.cross(1, &frame), "room again once read");
         assert!(!a.cross(7, &frame), "no such worker");
+    }
+
+    #[test]
+    fn a_keys_connections_go_to_one_worker_while_any_is_held() {
+        let set = Shard::set(2);
+        let obs = set[0].0.observer();
+        set[0].0.set_load(5);
+        let (w, first) = obs.hold_key([1; 32]);
+        assert_eq!(w, 1, "the least loaded");
+        set[0].0.set_load(0);
+        let (again, second) = obs.hold_key([1; 32]);
+        assert_eq!(again, 1, "the key's worker, however loaded");
+        assert_eq!(obs.hold_key([2; 32]).0, 0, "another key: the least loaded");
+        drop(first);
+        assert_eq!(obs.hold_key([1; 32]).0, 1, "one hold left");
+        drop(second);
+        set[1].0.set_load(3);
+        assert_eq!(obs.hold_key([1; 32]).0, 0, "free again once none is held");
     }
 
     #[test]

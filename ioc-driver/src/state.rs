@@ -14,8 +14,8 @@ use crate::lan_tx::LanTx;
 use crate::nic::Nic;
 use crate::own_queue::{OwnQueue, OwnQueueRetry, FRAME_MAX};
 use crate::rate::RateLimit;
-use crate::shard::{self, Shard};
-use splitnet_config::{IocConfig, Promiscuous};
+use crate::shard::{self, KeyHold, Shard};
+use splitnet_config::{Admission, IocAuth, IocConfig, Promiscuous};
 use splitnet_fabric::auth::Key;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError};
@@ -69,6 +69,9 @@ pub struct Who {
     pub first: u64,
     /// What admission gives it.
     pub policy: Policy,
+    /// Its data channel travels over TCP in the clear (not sealed, not shared memory or
+    /// RDMA).
+    pub clear_data: bool,
 }
 
 #[cfg(test)]
@@ -81,6 +84,7 @@ impl Who {
             queue: Queue::SINGLE,
             first: 0,
             policy: Policy::open(),
+            clear_data: false,
         }
     }
 }
@@ -94,6 +98,24 @@ pub struct Waiting {
     pub session: u64,
     /// Who it is.
     pub who: Who,
+    /// A first queue's hold on its key's worker ([`KeyHold`]).
+    pub hold: Option<KeyHold>,
+}
+
+/// Replacements of a key's session closer together than this say that two host-drivers
+/// share the key (a restarted host replaces its old session once).
+const SHARED_KEY_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The MACs the entries of `auth` reserve, each to its entry's key: under key admission
+/// every entry's `mac` and `extra_macs` are its host's alone.
+pub fn reservations(auth: &IocAuth) -> HashMap<[u8; 6], Key> {
+    if auth.admission != Admission::Keys {
+        return HashMap::new();
+    }
+    auth.hosts
+        .iter()
+        .flat_map(|h| h.reserved_macs().map(|m| (m, h.public_key.0)))
+        .collect()
 }
 
 /// One worker's state: its share of the IOC's hosts, their pools, its NIC socket.
@@ -160,8 +182,16 @@ pub struct WorkerState {
     /// Control channels waiting for their data channel, by the token the data channel
     /// must name.
     pub pending: HashMap<u64, Waiting>,
-    /// Control channels admitted whose HelloReply is on its way.
+    /// Sessions whose place is taken and that are not hosts yet: control channels without
+    /// a key whose HelloReply is on its way, data channels that proved a key and are being
+    /// set up.
     pub admitting: usize,
+    /// The MACs reserved for the entries of `[[auth.hosts]]`, to their keys
+    /// ([`reservations`]).
+    pub reserved: HashMap<[u8; 6], Key>,
+    /// When each key's session was last replaced by a newer one (two host-drivers that
+    /// share a key replace each other again and again: [`SHARED_KEY_WINDOW`]).
+    pub replaced: HashMap<Key, Instant>,
 }
 
 impl WorkerState {
@@ -222,12 +252,20 @@ impl WorkerState {
             shard,
             pending: HashMap::new(),
             admitting: 0,
+            reserved: reservations(&cfg.auth),
+            replaced: HashMap::new(),
             cfg,
         }
     }
 
+    /// Whether `mac` is reserved for the entry of another key than `key`.
+    pub fn reserved_for_other(&self, mac: &[u8; 6], key: Option<&Key>) -> bool {
+        self.reserved.get(mac).is_some_and(|k| Some(k) != key)
+    }
+
     /// A MAC for a new host, claimed for this worker: the configured prefix and three
-    /// bytes of its identity, avoiding every MAC any worker serves.
+    /// bytes of its identity, avoiding every MAC any worker serves and every MAC an entry
+    /// of `[[auth.hosts]]` reserves.
     pub fn assign_mac(&self, node_id: u64) -> [u8; 6] {
         let base = self.cfg.lan.mac_base.0;
         let start = node_id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -236,17 +274,44 @@ impl WorkerState {
             [base[0], base[1], base[2], b[0], b[1], b[2]]
         });
         let first = candidates.clone().next().unwrap_or(base);
-        // 65,536 candidates for at most 64 hosts: one is always free.
-        self.shard
-            .claim_mac(&*self.nic, candidates)
-            .unwrap_or(first)
+        // 65,536 candidates for at most 64 hosts and 1,024 entries of at most 65 MACs each
+        // (fewer under one prefix than that): one is always free.
+        let free = candidates.filter(|m| !self.reserved.contains_key(m));
+        self.shard.claim_mac(&*self.nic, free).unwrap_or(first)
+    }
+
+    /// Takes `mac`, reserved for the host of `key`, from a session of this worker that holds
+    /// it without that right (the reservation came with a reload): its claim ends, logged
+    /// (the session itself when it is its own MAC: the protocol cannot move it).
+    fn evict_squatter(&mut self, mac: [u8; 6], key: Option<&Key>, name: &str) {
+        let Some(&holder) = self.by_mac.get(&mac) else {
+            return;
+        };
+        let Some(h) = self.hosts.get_mut(&holder) else {
+            return;
+        };
+        if h.key.as_ref() == key {
+            return;
+        }
+        if h.mac == mac {
+            warn!(session = holder, mac = %fmt_mac(&mac), "the host's MAC is reserved for host {name:?}, which connected: disconnecting it");
+            if let Some(link) = h.link.as_mut() {
+                link.goodbye(ErrorCode::Refused);
+            }
+            self.remove_host(holder, "its MAC is another host's", None);
+        } else {
+            warn!(session = holder, mac = %fmt_mac(&mac), "a bridged MAC the host held is reserved for host {name:?}, which connected: frames to it no longer reach this host");
+            self.release_bridged(holder, &[mac]);
+        }
     }
 
     /// The MAC of a new host: the one its policy gives it, or else one derived from its
-    /// identity ([`WorkerState::assign_mac`]). A policy's MAC still in use (the host's
-    /// previous session not yet timed out) gives way to a derived one for this session.
-    fn claim_mac(&self, node_id: u64, fixed: Option<[u8; 6]>) -> [u8; 6] {
-        if let Some(mac) = fixed {
+    /// identity ([`WorkerState::assign_mac`]). A session of this worker holding the
+    /// policy's MAC without the right gives it up; a policy's MAC still in use on another
+    /// worker gives way to a derived one for this session, logged.
+    fn claim_mac(&mut self, node_id: u64, key: Option<&Key>, policy: &Policy) -> [u8; 6] {
+        if let Some(mac) = policy.mac {
+            self.evict_squatter(mac, key, policy.name.as_deref().unwrap_or_default());
             if self
                 .shard
                 .claim_mac(&*self.nic, std::iter::once(mac))
@@ -262,12 +327,27 @@ impl WorkerState {
         self.assign_mac(node_id)
     }
 
-    /// Enters the MACs of the machines bridged behind host `session` in the forwarding table
-    /// (this worker's and the directory every worker steers by), so frames to them reach it;
-    /// returns those entered. A MAC another host holds stays with it, logged.
-    fn claim_bridged(&mut self, session: u64, macs: &[[u8; 6]]) -> Vec<[u8; 6]> {
+    /// Enters the MACs of its policy's bridged machines that host `session` (a first
+    /// queue) does not hold yet in the forwarding table (this worker's and the directory
+    /// every worker steers by), so frames to them reach it and it may send from them. A
+    /// session of this worker holding one without the right gives it up; one another worker
+    /// serves stays there, logged, and is tried again later ([`WorkerState::claim_missing`]).
+    fn claim_bridged(&mut self, session: u64) {
+        let Some(h) = self.hosts.get(&session) else {
+            return;
+        };
+        let (key, name) = (h.key, h.policy.name.clone().unwrap_or_default());
+        let missing: Vec<[u8; 6]> = h
+            .policy
+            .extra_macs
+            .iter()
+            .filter(|m| !h.bridged.contains(m) && **m != h.mac)
+            .copied()
+            .collect();
         let mut claimed = Vec::new();
-        for &mac in macs {
+        let mut held_elsewhere = false;
+        for mac in missing {
+            self.evict_squatter(mac, key.as_ref(), &name);
             if self
                 .shard
                 .claim_mac(&*self.nic, std::iter::once(mac))
@@ -276,10 +356,63 @@ impl WorkerState {
                 self.by_mac.insert(mac, session);
                 claimed.push(mac);
             } else {
-                warn!(session, mac = %fmt_mac(&mac), "a bridged MAC of the host's policy is another host's; frames to it do not reach this host");
+                held_elsewhere = true;
+                if let Some(held) = self.log.allow(Instant::now()) {
+                    warn!(session, mac = %fmt_mac(&mac), "a bridged MAC of the host's policy is another host's for now; frames to it do not reach this host until it is free ({held} more held back)");
+                }
             }
         }
-        claimed
+        let Some(h) = self.hosts.get_mut(&session) else {
+            return;
+        };
+        h.bridged.extend(claimed);
+        h.bridged_missing = held_elsewhere;
+        self.share_bridged(session);
+    }
+
+    /// Gives up host `session`'s claims on the bridged MACs `macs`.
+    fn release_bridged(&mut self, session: u64, macs: &[[u8; 6]]) {
+        for mac in macs {
+            if self.by_mac.get(mac) == Some(&session) {
+                self.by_mac.remove(mac);
+                self.shard.release_mac(&*self.nic, *mac);
+            }
+        }
+        if let Some(h) = self.hosts.get_mut(&session) {
+            h.bridged.retain(|m| !macs.contains(m));
+        }
+        self.share_bridged(session);
+    }
+
+    /// Gives every queue of host `session` (its first) the bridged MACs it holds and its
+    /// policy: each queue checks the sources of its frames against them.
+    fn share_bridged(&mut self, first: u64) {
+        let Some(h) = self.hosts.get(&first) else {
+            return;
+        };
+        let (bridged, policy) = (h.bridged.clone(), h.policy.clone());
+        for q in self.hosts.values_mut().filter(|q| q.first == first) {
+            q.bridged.clone_from(&bridged);
+            q.policy.clone_from(&policy);
+        }
+    }
+
+    /// Claims the bridged MACs hosts could not have when they asked (another worker held
+    /// them a moment, as across a reload); called every second.
+    pub fn claim_missing(&mut self) {
+        let waiting: Vec<u64> = self
+            .hosts
+            .values()
+            .filter(|h| h.bridged_missing && h.queue.is_first())
+            .map(|h| h.session)
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        for s in waiting {
+            self.claim_bridged(s);
+        }
+        self.sync_nic_filter();
     }
 
     /// A new session id (unique among the workers, never reused while the IOC runs, so
@@ -293,9 +426,12 @@ impl WorkerState {
     }
 
     /// Tells the other workers how many sessions this one holds.
+    /// Control channels waiting for their data channel count only without a key: one with a
+    /// key takes its place once its data channel proves the key.
     pub fn publish_load(&self) {
+        let pending = self.pending.values().filter(|w| w.who.key.is_none());
         self.shard
-            .set_load(self.hosts.len() + self.pending.len() + self.admitting);
+            .set_load(self.hosts.len() + pending.count() + self.admitting);
     }
 
     /// Tells the other workers whether a host of this one is promiscuous.
@@ -359,12 +495,11 @@ impl WorkerState {
         let (node_id, queue) = (who.node_id, who.queue);
         let name = who.policy.name.clone().unwrap_or_default();
         let (first, mac, mtu, features) = if queue.is_first() {
-            (
-                session,
-                self.claim_mac(node_id, who.policy.mac),
-                self.mtu,
-                0,
-            )
+            if let Some(key) = who.key {
+                self.replace_older(&key, &name, &peer);
+            }
+            let mac = self.claim_mac(node_id, who.key.as_ref(), &who.policy);
+            (session, mac, self.mtu, 0)
         } else {
             match self.first_queue(&who) {
                 Some(f) => (f.session, f.mac, f.mtu, f.features),
@@ -409,10 +544,8 @@ impl WorkerState {
         );
         host.mac = mac;
         host.key = who.key;
-        if queue.is_first() {
-            host.bridged = self.claim_bridged(session, &who.policy.extra_macs);
-        }
         host.policy = who.policy;
+        host.clear_data = who.clear_data;
         host.mtu = mtu;
         host.features = features;
         let pps = u64::from(self.cfg.lan.storm_control_pps);
@@ -422,6 +555,11 @@ impl WorkerState {
         }
         let wake = host.wake.clone();
         self.hosts.insert(session, host);
+        if queue.is_first() {
+            self.claim_bridged(session);
+        } else {
+            self.share_bridged(first);
+        }
         self.sync_nic_filter();
         self.open_own_queue(session);
         self.publish_load();
@@ -445,6 +583,135 @@ impl WorkerState {
         ));
         self.kick_hosts();
         Some(wake)
+    }
+
+    /// Ends the sessions of host `key` (named `name` in its entry) that a newer first queue
+    /// from `peer` replaces: the host restarted before the IOC saw the old ones go, as
+    /// WireGuard takes a peer's newest handshake. Replacements again and again mean two
+    /// host-drivers share the key: a configuration error, logged by the entry's name.
+    pub fn replace_older(&mut self, key: &Key, name: &str, peer: &str) {
+        let older: Vec<(u64, String)> = self
+            .hosts
+            .values()
+            .filter(|h| h.queue.is_first() && h.key.as_ref() == Some(key))
+            .map(|h| (h.session, h.peer.clone()))
+            .collect();
+        if older.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let again = self
+            .replaced
+            .insert(*key, now)
+            .is_some_and(|at| now.duration_since(at) < SHARED_KEY_WINDOW);
+        for (session, old_peer) in older {
+            if again {
+                tracing::error!(session, %peer, %old_peer, "host {name:?}: sessions of its key replace each other; two host-drivers share the key of this [[auth.hosts]] entry, and each needs a key of its own");
+            } else {
+                info!(session, %peer, %old_peer, "host {name:?}: a newer session of its key replaces this one (the host restarted)");
+            }
+            if let Some(link) = self.hosts.get_mut(&session).and_then(|h| h.link.as_mut()) {
+                link.goodbye(ErrorCode::Refused);
+            }
+            self.remove_host(session, "replaced by a newer session of its key", None);
+        }
+    }
+
+    /// Applies the configuration's `[auth]` (after a reload) to every session: those it no
+    /// longer admits end (told Unauthenticated), as do those whose entry's `mac` or queues
+    /// changed, whose MAC is reserved for another entry now, or whose data channel is not
+    /// encrypted while `auth.encrypt_data` is set (told Refused: they reconnect under the
+    /// new policy); the others take their entry's promiscuity and bridged MACs at once.
+    /// Control channels waiting for their data channel that it no longer admits are
+    /// dropped.
+    pub fn apply_policy(&mut self) {
+        self.reserved = reservations(&self.cfg.auth);
+        let admitted = |k: &Key| self.cfg.auth.host(k).is_some();
+        self.replaced.retain(|k, _| admitted(k));
+        let firsts: Vec<u64> = self
+            .hosts
+            .values()
+            .filter(|h| h.queue.is_first())
+            .map(|h| h.session)
+            .collect();
+        for s in firsts {
+            let Some(h) = self.hosts.get(&s) else {
+                continue;
+            };
+            let queues = self.hosts.values().filter(|q| q.first == s).count();
+            let clear = self.hosts.values().any(|q| q.first == s && q.clear_data);
+            let policy = Policy::of(&self.cfg.auth, h.key.as_ref());
+            let end = match &policy {
+                None if h.key.is_none() => Some((
+                    ErrorCode::Unauthenticated,
+                    "it proved no key, and auth.admission is \"keys\" now".to_string(),
+                )),
+                None => Some((
+                    ErrorCode::Unauthenticated,
+                    "its key is no longer admitted".to_string(),
+                )),
+                Some(p) if p.mac != h.policy.mac => Some((
+                    ErrorCode::Refused,
+                    format!(
+                        "its entry's mac changed from {} to {}: it reconnects to take the new one",
+                        h.policy.mac.map_or("none".into(), |m| fmt_mac(&m)),
+                        p.mac.map_or("none".into(), |m| fmt_mac(&m)),
+                    ),
+                )),
+                Some(_) if self.reserved_for_other(&h.mac, h.key.as_ref()) => Some((
+                    ErrorCode::Refused,
+                    format!(
+                        "its MAC {} is reserved for another host's entry now",
+                        fmt_mac(&h.mac)
+                    ),
+                )),
+                Some(p) if queues > usize::from(p.queues) => Some((
+                    ErrorCode::Refused,
+                    format!(
+                        "it has {queues} queues and its entry allows {} now",
+                        p.queues
+                    ),
+                )),
+                Some(_) if clear && self.cfg.auth.encrypt_data => Some((
+                    ErrorCode::Unauthenticated,
+                    "its data channel is not encrypted and auth.encrypt_data is set now"
+                        .to_string(),
+                )),
+                Some(_) => None,
+            };
+            let name = h.policy.name.clone().unwrap_or_default();
+            if let Some((code, why)) = end {
+                info!(session = s, name, "reload: disconnecting the host: {why}");
+                if let Some(link) = self.hosts.get_mut(&s).and_then(|h| h.link.as_mut()) {
+                    link.goodbye(code);
+                }
+                self.remove_host(s, &format!("reload: {why}"), None);
+                continue;
+            }
+            let Some(policy) = policy else { continue };
+            let Some(h) = self.hosts.get_mut(&s) else {
+                continue;
+            };
+            if h.promisc && !policy.promiscuous {
+                info!(session = s, name, "reload: the host may no longer be promiscuous; it now receives only its own frames");
+                h.promisc = false;
+            }
+            let gone: Vec<[u8; 6]> = h
+                .bridged
+                .iter()
+                .filter(|m| !policy.extra_macs.contains(m))
+                .copied()
+                .collect();
+            h.policy = policy;
+            self.release_bridged(s, &gone);
+            self.claim_bridged(s);
+        }
+        let auth = &self.cfg.auth;
+        self.pending
+            .retain(|_, w| Policy::of(auth, w.who.key.as_ref()).is_some());
+        self.sync_nic_filter();
+        self.publish_promisc();
+        self.publish_load();
     }
 
     /// Gives host `session` a queue of its own on the NIC once it can take LAN frames read
@@ -599,31 +866,6 @@ impl WorkerState {
         for s in siblings {
             self.remove_session(s, &format!("another queue of the host ended ({why})"), None);
         }
-    }
-
-    /// Ends every session, and drops every control channel waiting for its data channel,
-    /// whose key `admitted` no longer holds (a reload took it out of `[[auth.hosts]]`): the
-    /// host is told Unauthenticated. Sessions without a key (open admission) stay.
-    pub fn revoke(&mut self, admitted: impl Fn(&Key) -> bool) {
-        let gone = |who: Option<Key>| who.is_some_and(|k| !admitted(&k));
-        let revoked: Vec<u64> = self
-            .hosts
-            .values()
-            .filter(|h| gone(h.key))
-            .map(|h| h.session)
-            .collect();
-        for session in revoked {
-            if let Some(link) = self.hosts.get_mut(&session).and_then(|h| h.link.as_mut()) {
-                link.goodbye(ErrorCode::Unauthenticated);
-            }
-            info!(
-                session,
-                "the host's key is no longer admitted; disconnecting it"
-            );
-            self.remove_host(session, "its key is no longer admitted", None);
-        }
-        self.pending.retain(|_, w| !gone(w.who.key));
-        self.publish_load();
     }
 
     /// Removes a host that exceeded a resource limit: told with ResourceLimit (as far as

@@ -222,12 +222,17 @@ impl Cluster {
             Ok(a) => a,
             Err((status, why)) => return refuse(ch, auth, status, &why),
         };
-        // A host's first queue goes where the fewest sessions are; its other queues and
-        // every data channel go to the worker their token names.
-        let to = if control && hello.queue.is_first() {
-            self.observer.least_loaded()
-        } else {
-            shard::worker_of(hello.session)
+        // A host's first queue goes to the worker of its key's other sessions, else where
+        // the fewest sessions are; its other queues and every data channel go to the worker
+        // their token names.
+        let first = control && hello.queue.is_first();
+        let (to, hold) = match auth.as_ref().map(|r| r.peer) {
+            Some(key) if first => {
+                let (to, hold) = self.observer.hold_key(key);
+                (to, Some(hold))
+            }
+            _ if first => (self.observer.least_loaded(), None),
+            _ => (shard::worker_of(hello.session), None),
         };
         let Some(w) = self.workers.get(to) else {
             return refuse(ch, auth, ErrorCode::UnknownSession, "unknown session");
@@ -241,6 +246,7 @@ impl Cluster {
             },
             peer: peer.clone(),
             policy,
+            hold,
         };
         if let Err(mpsc::error::SendError(Cmd::Connection(i))) =
             w.cmds.send(Cmd::Connection(Box::new(incoming)))
@@ -250,27 +256,27 @@ impl Cluster {
         }
     }
 
-    /// Takes `cfg`'s `[auth]` (a reload): new hosts are admitted from now on, and the
-    /// sessions of keys no longer admitted end. Every other section needs a restart, and a
-    /// reload that changes one says so.
-    fn reload(&mut self, cfg: IocConfig) {
-        let mut rest = cfg.clone();
-        rest.auth = self.cfg.auth.clone();
-        if rest != self.cfg {
-            warn!("reload: only [auth] is read again; restart ioc-driver for the other changes");
-        }
-        if cfg.auth.private_key_file != self.cfg.auth.private_key_file {
-            warn!(
-                "reload: auth.private_key_file changed; this IOC's key changes on a restart only"
-            );
+    /// Takes `cfg`'s `[auth]` (a reload): admission follows it from now on, and every
+    /// worker applies it to its sessions at once ([`WorkerState::apply_policy`]). A file
+    /// that changes anything a reload cannot apply ([`IocConfig::restart_needed`]) is
+    /// refused whole: the running configuration stays.
+    pub fn reload(&mut self, cfg: IocConfig) -> Result<(), String> {
+        let restart = self.cfg.restart_needed(&cfg);
+        if !restart.is_empty() {
+            return Err(format!(
+                "{} changed, which a reload cannot apply (restart ioc-driver for them); nothing was applied",
+                restart.join(", ")
+            ));
         }
         let hosts = cfg.auth.hosts.len();
-        let admitted = self.gate.reload(cfg.auth.clone()).map(Arc::new);
+        self.gate.reload(cfg.auth.clone());
         self.cfg.auth = cfg.auth;
-        info!(hosts, admission = ?self.cfg.auth.admission, "reloaded [auth]");
+        info!(hosts, admission = ?self.cfg.auth.admission, encrypt_data = self.cfg.auth.encrypt_data, "reloaded [auth]");
+        let auth = Arc::new(self.cfg.auth.clone());
         for w in &self.workers {
-            let _ = w.cmds.send(Cmd::Admitted(admitted.clone()));
+            let _ = w.cmds.send(Cmd::Auth(auth.clone()));
         }
+        Ok(())
     }
 
     /// Tells every worker that the NIC's link or MTU changed.
@@ -455,10 +461,12 @@ pub async fn run(
                 }
                 Err(e) => warn!("accept failed on the local fabric socket: {e}"),
             },
-            _ = hup.recv() => match splitnet_config::load_ioc(&config) {
-                Ok(cfg) => cluster.borrow_mut().reload(cfg),
-                Err(e) => warn!("reload refused, the admission stays as it was: {e}"),
-            },
+            _ = hup.recv() => {
+                let loaded = splitnet_config::load_ioc(&config).map_err(|e| e.to_string());
+                if let Err(e) = loaded.and_then(|cfg| cluster.borrow_mut().reload(cfg)) {
+                    warn!("reload refused, the running configuration stays: {e}");
+                }
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }

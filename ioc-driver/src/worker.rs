@@ -11,12 +11,10 @@ use crate::nic_link::NicLink;
 use crate::report::Snapshot;
 use crate::shard::{Crossing, InboxRx, Shard};
 use crate::state::WorkerState;
-use splitnet_config::IocConfig;
-use splitnet_fabric::auth::Key;
+use splitnet_config::{IocAuth, IocConfig};
 use splitnet_fabric::Ready;
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode};
 use std::cell::RefCell;
-use std::collections::HashSet;
 use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,9 +40,9 @@ pub enum Cmd {
     Link(NicLink),
     /// A snapshot for the operators (the main thread waits for it within a deadline).
     Report(tokio::sync::oneshot::Sender<Snapshot>),
-    /// The admitted keys changed (a reload): end the sessions whose key is not one of these
-    /// (`None`: open admission, every session stays).
-    Admitted(Option<Arc<HashSet<Key>>>),
+    /// A reload's `[auth]`: applied to every session at once
+    /// ([`WorkerState::apply_policy`]).
+    Auth(Arc<IocAuth>),
     /// Flush every host's pools, say goodbye, stop.
     Stop,
 }
@@ -172,6 +170,7 @@ async fn run(
     let mut tasks = vec![
         tokio::task::spawn_local(deliver_crossed(ioc.clone(), inbox)),
         tokio::task::spawn_local(heartbeat(beat, epoch)),
+        tokio::task::spawn_local(claims(ioc.clone())),
     ];
     // A task per receive queue: the runtime runs the ready ones in turn, so the queues are
     // read round robin, a batch at a time.
@@ -190,10 +189,10 @@ async fn run(
                 from_lan::count_nic_drops(&mut st);
                 let _ = reply.send(st.snapshot());
             }
-            Cmd::Admitted(keys) => {
-                if let Some(keys) = keys {
-                    ioc.borrow_mut().revoke(|k| keys.contains(k));
-                }
+            Cmd::Auth(auth) => {
+                let mut st = ioc.borrow_mut();
+                st.cfg.auth = (*auth).clone();
+                st.apply_policy();
             }
             Cmd::Stop => break,
         }
@@ -240,6 +239,18 @@ async fn deliver_crossed(ioc: Rc<RefCell<WorkerState>>, mut inbox: InboxRx) {
         }
         from_lan::deliver_crossed(&mut ioc.borrow_mut(), &frames);
         frames.clear();
+    }
+}
+
+/// How often bridged MACs that were another host's are claimed again.
+const CLAIM_RETRY: Duration = Duration::from_secs(1);
+
+/// Claims, every [`CLAIM_RETRY`], the bridged MACs hosts could not have when they asked.
+async fn claims(ioc: Rc<RefCell<WorkerState>>) {
+    let mut tick = tokio::time::interval(CLAIM_RETRY);
+    loop {
+        tick.tick().await;
+        ioc.borrow_mut().claim_missing();
     }
 }
 

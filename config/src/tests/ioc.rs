@@ -38,7 +38,7 @@ fn every_key_is_read() {
     let i = ioc(
         "max_hosts = 64\nkeepalive_interval_ms = 100\nkeepalive_timeout_ms = 201\nhandshake_timeout_ms = 100\nmax_handshakes = 5\nworkers = 3\nlisten_local = \"/run/ioc-driver/fabric.sock\"\nrdma = true",
         "promiscuous = \"off\"\nmac_base = \"06:11:22:33:44:55\"\nmtu = 9000\noffload = false\nextra_source_macs = [\"02:00:00:00:00:07\"]\nset_mac = \"any\"",
-        "[log]\nlevel = \"warn\"",
+        "[log]\nlevel = \"warn\"\n[auth]\nadmission = \"open\"",
     )
     .unwrap();
     assert_eq!(i.fabric.max_hosts, 64);
@@ -222,6 +222,10 @@ fn source_macs_and_set_mac_policy() {
     ] {
         invalid(ioc("", lan, ""), key);
     }
+    // Under key admission every bridged MAC belongs to one host's entry.
+    let all = "extra_source_macs = [\"02:00:00:00:00:07\"]";
+    assert!(invalid(ioc("", all, ""), "lan.extra_source_macs").contains("extra_macs"));
+    assert!(ioc("", all, "[auth]\nadmission = \"open\"").is_ok());
     parse_error(ioc("", "set_mac = \"sometimes\"", ""), &["sometimes"]);
     invalid(ioc("max_handshakes = 0", "", ""), "fabric.max_handshakes");
     invalid(ioc("workers = 65", "", ""), "fabric.workers");
@@ -284,8 +288,46 @@ fn auth_admits_by_key_by_default_and_lists_hosts() {
         "promiscuous only when the policy says so"
     );
     assert!(i.auth.hosts[1].extra_macs.is_empty());
+    assert_eq!(i.auth.hosts[1].queues, 1, "one queue unless set");
+    assert_eq!(
+        found.reserved_macs().collect::<Vec<_>>(),
+        vec![[2, 0x5d, 0, 0, 0, 1]]
+    );
     let open = ioc("", "", "[auth]\nadmission = \"open\"").unwrap();
     assert_eq!(open.auth.admission, crate::Admission::Open);
+}
+
+#[test]
+fn a_hosts_queues_are_bounded() {
+    let entry =
+        |q: &str| format!("[[auth.hosts]]\nname = \"a\"\npublic_key = \"{KEY_A}\"\nqueues = {q}\n");
+    assert_eq!(ioc("", "", &entry("16")).unwrap().auth.hosts[0].queues, 16);
+    invalid(ioc("", "", &entry("0")), "auth.hosts.queues");
+    invalid(ioc("", "", &entry("17")), "auth.hosts.queues");
+}
+
+#[test]
+fn a_reload_may_change_auth_but_its_key_file_and_every_other_section_need_a_restart() {
+    let base = ioc("", "", "").unwrap();
+    let hosts =
+        format!("[[auth.hosts]]\nname = \"a\"\npublic_key = \"{KEY_A}\"\npromiscuous = true\n");
+    let auth = ioc(
+        "",
+        "",
+        &format!("[auth]\nencrypt_data = true\nadmission = \"open\"\n{hosts}"),
+    )
+    .unwrap();
+    assert!(base.restart_needed(&auth).is_empty());
+    assert!(base.restart_needed(&base).is_empty());
+    let key = ioc("", "", "[auth]\nprivate_key_file = \"/k\"").unwrap();
+    assert_eq!(base.restart_needed(&key), ["auth.private_key_file"]);
+    let many = ioc("max_hosts = 9", "mtu = 9000", "[log]\nlevel = \"warn\"").unwrap();
+    assert_eq!(base.restart_needed(&many), ["[fabric]", "[lan]", "[log]"]);
+    let more = ioc("", "", "[pools]\ncredit_batch = 3\n[metrics]\nlisten = \"127.0.0.1:9\"\n[control]\nenabled = false").unwrap();
+    assert_eq!(
+        base.restart_needed(&more),
+        ["[pools]", "[metrics]", "[control]"]
+    );
 }
 
 #[test]

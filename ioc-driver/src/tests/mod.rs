@@ -24,6 +24,8 @@ use std::rc::Rc;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
+mod policy;
+
 fn config(extra: &str) -> splitnet_config::IocConfig {
     let text =
         format!("[fabric]\nlisten = \"127.0.0.1:7400\"\n{extra}\n[lan]\ninterface = \"lan0\"\n");
@@ -1625,6 +1627,7 @@ fn a_hosts_policy_bridges_its_machines_and_decides_promiscuity() {
         mac: None,
         extra_macs: vec![vm],
         promiscuous: false,
+        queues: 1,
     };
     let (a, mut pa) = connect_with(&mut ioc, who, false, host_config(128));
     let (b, mut pb) = connect(&mut ioc, 2, false, 128);
