@@ -16,7 +16,8 @@ for u in host-driver ioc-driver; do
     [ -x "$bin/$u" ] || { echo "FAIL: $bin/$u not built (cargo build --release)"; rc=1; continue; }
     grep -q "^ExecStart=/usr/bin/$u --config /etc/splitnet/${u%-driver}.toml$" "systemd/$u.service" ||
         { echo "FAIL: $u.service: ExecStart is not /usr/bin/$u --config /etc/splitnet/${u%-driver}.toml"; rc=1; }
-    sed "s|/usr/bin/$u|$bin/$u|" "systemd/$u.service" >"$d/$u.service"
+    # ioc-driver's ExecReload= runs splitnetctl, installed beside the daemons.
+    sed -e "s|/usr/bin/$u|$bin/$u|" -e "s|/usr/bin/splitnetctl|$bin/splitnetctl|" "systemd/$u.service" >"$d/$u.service"
     # Documentation=man:... is checked here against docs/man rather than by verify's man(1).
     if out=$(systemd-analyze verify --man=no "$d/$u.service" 2>&1) && [ -z "$out" ]; then
         echo "$u.service: systemd-analyze verify: ok"

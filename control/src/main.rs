@@ -58,6 +58,10 @@ enum Command {
     Hosts,
     /// Frames, bytes, drops, protocol and protection errors; the NIC's counters.
     Stats,
+    /// Makes ioc-driver read its configuration again and apply [auth] to every session (what
+    /// `systemctl reload ioc-driver` runs); exits 1, saying why, when the file is invalid or
+    /// changes what needs a restart (nothing is applied then).
+    Reload,
     /// A live view of throughput and credit occupancy (Ctrl-C ends it).
     Top {
         /// Seconds between samples.
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
         Command::Pools => once(&socket, Request::Pools, cli.json),
         Command::Hosts => once(&socket, Request::Hosts, cli.json),
         Command::Stats => once(&socket, Request::Stats, cli.json),
+        Command::Reload => once(&socket, Request::Reload, cli.json),
         Command::Top { interval, count } => top(&socket, interval, count, cli.json),
         Command::Genkey | Command::Pubkey => unreachable!("answered by keys() above"),
     };

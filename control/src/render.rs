@@ -19,6 +19,7 @@ pub fn text(reply: &Reply) -> String {
         Reply::Pools(p) => pools(p),
         Reply::Hosts(h) => hosts(h),
         Reply::Stats(s) => stats(s),
+        Reply::Reloaded(what) => format!("{what}\n"),
         Reply::Error(e) => format!("error: {e}\n"),
     }
 }
@@ -441,6 +442,7 @@ mod tests {
             in_place: 0,
             ce_marked: 0,
             drops: BTreeMap::new(),
+            bridged: vec![],
         };
         let h = Hosts {
             hosts: vec![

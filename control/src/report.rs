@@ -19,15 +19,19 @@ pub enum Request {
     Hosts,
     /// [`Stats`]: frame, byte, drop and error counters, and the NIC's.
     Stats,
+    /// Read the configuration file again and apply what a reload may change (the IOC's
+    /// `[auth]`): [`Reply::Reloaded`], or an error saying why nothing was applied.
+    Reload,
 }
 
 impl Request {
     /// Every request, in the order `splitnetctl --help` lists them.
-    pub const ALL: [Request; 4] = [
+    pub const ALL: [Request; 5] = [
         Request::Status,
         Request::Pools,
         Request::Hosts,
         Request::Stats,
+        Request::Reload,
     ];
 
     /// The command word on the socket.
@@ -37,6 +41,7 @@ impl Request {
             Request::Pools => "pools",
             Request::Hosts => "hosts",
             Request::Stats => "stats",
+            Request::Reload => "reload",
         }
     }
 }
@@ -49,7 +54,7 @@ impl fmt::Display for Request {
 
 /// A request line that names no command.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown request {0:?} (status, pools, hosts or stats)")]
+#[error("unknown request {0:?} (status, pools, hosts, stats or reload)")]
 pub struct UnknownRequest(pub String);
 
 impl FromStr for Request {
@@ -77,6 +82,8 @@ pub enum Reply {
     Hosts(Hosts),
     /// Answer to `stats`.
     Stats(Stats),
+    /// Answer to `reload`: what was applied.
+    Reloaded(String),
     /// The request could not be answered, and why.
     Error(String),
 }
@@ -295,6 +302,10 @@ pub struct HostEntry {
     /// Its frames dropped, by cause (causes with a count only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drops: BTreeMap<String, u64>,
+    /// The MACs of machines bridged behind it (its entry's `extra_macs`) that it holds: it
+    /// may send from them, and frames to them reach it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bridged: Vec<String>,
 }
 
 /// Frame counters of one direction.

@@ -161,6 +161,9 @@ impl Snapshot {
             Request::Hosts => {
                 Reply::Error("hosts: a host driver serves no hosts (ask the IOC)".into())
             }
+            Request::Reload => Reply::Error(
+                "reload: host-driver reads its configuration at start only (restart it)".into(),
+            ),
             Request::Stats => Reply::Stats(Stats {
                 role: Role::Host,
                 fabric: self.totals(),

@@ -162,6 +162,7 @@ impl WorkerState {
                     in_place: h.link.as_ref().map_or(0, |l| l.stats().tx_in_place),
                     ce_marked: h.ce_marked,
                     drops: counted(h.drops.named().into_iter()),
+                    bridged: h.bridged.iter().map(fmt_mac).collect(),
                 },
                 stats: h.stats,
                 drops: h.drops,
@@ -297,6 +298,8 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
         Request::Hosts => Reply::Hosts(Hosts {
             hosts: s.hosts.iter().map(|h| h.entry.clone()).collect(),
         }),
+        // The main thread's ([`crate::supervisor::Cluster`]), never a snapshot's.
+        Request::Reload => Reply::Error("reload: not from a snapshot".into()),
         Request::Stats => {
             let mut fabric = Counters::from(&s.past);
             for h in &s.hosts {

@@ -106,7 +106,13 @@ pub struct Cluster {
     refusals: LogLimit,
     /// Who may become a host.
     gate: Gate,
+    /// Where the control socket's `reload` requests go: the main loop, which reads the file
+    /// and answers with what it applied, or why nothing.
+    reloads: Option<mpsc::UnboundedSender<ReloadAsked>>,
 }
+
+/// A `reload` request of the control socket, answered with what was applied or why not.
+pub type ReloadAsked = tokio::sync::oneshot::Sender<Result<String, String>>;
 
 impl Cluster {
     /// Starts `cfg.fabric.worker_count()` workers, each over the NIC `nic(i)` opens (whose
@@ -152,6 +158,7 @@ impl Cluster {
             watchdog_withheld: 0,
             report_timeout: REPORT_TIMEOUT,
             refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
+            reloads: None,
         })
     }
 
@@ -260,7 +267,7 @@ impl Cluster {
     /// worker applies it to its sessions at once ([`WorkerState::apply_policy`]). A file
     /// that changes anything a reload cannot apply ([`IocConfig::restart_needed`]) is
     /// refused whole: the running configuration stays.
-    pub fn reload(&mut self, cfg: IocConfig) -> Result<(), String> {
+    pub fn reload(&mut self, cfg: IocConfig) -> Result<String, String> {
         let restart = self.cfg.restart_needed(&cfg);
         if !restart.is_empty() {
             return Err(format!(
@@ -271,12 +278,16 @@ impl Cluster {
         let hosts = cfg.auth.hosts.len();
         self.gate.reload(cfg.auth.clone());
         self.cfg.auth = cfg.auth;
-        info!(hosts, admission = ?self.cfg.auth.admission, encrypt_data = self.cfg.auth.encrypt_data, "reloaded [auth]");
-        let auth = Arc::new(self.cfg.auth.clone());
+        let a = &self.cfg.auth;
+        info!(hosts, admission = ?a.admission, encrypt_data = a.encrypt_data, "reloaded [auth]");
+        let auth = Arc::new(a.clone());
         for w in &self.workers {
             let _ = w.cmds.send(Cmd::Auth(auth.clone()));
         }
-        Ok(())
+        Ok(format!(
+            "reloaded [auth]: {hosts} host(s) in [[auth.hosts]], admission {:?}, encrypt_data {}; applied to every session",
+            a.admission, a.encrypt_data
+        ))
     }
 
     /// Tells every worker that the NIC's link or MTU changed.
@@ -308,6 +319,19 @@ impl Cluster {
 
 impl Introspect for Cluster {
     fn answer_line(&self, line: &str) -> Answer {
+        if line.parse() == Ok(splitnet_control::Request::Reload) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let asked = self.reloads.as_ref().is_some_and(|r| r.send(tx).is_ok());
+            return Box::pin(async move {
+                use splitnet_control::Reply;
+                let reply = match (asked, rx.await) {
+                    (true, Ok(Ok(what))) => Reply::Reloaded(what),
+                    (true, Ok(Err(why))) => Reply::Error(format!("reload refused: {why}")),
+                    _ => Reply::Error("reload: the IOC is stopping".into()),
+                };
+                serde_json::to_string(&reply).unwrap_or_default()
+            });
+        }
         let (cfg, line, snap) = (self.cfg.clone(), line.to_owned(), self.snapshot());
         Box::pin(async move {
             let snap = snap.await;
@@ -319,6 +343,17 @@ impl Introspect for Cluster {
         let snap = self.snapshot();
         Box::pin(async move { report::metrics_text(&snap.await) })
     }
+}
+
+/// A reload (SIGHUP, or `reload` on the control socket): reads the file at `config` and
+/// applies it ([`Cluster::reload`]); a refusal is logged and nothing changes.
+fn reload_from(cluster: &RefCell<Cluster>, config: &std::path::Path) -> Result<String, String> {
+    let loaded = splitnet_config::load_ioc(config).map_err(|e| e.to_string());
+    let done = loaded.and_then(|cfg| cluster.borrow_mut().reload(cfg));
+    if let Err(e) = &done {
+        warn!("reload refused, the running configuration stays: {e}");
+    }
+    done
 }
 
 /// How long the IOC waits for its fabric address to be free: an instance killed a moment
@@ -444,6 +479,8 @@ pub async fn run(
     let nic = NicFollow::new(&name, NicLink { up: nic_up, mtu }, fixed_mtu);
     let link_task = tokio::task::spawn_local(link_monitor(cluster.clone(), name, nic));
     let acceptor = Acceptor::new(cluster.clone());
+    let (reload_tx, mut reloads) = mpsc::unbounded_channel();
+    cluster.borrow_mut().reloads = Some(reload_tx);
     let mut local_refusals = LogLimit::new(REFUSAL_LOG_INTERVAL);
     loop {
         tokio::select! {
@@ -462,10 +499,10 @@ pub async fn run(
                 Err(e) => warn!("accept failed on the local fabric socket: {e}"),
             },
             _ = hup.recv() => {
-                let loaded = splitnet_config::load_ioc(&config).map_err(|e| e.to_string());
-                if let Err(e) = loaded.and_then(|cfg| cluster.borrow_mut().reload(cfg)) {
-                    warn!("reload refused, the running configuration stays: {e}");
-                }
+                let _ = reload_from(&cluster, &config);
+            }
+            Some(asked) = reloads.recv() => {
+                let _ = asked.send(reload_from(&cluster, &config));
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -813,7 +850,67 @@ mod tests {
             watchdog_withheld: 0,
             report_timeout: Duration::from_millis(200),
             refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
+            reloads: None,
         }
+    }
+
+    /// A reload that changes only `[auth]` reaches every worker whole; one that changes
+    /// anything else, or a file that does not parse, is refused whole, saying why, and the
+    /// running configuration stays (on SIGHUP and through the control socket alike).
+    #[test]
+    fn a_reload_applies_auth_to_the_workers_or_is_refused_whole() {
+        let (w, mut cmds) = Worker::unanswering();
+        let cluster = Rc::new(RefCell::new(cluster_of(vec![w])));
+        let dir = std::env::temp_dir().join(format!("splitnet-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("ioc.toml");
+        let base = "[fabric]\nlisten = \"127.0.0.1:7400\"\n[lan]\ninterface = \"lan0\"\n";
+        let write = |extra: &str| std::fs::write(&file, format!("{base}{extra}")).unwrap();
+        write("[auth]\nencrypt_data = true\nadmission = \"open\"\n");
+        let done = reload_from(&cluster, &file).unwrap();
+        assert!(done.contains("encrypt_data true"), "{done}");
+        let Ok(Cmd::Auth(auth)) = cmds.try_recv() else {
+            panic!("the worker was not told");
+        };
+        assert!(auth.encrypt_data && auth.admission == Admission::Open);
+        // A restart-only key with an [auth] change: nothing is applied.
+        write("[pools]\ncredit_batch = 3\n[auth]\nencrypt_data = false\n");
+        let why = reload_from(&cluster, &file).unwrap_err();
+        assert!(why.contains("[pools] changed"), "{why}");
+        assert!(cmds.try_recv().is_err(), "no worker told");
+        assert!(
+            cluster.borrow().cfg.auth.encrypt_data,
+            "the running [auth] stays"
+        );
+        write("[auth]\nadmission = \"sometimes\"\n");
+        let why = reload_from(&cluster, &file).unwrap_err();
+        assert!(why.contains("sometimes"), "{why}");
+        assert!(cmds.try_recv().is_err());
+        // Through the control socket: the main loop's answer is the reply.
+        let rt = service::runtime().unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async {
+            let (tx, mut rx) = mpsc::unbounded_channel::<ReloadAsked>();
+            cluster.borrow_mut().reloads = Some(tx);
+            let c = cluster.clone();
+            let f = file.clone();
+            tokio::task::spawn_local(async move {
+                while let Some(asked) = rx.recv().await {
+                    let _ = asked.send(reload_from(&c, &f));
+                }
+            });
+            let answer = cluster.borrow().answer_line("reload\n");
+            let refused = answer.await;
+            assert!(
+                refused.contains("reload refused") && refused.contains("sometimes"),
+                "{refused}"
+            );
+            write("");
+            let answer = cluster.borrow().answer_line("reload\n");
+            let applied = answer.await;
+            assert!(applied.contains("\"reloaded\""), "{applied}");
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// An operator's request to an IOC with a worker that does not answer: the main thread

@@ -416,6 +416,28 @@ for m in "${MACHINES[@]}"; do
     log "splitnetctl status ($m): $(grep '^fabric:' "$T/splitnetctl.$m")"
 done
 
+phase "systemctl reload ioc-driver"
+# A reload applies [auth] (the host stays connected: its entry is unchanged); a file that
+# changes a key only a restart applies, or that does not parse, makes systemctl reload fail
+# visibly (ExecReload= asks the daemon over its control socket and exits 1 with its reason),
+# and the running configuration stays.
+pid_before=$(prop ioc ioc-driver MainPID)
+on ioc systemctl reload ioc-driver
+on ioc cp /etc/splitnet/ioc.toml /root/ioc.toml.good
+on ioc sed -i 's/^max_hosts = 8$/max_hosts = 9/' /etc/splitnet/ioc.toml
+on ioc grep -q '^max_hosts = 9$' /etc/splitnet/ioc.toml
+in_m ioc systemctl reload ioc-driver >"$T/reload.out" 2>&1 && fail "systemctl reload took a change of fabric.max_hosts"
+journal ioc ioc-driver | grep -q 'reload refused.*\[fabric\] changed' ||
+    fail "the refused reload's reason is not in the unit's journal: $(journal ioc ioc-driver | tail -n 5 | tr '\n' ' ')"
+on ioc sh -c 'echo "[nonsense" >>/etc/splitnet/ioc.toml'
+in_m ioc systemctl reload ioc-driver >"$T/reload.out" 2>&1 && fail "systemctl reload took a file that does not parse"
+on ioc cp /root/ioc.toml.good /etc/splitnet/ioc.toml
+on ioc systemctl reload ioc-driver
+assert_eq "$(prop ioc ioc-driver MainPID)" "$pid_before" "ioc-driver's MainPID across the reloads (not restarted)"
+assert_eq "$(prop ioc ioc-driver ActiveState)" active "ioc-driver after the refused reloads"
+eventually 5 in_m host ping -q -c 1 -W 1 10.50.0.2 >/dev/null 2>&1 || fail "no ping through sd0 after the reloads"
+log "reloads: applied, refused (fabric.max_hosts), refused (a file that does not parse), applied"
+
 phase "upgrade (conffiles kept)"
 for m in "${MACHINES[@]}"; do
     pid_before=$(prop "$m" "$m-driver" MainPID)
