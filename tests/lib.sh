@@ -45,7 +45,8 @@ declare -A HOST_PID
 # keys_up: makes the IOC's key ($T/keys/ioc.key, its public key in IOC_PUB) and host K's key
 # for K = 1..MAX_HOSTS ($T/cred/hostK/splitnet.key, public key HOST_PUB[K]) with splitnetctl
 # genkey / pubkey; IOC_CONF becomes a copy that reads the IOC's key file and admits every host
-# key ([[auth.hosts]] named hostK, appended, allowed promiscuous mode, which some tests use),
+# key ([[auth.hosts]] named hostK, appended, allowed promiscuous mode, which some tests use,
+# and one queue: a test of more sets its entries' queues),
 # HOST_CONF a copy that names the IOC's public key.
 # Does nothing when splitnetctl is not built (need_daemons then fails the test; the demo
 # builds first, then calls it) or the keys are made already.
@@ -63,7 +64,7 @@ keys_up() {
         mkdir -p "$T/cred/host$k"
         (umask 077 && "$ctl" genkey >"$T/cred/host$k/splitnet.key") || fail "splitnetctl genkey failed"
         HOST_PUB[$k]=$("$ctl" pubkey <"$T/cred/host$k/splitnet.key")
-        printf '\n[[auth.hosts]]\nname = "host%s"\npublic_key = "%s"\npromiscuous = true\n' "$k" "${HOST_PUB[$k]}" >>"$T/ioc-auth.toml"
+        printf '\n[[auth.hosts]]\nname = "host%s"\npublic_key = "%s"\npromiscuous = true\nqueues = 1\n' "$k" "${HOST_PUB[$k]}" >>"$T/ioc-auth.toml"
     done
     sed "s|^# ioc_public_key = .*|ioc_public_key = \"$IOC_PUB\"|" "$HOST_CONF" >"$T/host-auth.toml"
     grep -q '^ioc_public_key = ' "$T/host-auth.toml" ||

@@ -16,6 +16,9 @@ grep -q '^queues = 3$' "$T/host-3q.toml" || fail "cannot make a 3-queue host con
 sed 's/^rx_queues = 1$/rx_queues = 2/' "$IOC_CONF" >"$T/ioc-2rq.toml"
 grep -q '^rx_queues = 2$' "$T/ioc-2rq.toml" || fail "cannot give the IOC two receive queues"
 sed -i 's/^# listen = "127.0.0.1:9702"/listen = "127.0.0.1:9702"/' "$T/ioc-2rq.toml"
+# Every host's entry allows three queues (queues in [[auth.hosts]]).
+sed -i 's/^queues = 1$/queues = 3/' "$T/ioc-2rq.toml"
+grep -q '^queues = 3$' "$T/ioc-2rq.toml" || fail "cannot let the hosts' entries have three queues"
 IOC_CONF=$T/ioc-2rq.toml
 # crossed: frames the IOC's workers handed one another so far (its metrics endpoint).
 crossed() {
