@@ -29,6 +29,31 @@ step "set-up (tests/setup.sh all)" setup_tools all
 step "cargo fmt --all -- --check" as_user cargo fmt --all -- --check
 step "cargo clippy -D warnings" as_user cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test --workspace" as_user cargo test --workspace
+# The tests that need root (#[ignore = "needs root"], each in a module named needs_root; the
+# other ignored tests need an RDMA device or measure, and are not run here): their binaries
+# built as the user, as above, then run as root, so nothing in target/ becomes root's. A test
+# that cannot get what it needs fails; none found is a failure too.
+root_tests() {
+    local bins dir exe out n ran=0
+    bins=$(set -o pipefail; as_user cargo test --workspace --no-run --message-format=json | python3 -c 'import json, os, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(os.path.dirname(m["manifest_path"]), m["executable"], sep="\t")') ||
+        { echo "FAIL: cargo test --workspace --no-run"; return 1; }
+    while IFS=$'\t' read -r dir exe; do
+        # As cargo test runs it: in its package's directory.
+        out=$(cd "$dir" && "$exe" --ignored needs_root:: 2>&1) ||
+            { echo "$out"; echo "FAIL: ${exe##*/} --ignored needs_root::"; return 1; }
+        n=$(sed -n 's/^running \([0-9]*\) tests\{0,1\}$/\1/p' <<<"$out" | head -n 1)
+        [ "${n:-0}" -gt 0 ] || continue
+        echo "${exe##*/}: $(grep '^test result' <<<"$out")"
+        ran=$((ran + n))
+    done <<<"$bins"
+    [ "$ran" -gt 0 ] || { echo "FAIL: no test in a needs_root module (#[ignore = \"needs root\"])"; return 1; }
+    echo "$ran tests that need root passed"
+}
+step "cargo test (needs root)" root_tests
 step "cargo build --release" as_user cargo build --release --workspace --bins --examples
 # The tests find the daemons here (CI may put the target directory elsewhere).
 SPLITNET_BIN=${SPLITNET_BIN:-$(release_dir)}

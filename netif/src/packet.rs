@@ -550,19 +550,22 @@ mod tests {
     use splitnet_messaging::memory::SharedBytes;
     use splitnet_messaging::vnet::VNET_HDR_LEN;
 
-    /// Moves this test's thread into a network namespace of its own with its loopback up;
-    /// false (the test is skipped) when not run as root (`tests/run-all.sh` runs it as root).
-    fn own_namespace() -> bool {
+    /// Moves this test's thread into a network namespace of its own with its loopback up.
+    /// Needs root (CAP_SYS_ADMIN); without it the test fails, saying so: the tests that call
+    /// this are `#[ignore = "needs root"]`, in [`needs_root`], and `tests/run-all.sh` runs
+    /// them as root.
+    fn own_namespace() {
         // SAFETY: geteuid(2) has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root for a network namespace of its own");
-            return false;
-        }
+        let euid = unsafe { libc::geteuid() };
         // SAFETY: unshare(2) changes only the calling thread's namespaces.
         let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "unshare: {}", io::Error::last_os_error());
+        assert_eq!(
+            r,
+            0,
+            "needs root (CAP_SYS_ADMIN) for a network namespace of its own (euid {euid}): unshare: {}",
+            io::Error::last_os_error()
+        );
         netdev::set_up("lo").unwrap();
-        true
     }
 
     /// A frame to `dst` with a virtio-net header and, if `vlan`, an 802.1Q tag.
@@ -602,139 +605,143 @@ mod tests {
         }
     }
 
-    /// The kernel sorts a NIC's frames between a host's own socket and the general one, as
-    /// the filters say: each frame arrives once, a tagged one on the general socket with its
-    /// tag put back, and a host's socket writes its frames straight into shared memory.
-    /// Issue 30: the receive ring is the size asked for whatever net.core.rmem_max says,
-    /// since the IOC (root here) may force it: twice rmem_max is granted whole.
-    #[test]
-    fn the_receive_ring_is_forced_past_rmem_max() {
-        if !own_namespace() {
-            return;
-        }
-        let max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let s = PacketSocket::open("lo").unwrap();
-        assert_eq!(s.rcvbuf().unwrap(), RCVBUF as usize);
-        let more = libc::c_int::try_from(max * 2).unwrap();
-        set_rcvbuf(&s.fd, more);
-        assert_eq!(s.rcvbuf().unwrap(), max * 2, "past rmem_max ({max})");
-    }
+    /// The tests that need root (a network namespace of their own): ignored in a plain
+    /// `cargo test`; `tests/run-all.sh` runs every test in a module named `needs_root` as
+    /// root (`--ignored needs_root::`), and fails if one cannot get what it needs.
+    mod needs_root {
+        use super::*;
 
-    /// Issue 30: a frame longer than its buffer is never taken for a whole one: its length
-    /// comes back beyond the buffer's, and the next frame is read whole.
-    #[test]
-    fn a_frame_too_long_for_its_buffer_says_so() {
-        if !own_namespace() {
-            return;
-        }
-        let s = PacketSocket::open("lo").unwrap();
-        let mut long = frame([2, 0, 0, 0, 0, 1], None, 1);
-        long.resize(1000, 7);
-        let short = frame([2, 0, 0, 0, 0, 1], None, 2);
-        s.send(&long).unwrap();
-        s.send(&short).unwrap();
-        let (mut a, mut b) = ([0u8; 200], [0u8; 200]);
-        let mut lens = [0usize; 2];
-        let mut got = 0;
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while got < 2 && std::time::Instant::now() < until {
-            let mut bufs: [&mut [u8]; 2] = [&mut a, &mut b];
-            let (done, rest) = lens.split_at_mut(got);
-            let _ = done;
-            match s.recv_batch(&mut bufs[got..], rest) {
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => panic!("{e}"),
-            }
-        }
-        assert_eq!(got, 2);
-        assert_eq!(lens[0], 1000, "the cut frame's whole length");
-        assert_eq!(lens[1], short.len());
-        assert_eq!(&b[..short.len()], &short[..]);
-    }
-
-    #[test]
-    fn the_kernel_sorts_frames_between_a_hosts_socket_and_the_general_one() {
-        if !own_namespace() {
-            return;
-        }
-        let (mine, other) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-        let general = PacketSocket::open("lo").unwrap();
-        general
-            .filter_handle()
-            .unwrap()
-            .set(&all_but(&[mine]))
-            .unwrap();
-        let host = general.open_sibling(&only_to(&mine)).unwrap();
-        let sent = [
-            frame(mine, None, 1),
-            frame(other, None, 2),
-            frame(mine, Some(7), 3),
-            frame([0xff; 6], None, 4),
-            frame(mine, None, 5),
-        ];
-        for f in &sent {
-            general.send(f).unwrap();
-        }
-        let got = drain(&general, 3);
-        assert_eq!(got, vec![sent[1].clone(), sent[2].clone(), sent[3].clone()]);
-        let mem = HeapShared::new(4096);
-        let dst = SharedBytes::new(&mem, 3, 1000).unwrap();
-        for want in [&sent[0], &sent[4]] {
-            wait_readable(&host);
-            assert_eq!(host.recv_into(&dst).unwrap(), want.len());
-            let mut back = vec![0u8; want.len()];
-            dst.copy_out(0, &mut back).unwrap();
-            assert_eq!(&back, want);
-        }
-        assert_eq!(
-            host.recv_into(&dst).unwrap_err().kind(),
-            io::ErrorKind::WouldBlock
-        );
-        // A frame longer than the room says its whole length.
-        general.send(&frame(mine, None, 6)).unwrap();
-        let small = SharedBytes::new(&mem, 0, 20).unwrap();
-        wait_readable(&host);
-        assert_eq!(host.recv_into(&small).unwrap(), sent[0].len());
-        // Several frames with one call, the cut one saying its whole length.
-        let windows = [
-            SharedBytes::new(&mem, 0, 1000).unwrap(),
-            SharedBytes::new(&mem, 1000, 20).unwrap(),
-            SharedBytes::new(&mem, 2000, 1000).unwrap(),
-        ];
-        for f in [&sent[0], &sent[4]] {
-            general.send(f).unwrap();
-        }
-        let mut lens = [0usize; 3];
-        let mut got = 0;
-        while got < 2 {
-            wait_readable(&host);
-            got += host
-                .recv_batch_into(&windows[got..], &mut lens[got..])
+        /// Issue 30: the receive ring is the size asked for whatever net.core.rmem_max says,
+        /// since the IOC (root here) may force it: twice rmem_max is granted whole.
+        #[test]
+        #[ignore = "needs root"]
+        fn the_receive_ring_is_forced_past_rmem_max() {
+            own_namespace();
+            let max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+                .unwrap()
+                .trim()
+                .parse()
                 .unwrap();
+            let s = PacketSocket::open("lo").unwrap();
+            assert_eq!(s.rcvbuf().unwrap(), RCVBUF as usize);
+            let more = libc::c_int::try_from(max * 2).unwrap();
+            set_rcvbuf(&s.fd, more);
+            assert_eq!(s.rcvbuf().unwrap(), max * 2, "past rmem_max ({max})");
         }
-        assert_eq!(lens, [sent[0].len(), sent[4].len(), 0]);
-        let mut back = vec![0u8; sent[0].len()];
-        windows[0].copy_out(0, &mut back).unwrap();
-        assert_eq!(back, sent[0]);
-        // Shut, the host's socket takes nothing more; what it held is discarded.
-        general.send(&sent[4]).unwrap();
-        wait_readable(&host);
-        host.set_filter(&super::super::filter::nothing()).unwrap();
-        general.send(&sent[0]).unwrap();
-        // With the exclusion lifted, the general socket takes the host's frames again.
-        general.filter_handle().unwrap().set(&all_but(&[])).unwrap();
-        general.send(&sent[0]).unwrap();
-        assert_eq!(drain(&general, 1), vec![sent[0].clone()]);
-        assert_eq!(host.discard().unwrap(), 1);
-        assert_eq!(
-            host.discard().unwrap_err().kind(),
-            io::ErrorKind::WouldBlock
-        );
-        assert_eq!(host.take_drops().unwrap(), 0);
+
+        /// Issue 30: a frame longer than its buffer is never taken for a whole one: its length
+        /// comes back beyond the buffer's, and the next frame is read whole.
+        #[test]
+        #[ignore = "needs root"]
+        fn a_frame_too_long_for_its_buffer_says_so() {
+            own_namespace();
+            let s = PacketSocket::open("lo").unwrap();
+            let mut long = frame([2, 0, 0, 0, 0, 1], None, 1);
+            long.resize(1000, 7);
+            let short = frame([2, 0, 0, 0, 0, 1], None, 2);
+            s.send(&long).unwrap();
+            s.send(&short).unwrap();
+            let (mut a, mut b) = ([0u8; 200], [0u8; 200]);
+            let mut lens = [0usize; 2];
+            let mut got = 0;
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while got < 2 && std::time::Instant::now() < until {
+                let mut bufs: [&mut [u8]; 2] = [&mut a, &mut b];
+                let (done, rest) = lens.split_at_mut(got);
+                let _ = done;
+                match s.recv_batch(&mut bufs[got..], rest) {
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(got, 2);
+            assert_eq!(lens[0], 1000, "the cut frame's whole length");
+            assert_eq!(lens[1], short.len());
+            assert_eq!(&b[..short.len()], &short[..]);
+        }
+
+        /// The kernel sorts a NIC's frames between a host's own socket and the general one, as
+        /// the filters say: each frame arrives once, a tagged one on the general socket with its
+        /// tag put back, and a host's socket writes its frames straight into shared memory.
+        #[test]
+        #[ignore = "needs root"]
+        fn the_kernel_sorts_frames_between_a_hosts_socket_and_the_general_one() {
+            own_namespace();
+            let (mine, other) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+            let general = PacketSocket::open("lo").unwrap();
+            general
+                .filter_handle()
+                .unwrap()
+                .set(&all_but(&[mine]))
+                .unwrap();
+            let host = general.open_sibling(&only_to(&mine)).unwrap();
+            let sent = [
+                frame(mine, None, 1),
+                frame(other, None, 2),
+                frame(mine, Some(7), 3),
+                frame([0xff; 6], None, 4),
+                frame(mine, None, 5),
+            ];
+            for f in &sent {
+                general.send(f).unwrap();
+            }
+            let got = drain(&general, 3);
+            assert_eq!(got, vec![sent[1].clone(), sent[2].clone(), sent[3].clone()]);
+            let mem = HeapShared::new(4096);
+            let dst = SharedBytes::new(&mem, 3, 1000).unwrap();
+            for want in [&sent[0], &sent[4]] {
+                wait_readable(&host);
+                assert_eq!(host.recv_into(&dst).unwrap(), want.len());
+                let mut back = vec![0u8; want.len()];
+                dst.copy_out(0, &mut back).unwrap();
+                assert_eq!(&back, want);
+            }
+            assert_eq!(
+                host.recv_into(&dst).unwrap_err().kind(),
+                io::ErrorKind::WouldBlock
+            );
+            // A frame longer than the room says its whole length.
+            general.send(&frame(mine, None, 6)).unwrap();
+            let small = SharedBytes::new(&mem, 0, 20).unwrap();
+            wait_readable(&host);
+            assert_eq!(host.recv_into(&small).unwrap(), sent[0].len());
+            // Several frames with one call, the cut one saying its whole length.
+            let windows = [
+                SharedBytes::new(&mem, 0, 1000).unwrap(),
+                SharedBytes::new(&mem, 1000, 20).unwrap(),
+                SharedBytes::new(&mem, 2000, 1000).unwrap(),
+            ];
+            for f in [&sent[0], &sent[4]] {
+                general.send(f).unwrap();
+            }
+            let mut lens = [0usize; 3];
+            let mut got = 0;
+            while got < 2 {
+                wait_readable(&host);
+                got += host
+                    .recv_batch_into(&windows[got..], &mut lens[got..])
+                    .unwrap();
+            }
+            assert_eq!(lens, [sent[0].len(), sent[4].len(), 0]);
+            let mut back = vec![0u8; sent[0].len()];
+            windows[0].copy_out(0, &mut back).unwrap();
+            assert_eq!(back, sent[0]);
+            // Shut, the host's socket takes nothing more; what it held is discarded.
+            general.send(&sent[4]).unwrap();
+            wait_readable(&host);
+            host.set_filter(&crate::filter::nothing()).unwrap();
+            general.send(&sent[0]).unwrap();
+            // With the exclusion lifted, the general socket takes the host's frames again.
+            general.filter_handle().unwrap().set(&all_but(&[])).unwrap();
+            general.send(&sent[0]).unwrap();
+            assert_eq!(drain(&general, 1), vec![sent[0].clone()]);
+            assert_eq!(host.discard().unwrap(), 1);
+            assert_eq!(
+                host.discard().unwrap_err().kind(),
+                io::ErrorKind::WouldBlock
+            );
+            assert_eq!(host.take_drops().unwrap(), 0);
+        }
     }
 }
