@@ -189,7 +189,14 @@ qp_total() { qp_stats "$1" "$2" "${3:-data}" | awk '{ s += $1 } END { print s + 
 need_root; need_tool python3 ss iperf3; need_daemons
 SELF=$(realpath "$0")
 start=$SECONDS
-vm_setup || fail "VM set-up: $VM_ERROR"
+# rdma-core from this machine's / (the VMs see it): librdmacm1 (the connection manager) and
+# ibverbs-providers (librxe, Soft-RoCE's user-space driver: without it libibverbs finds no
+# device and librdmacm no connection manager), installed like QEMU when missing.
+vm_setup librdmacm1 ibverbs-providers || fail "VM set-up: $VM_ERROR"
+compgen -G '/usr/lib/*/librdmacm.so.1' >/dev/null ||
+    fail "no RDMA connection manager library (/usr/lib/*/librdmacm.so.1): install librdmacm1"
+compgen -G '/usr/lib/*/libibverbs/librxe-rdmav*.so' >/dev/null ||
+    fail "no Soft-RoCE provider for libibverbs (/usr/lib/*/libibverbs/librxe-rdmav*.so): install ibverbs-providers"
 log "VMs: kernel $VM_KVER, set-up $((SECONDS - start)) s (cache: $VM_CACHE)"
 mkdir -p "$T/bin"
 cp "$BIN/ioc-driver" "$BIN/host-driver" "$BIN/splitnetctl" "$T/bin/" || fail "cannot copy the daemons from $BIN"
@@ -217,6 +224,9 @@ cp "$unitbin" "$T/bin/fabric_unit"
 need_rogue
 cp "$ROGUE" "$T/bin/rogue" || fail "cannot copy $ROGUE"
 vm_configs "$T/conf" rdma
+# Host 1's entry allows the two queues of its second run (queues in [[auth.hosts]]).
+sed -i 's/^queues = 1$/queues = 2/' "$T/conf/ioc.toml"
+grep -q '^queues = 2$' "$T/conf/ioc.toml" || fail "cannot let host 1's entry have two queues"
 cp "$T/cred/host2/splitnet.key" "$T/conf/host2.key" && printf '%s\n' "$IOC_PUB" >"$T/conf/ioc.pub" ||
     fail "cannot give the VMs host 2's key and the IOC's public key"
 ln -s vm-ioc/out/ioc-driver.log "$T/ioc.log"

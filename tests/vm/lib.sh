@@ -6,9 +6,10 @@
 # overlay, runs one script and powers off; VMs are joined by virtio-net NICs whose frames go
 # over UDP on 127.0.0.1, never further. tests/vm/README.md says what it costs.
 #
-#   vm_setup                      QEMU and busybox-static (apt-get, if missing), the kernel
-#                                 and its modules, the initramfs: cached, so later runs start
-#                                 at once
+#   vm_setup [PACKAGE...]         QEMU and busybox-static, and the Debian packages the test's
+#                                 VMs need from this machine's / (apt-get, if missing), the
+#                                 kernel and its modules, the initramfs: cached, so later runs
+#                                 start at once
 #   vm_pair A B                   VMs A and B each get a NIC (eth0, eth1, ... in order of
 #                                 vm_pair calls), the two joined by a wire
 #   vm_start NAME SCRIPT [ARG...] boots VM NAME in the background; it runs SCRIPT with ARGs
@@ -54,25 +55,28 @@ fi
 # ---------------------------------------------------------------------------------------------
 # Set-up: packages, kernel, initramfs
 
-# vm_setup: everything a VM needs, built once into VM_CACHE (a lock keeps two tests from
-# building it at the same time). Sets VM_KVER, VM_VMLINUZ, VM_MODULES, VM_INITRD.
+# vm_setup [PACKAGE...]: everything a VM needs, built once into VM_CACHE (a lock keeps two
+# tests from building it at the same time), and the Debian packages PACKAGE... installed on
+# this machine (the VMs see its /). Sets VM_KVER, VM_VMLINUZ, VM_MODULES, VM_INITRD.
 vm_setup() {
     local fd rc
     mkdir -p "$VM_CACHE" || { VM_ERROR="cannot create the VM cache $VM_CACHE"; return 1; }
     exec {fd}>>"$VM_CACHE/.lock"
     flock "$fd"
-    vm__packages && vm__kernel && vm__initramfs
+    vm__packages "$@" && vm__kernel && vm__initramfs
     rc=$?
     exec {fd}>&-
     return "$rc"
 }
 
-# vm__packages: qemu-system-x86 and busybox-static, installed with apt-get when missing.
+# vm__packages [PACKAGE...]: qemu-system-x86, busybox-static and PACKAGE..., installed with
+# apt-get when missing.
 vm__packages() {
-    local missing=()
+    local missing=() pkg
     command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
-    dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q ' installed' ||
-        missing+=(busybox-static)
+    for pkg in busybox-static "$@"; do
+        dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q ' installed' || missing+=("$pkg")
+    done
     [ ${#missing[@]} -eq 0 ] && return 0
     [ "$(id -u)" = 0 ] ||
         { VM_ERROR="missing packages: ${missing[*]} (apt-get install them, or run as root)"; return 1; }

@@ -66,9 +66,98 @@ pub fn event_name(kind: u32) -> String {
     unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
 }
 
+/// What the connection manager needs on this machine, as far as it shows, for the error
+/// of an event channel that cannot be had: librdmacm fails alike (no connection manager)
+/// whether librdmacm itself, the devices' user-space drivers, the kernel's connection
+/// manager or any device is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Found {
+    /// librdmacm.so.1 loaded (librdmacm1).
+    rdmacm: bool,
+    /// A libibverbs provider, `lib*-rdmav*.so` (ibverbs-providers; without one libibverbs
+    /// finds no device).
+    provider: bool,
+    /// The kernel's connection manager: /dev/infiniband/rdma_cm (rdma_ucm).
+    ucm: bool,
+    /// An RDMA device in /sys/class/infiniband.
+    device: bool,
+}
+
+impl Found {
+    fn here() -> Found {
+        Found {
+            rdmacm: rdmacm_loaded(),
+            provider: has_provider(),
+            ucm: std::path::Path::new("/dev/infiniband/rdma_cm").exists(),
+            device: std::fs::read_dir("/sys/class/infiniband")
+                .is_ok_and(|mut d| d.next().is_some()),
+        }
+    }
+
+    /// What to do: each piece missing with the package or module that gives it.
+    fn advice(self) -> String {
+        let mut todo = Vec::new();
+        if !self.rdmacm {
+            todo.push("install librdmacm1 (librdmacm.so.1 is not loaded)");
+        }
+        if !self.provider {
+            todo.push(
+                "install ibverbs-providers (no libibverbs provider, /usr/lib/*/libibverbs/lib*-rdmav*.so: the devices' user-space drivers)",
+            );
+        }
+        if !self.ucm {
+            todo.push("load rdma_ucm (no /dev/infiniband/rdma_cm)");
+        }
+        if !self.device {
+            todo.push("add an RDMA device (none in /sys/class/infiniband: load the NIC's RDMA driver, or Soft-RoCE: modprobe rdma_rxe, then rdma link add rxe0 type rxe netdev IFACE)");
+        }
+        if todo.is_empty() {
+            return "librdmacm1, ibverbs-providers, rdma_ucm and a device are there: see rdma link show".into();
+        }
+        todo.join("; ")
+    }
+}
+
+/// Whether librdmacm is loaded (the sys crate loads it when the process starts, if it can).
+fn rdmacm_loaded() -> bool {
+    // SAFETY: with RTLD_NOLOAD, dlopen only looks among the libraries loaded; a handle it
+    // returns is closed at once (the library stays: the sys crate holds it).
+    unsafe {
+        let h = libc::dlopen(
+            c"librdmacm.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        if h.is_null() {
+            return false;
+        }
+        libc::dlclose(h);
+    }
+    true
+}
+
+/// Whether a libibverbs provider (`lib<driver>-rdmav<ABI>.so`) is installed where libibverbs
+/// looks for one: `/usr/lib/TRIPLET/libibverbs` on Debian, `/usr/lib64/libibverbs` elsewhere.
+fn has_provider() -> bool {
+    let mut dirs = vec![
+        std::path::PathBuf::from("/usr/lib64/libibverbs"),
+        std::path::PathBuf::from("/usr/lib/libibverbs"),
+    ];
+    if let Ok(lib) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(lib.flatten().map(|e| e.path().join("libibverbs")));
+    }
+    dirs.iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|d| d.flatten())
+        .any(|f| {
+            let name = f.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("lib") && name.contains("-rdmav") && name.ends_with(".so")
+        })
+}
+
 impl Events {
-    /// A new channel. The error names what is missing: librdmacm or the kernel's
-    /// connection manager (`rdma_ucm`).
+    /// A new channel. The error names what is missing: librdmacm, the devices' user-space
+    /// drivers (ibverbs-providers), the kernel's connection manager (`rdma_ucm`), a device.
     pub fn new() -> io::Result<Events> {
         // SAFETY: plain call.
         let ch = unsafe { ffi::rdma_create_event_channel() };
@@ -76,7 +165,10 @@ impl Events {
             let e = last_error();
             io::Error::new(
                 e.kind(),
-                format!("no RDMA connection manager ({e}): install librdmacm1 and load rdma_ucm"),
+                format!(
+                    "no RDMA connection manager ({e}): {}",
+                    Found::here().advice()
+                ),
             )
         })
     }
@@ -497,5 +589,62 @@ impl CmId {
             return Err(last_error());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: Found = Found {
+        rdmacm: true,
+        provider: true,
+        ucm: true,
+        device: true,
+    };
+
+    /// Each missing piece is named with the package or module that gives it, and only
+    /// what is missing: librdmacm1 installed, ibverbs-providers not, is not taken for a
+    /// missing librdmacm1.
+    #[test]
+    fn the_advice_names_what_is_missing() {
+        let no_provider = Found {
+            provider: false,
+            ..ALL
+        }
+        .advice();
+        assert!(
+            no_provider.starts_with("install ibverbs-providers ("),
+            "{no_provider}"
+        );
+        assert!(!no_provider.contains("librdmacm1"), "{no_provider}");
+        assert!(!no_provider.contains("rdma_ucm"), "{no_provider}");
+        let no_rdmacm = Found {
+            rdmacm: false,
+            ..ALL
+        }
+        .advice();
+        assert!(no_rdmacm.starts_with("install librdmacm1 ("), "{no_rdmacm}");
+        assert!(!no_rdmacm.contains("ibverbs-providers"), "{no_rdmacm}");
+        let no_ucm = Found { ucm: false, ..ALL }.advice();
+        assert!(no_ucm.starts_with("load rdma_ucm ("), "{no_ucm}");
+        let none = Found {
+            rdmacm: false,
+            provider: false,
+            ucm: false,
+            device: false,
+        }
+        .advice();
+        assert_eq!(none.matches("; ").count(), 3, "{none}");
+        assert!(!none.contains('\n'));
+        assert!(ALL.advice().contains("are there"));
+    }
+
+    /// The look at this machine does not fail, whatever it has.
+    #[test]
+    fn this_machine_is_looked_at() {
+        let here = Found::here();
+        eprintln!("{here:?}: {}", here.advice());
+        assert!(!here.advice().is_empty(), "{here:?}");
     }
 }

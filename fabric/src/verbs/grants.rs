@@ -56,6 +56,8 @@ impl VerbsTransport {
                 }
             }
         }
+        // Elements of new pools past MAX_WINDOWED_ELEMENTS (granted with their pool's key).
+        let mut keyed = 0u64;
         for (handle, off, len) in now {
             if self.keys.iter().any(|k| k.handle == handle) {
                 continue;
@@ -94,6 +96,8 @@ impl VerbsTransport {
             }
             if windowed {
                 self.windowed += mrs.len();
+            } else if self.windows.is_some() {
+                keyed += u64::from(count);
             }
             self.keys.push(PoolKey {
                 handle,
@@ -107,6 +111,16 @@ impl VerbsTransport {
                     self.open_window(handle, e)?;
                 }
             }
+        }
+        if keyed > 0 && !self.keyed_said {
+            self.keyed_said = true;
+            tracing::warn!(
+                qpn = self.qp.qpn(),
+                windowed = self.windowed,
+                keyed,
+                "RDMA element windows: more than {MAX_WINDOWED_ELEMENTS} pool elements on this queue pair: {} get a window each, {keyed} their pool's key instead (said once per queue pair)",
+                self.windowed
+            );
         }
         Ok(())
     }

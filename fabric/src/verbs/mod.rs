@@ -200,6 +200,8 @@ pub struct VerbsTransport {
     /// Elements of this side's pools registered for windows (at most
     /// [`MAX_WINDOWED_ELEMENTS`]).
     windowed: usize,
+    /// Whether pools past [`MAX_WINDOWED_ELEMENTS`] were logged (once per queue pair).
+    keyed_said: bool,
     /// This side's pool arena (none on a control channel, which carries no writes).
     pools: Option<SharedRegion>,
     pd: Arc<Pd>,
@@ -250,6 +252,7 @@ impl std::fmt::Debug for VerbsTransport {
             .field("pending", &self.tx_bytes)
             .field("ops", &self.tx.len())
             .field("outstanding", &self.stage.outstanding())
+            .field("writes_outstanding", &self.stage.writes())
             .field("notices", &(self.key_tx.len(), self.window_tx.len()))
             .field("window_ops", &self.windows.as_ref().map(Windows::pending))
             .field("windows", &self.mws.len())
@@ -271,6 +274,11 @@ impl VerbsTransport {
     /// ([`Registry::attach_arena`]) before the session starts. None on a control channel.
     pub fn pools(&self) -> Option<SharedRegion> {
         self.pools.clone()
+    }
+
+    /// What the queue pair did so far (logged when it closes).
+    pub fn stats(&self) -> VerbsStats {
+        self.stats
     }
 
     /// What the queue pair carries, for logs: `"data"` or `"control"`.
@@ -318,7 +326,7 @@ impl VerbsTransport {
         if self.stage.outstanding() >= SEND_DEPTH as usize {
             return Err(io_err("send queue full".into()));
         }
-        let Some(off) = self.stage.take(id, len as usize, 1) else {
+        let Some(off) = self.stage.take_write(id, len as usize, 1) else {
             return Err(io_err("no staging room".into()));
         };
         self.stage_mr.bytes_mut()[off..off + len as usize].fill(0);
@@ -621,7 +629,11 @@ impl Channel for VerbsTransport {
             };
             let staged = len + notice.map_or(0, |h| h.len());
             let id = self.next_wr;
-            let Some(off) = self.stage.take(id, staged, wrs) else {
+            let taken = match kind {
+                SendKind::Send => self.stage.take(id, staged, wrs),
+                _ => self.stage.take_write(id, staged, wrs),
+            };
+            let Some(off) = taken else {
                 break;
             };
             let bytes = &mut self.stage_mr.bytes_mut()[off..off + staged];
@@ -753,9 +765,20 @@ impl Channel for VerbsTransport {
     }
 
     fn close(&mut self, _reg: &mut Registry) -> usize {
+        // What completed already counts as done (a failed completion ends the look: what
+        // it did not reach counts as never completed).
+        let _ = self.reap();
         let _ = self.qp.shut();
         self.failed.get_or_insert("closed".into());
-        self.stage.clear();
+        let lost = self.stage.clear() as u64;
+        self.stats.write_incomplete += lost;
+        if lost > 0 {
+            tracing::warn!(
+                qpn = self.qp.qpn(),
+                channel = self.kind(),
+                "RDMA writes never completed: {lost} posted on this queue pair when it was closed (the peer may not have them)"
+            );
+        }
         let mut frames = 0;
         for op in self.tx.drain(..) {
             frames += usize::from(op.is_frame());

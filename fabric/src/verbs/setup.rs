@@ -89,7 +89,26 @@ impl Prepared {
             .map(|i| (u64::from(i), (i * RECV_BUF) as usize))
             .collect();
         qp.post_recv(&recv_mr, &slots, RECV_BUF)?;
-        let windows = pools.is_some() && windows_wanted() && ctx.has_windows();
+        let wanted = windows_wanted();
+        let windows = pools.is_some() && wanted && ctx.has_windows();
+        // A data channel without element windows says why, once per queue pair: each pool
+        // then has a key, and only the registry's checks stop a second write into an element.
+        if pools.is_some() && !windows {
+            let (qpn, device) = (qp.qpn(), ctx.name());
+            if wanted {
+                tracing::warn!(
+                    qpn,
+                    device,
+                    "RDMA element windows off: the device has no memory windows; the peer writes each pool with the pool's key"
+                );
+            } else {
+                tracing::info!(
+                    qpn,
+                    device,
+                    "RDMA element windows off: SPLITNET_VERBS_WINDOWS=off; the peer writes each pool with the pool's key"
+                );
+            }
+        }
         Ok(Prepared {
             windows,
             pd,
@@ -132,6 +151,7 @@ impl Prepared {
             peer_keys: PeerKeys::default(),
             binding: None,
             windowed: 0,
+            keyed_said: false,
             pools: self.pools,
             pd: self.pd,
             peer: Peer {

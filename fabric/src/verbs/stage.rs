@@ -16,10 +16,13 @@ pub struct Stage {
     /// Bytes ever taken (free-running), and ever given back.
     head: u64,
     tail: u64,
-    /// Staged operations not completed: (id, `head` after it, work requests it takes).
-    held: VecDeque<(u64, u64, usize)>,
+    /// Staged operations not completed: (id, `head` after it, work requests it takes,
+    /// whether it is an RDMA write).
+    held: VecDeque<(u64, u64, usize, bool)>,
     /// Work requests of those.
     wrs: usize,
+    /// RDMA writes among them.
+    writes: usize,
 }
 
 impl Stage {
@@ -31,6 +34,7 @@ impl Stage {
             tail: 0,
             held: VecDeque::new(),
             wrs: 0,
+            writes: 0,
         }
     }
 
@@ -43,6 +47,15 @@ impl Stage {
     /// work requests completing under that id; returns their offset, or `None` until
     /// completions free enough.
     pub fn take(&mut self, wr_id: u64, len: usize, wrs: usize) -> Option<usize> {
+        self.take_op(wr_id, len, wrs, false)
+    }
+
+    /// As [`Stage::take`], for an RDMA write (counted until it completes).
+    pub fn take_write(&mut self, wr_id: u64, len: usize, wrs: usize) -> Option<usize> {
+        self.take_op(wr_id, len, wrs, true)
+    }
+
+    fn take_op(&mut self, wr_id: u64, len: usize, wrs: usize, write: bool) -> Option<usize> {
         let len = len as u64;
         let at = self.head % self.size;
         // Skip to the start when it does not fit before the end.
@@ -55,8 +68,9 @@ impl Stage {
             return None;
         }
         self.head += skip + len;
-        self.held.push_back((wr_id, self.head, wrs));
+        self.held.push_back((wr_id, self.head, wrs, write));
         self.wrs += wrs;
+        self.writes += usize::from(write);
         Some(((self.head - len) % self.size) as usize)
     }
 
@@ -64,13 +78,14 @@ impl Stage {
     /// Returns how many work requests that was.
     pub fn complete(&mut self, wr_id: u64) -> usize {
         let mut n = 0;
-        while let Some(&(id, end, wrs)) = self.held.front() {
+        while let Some(&(id, end, wrs, write)) = self.held.front() {
             if id > wr_id {
                 break;
             }
             self.tail = end;
             self.held.pop_front();
             n += wrs;
+            self.writes -= usize::from(write);
         }
         self.wrs -= n;
         n
@@ -91,11 +106,18 @@ impl Stage {
         self.wrs
     }
 
-    /// Forgets everything staged (the queue pair is gone).
-    pub fn clear(&mut self) {
+    /// RDMA writes posted and not completed.
+    pub fn writes(&self) -> usize {
+        self.writes
+    }
+
+    /// Forgets everything staged (the queue pair is gone). Returns how many RDMA writes
+    /// that was: posted, and never completed.
+    pub fn clear(&mut self) -> usize {
         self.tail = self.head;
         self.held.clear();
         self.wrs = 0;
+        std::mem::take(&mut self.writes)
     }
 }
 
@@ -123,6 +145,28 @@ mod tests {
         assert!(s.done_through(3) && s.done_through(99));
         assert_eq!((s.used(), s.outstanding()), (0, 0));
         assert_eq!(s.take(4, 101, 1), None);
+    }
+
+    /// RDMA writes are counted until a completion covers them; what the queue pair never
+    /// completed is counted when it is forgotten.
+    #[test]
+    fn writes_never_completed_are_counted_when_cleared() {
+        let mut s = Stage::new(100);
+        s.take(1, 10, 1);
+        s.take_write(2, 10, 1);
+        // A plain write with its notice: one operation, one write.
+        s.take_write(3, 10, 2);
+        s.take(4, 10, 1);
+        s.take_write(5, 10, 1);
+        assert_eq!((s.writes(), s.outstanding()), (3, 6));
+        assert_eq!(s.complete(3), 4);
+        assert_eq!(s.writes(), 1);
+        assert_eq!(s.clear(), 1, "the write of id 5");
+        assert_eq!((s.writes(), s.outstanding(), s.used()), (0, 0, 0));
+        assert_eq!(s.clear(), 0);
+        s.take_write(6, 10, 1);
+        s.complete(6);
+        assert_eq!(s.clear(), 0, "completed");
     }
 
     proptest! {

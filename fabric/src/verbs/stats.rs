@@ -33,6 +33,10 @@ pub struct VerbsStats {
     /// Memory windows closed (or due to be): the peer's write into the element was read, or
     /// the grant was withdrawn.
     pub close: u64,
+    /// RDMA writes (with immediate data or not) posted and never completed when the channel
+    /// was closed ([`Channel::close`](splitnet_messaging::adapter::Channel::close)): whether
+    /// the peer has them is not known.
+    pub write_incomplete: u64,
 }
 
 impl std::fmt::Display for VerbsStats {
@@ -40,7 +44,8 @@ impl std::fmt::Display for VerbsStats {
         write!(
             f,
             "write_imm_tx={} write_tx={} send_tx={} write_imm_rx={} write_rx={} send_rx={} \
-             post_send={} post_recv={} poll_cq={} completions={} arm={} events={} bind={} close={}",
+             post_send={} post_recv={} poll_cq={} completions={} arm={} events={} bind={} close={} \
+             write_incomplete={}",
             self.write_imm_tx,
             self.write_tx,
             self.send_tx,
@@ -54,7 +59,8 @@ impl std::fmt::Display for VerbsStats {
             self.arm,
             self.events,
             self.bind,
-            self.close
+            self.close,
+            self.write_incomplete
         )
     }
 }
