@@ -401,12 +401,11 @@ impl HostQueue {
         }
     }
 
-    /// Every buffer waiting in the ring, for teardown: counted as dropped (`rx_ring_full`).
+    /// Every buffer waiting in the ring, for teardown: counted as dropped
+    /// (`rx_lost_at_close`).
     pub fn take_waiting(&mut self) -> Vec<SendBuf> {
         let waiting: Vec<SendBuf> = self.rx_ring.drain().collect();
-        for _ in &waiting {
-            self.drop_rx(RxDrop::RingFull);
-        }
+        self.drop_rx_n(RxDrop::LostAtClose, waiting.len() as u64);
         waiting
     }
 

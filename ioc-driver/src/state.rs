@@ -762,9 +762,9 @@ impl WorkerState {
     /// Shuts host `session`'s own queue, if it has one, and gives its frames back to the
     /// general path. The general sockets take the MAC's frames first, then the queue stops
     /// taking any, so no frame falls between them; the frames still in the queue are dropped
-    /// and counted (`rx_ring_full`; a frame that arrived in the moment both took it was also
-    /// delivered by the general path, so the count may exceed the loss, never fall short of
-    /// it). The shut queue is closed with the session ([`HostQueue::shut_queue`]).
+    /// and counted (`rx_lost_at_close`; a frame that arrived in the moment both took it was
+    /// also delivered by the general path, so the count may exceed the loss, never fall short
+    /// of it), those its socket overflowed with as `rx_ring_full`. The shut queue is closed with the session ([`HostQueue::shut_queue`]).
     pub fn close_own_queue(&mut self, session: u64) {
         let Some(h) = self.hosts.get_mut(&session) else {
             return;
@@ -779,7 +779,8 @@ impl WorkerState {
         }
         self.stats.lan_rx += shut.discarded;
         self.stats.lan_rx_dropped += shut.overflowed;
-        h.drop_rx_n(RxDrop::RingFull, shut.discarded + shut.overflowed);
+        h.drop_rx_n(RxDrop::LostAtClose, shut.discarded);
+        h.drop_rx_n(RxDrop::RingFull, shut.overflowed);
         // Shut above, so it takes nothing more while it stays open.
         h.shut_queue = Some(q);
     }
