@@ -86,7 +86,18 @@ pub struct AdmittedHost {
     /// [`MAX_HOST_QUEUES`], 1 unless set. Sessions beyond are refused (Busy).
     #[serde(default = "default_queues")]
     pub queues: u16,
+    /// Access VLAN (1 to 4094): the host sends and receives untagged frames, which travel on
+    /// this VLAN (tagged towards the NIC); its tagged frames are dropped.
+    #[serde(default)]
+    pub vlan: Option<u16>,
+    /// Trunk VLANs (1 to 4094; 0: untagged frames too): the host sends and receives its
+    /// frames tagged with these VLANs only (at most [`MAX_TRUNK_VLANS`]).
+    #[serde(default)]
+    pub vlans: Vec<u16>,
 }
+
+/// Most VLANs a trunk host's entry lists.
+pub const MAX_TRUNK_VLANS: usize = 64;
 
 /// Most queues one host's entry may allow.
 pub const MAX_HOST_QUEUES: u16 = 16;
@@ -124,6 +135,33 @@ impl IocAuth {
                 unicast("auth.hosts.mac", mac)?;
             }
             range("auth.hosts.extra_macs", h.extra_macs.len() as u64, 0, 64)?;
+            if let Some(v) = h.vlan {
+                range("auth.hosts.vlan", v.into(), 1, 4094)?;
+                if !h.vlans.is_empty() {
+                    return Err(Invalid::new(
+                        "auth.hosts.vlan",
+                        format!(
+                            "host {:?} has both vlan (access) and vlans (trunk): one or the other",
+                            h.name
+                        ),
+                    ));
+                }
+            }
+            range(
+                "auth.hosts.vlans",
+                h.vlans.len() as u64,
+                0,
+                MAX_TRUNK_VLANS as u64,
+            )?;
+            for (j, v) in h.vlans.iter().enumerate() {
+                range("auth.hosts.vlans", (*v).into(), 0, 4094)?;
+                if h.vlans[..j].contains(v) {
+                    return Err(Invalid::new(
+                        "auth.hosts.vlans",
+                        format!("host {:?} lists vlan {v} twice", h.name),
+                    ));
+                }
+            }
             range(
                 "auth.hosts.queues",
                 h.queues.into(),

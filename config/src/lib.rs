@@ -18,7 +18,7 @@ pub use error::ConfigError;
 pub use host::{HostAuth, HostConfig, HostFabric, Interface};
 pub use ioc::{
     Admission, AdmittedHost, IocAuth, IocConfig, IocFabric, Lan, Promiscuous, SetMacPolicy,
-    MAX_HOST_QUEUES,
+    MAX_HOST_QUEUES, MAX_TRUNK_VLANS,
 };
 
 use std::path::Path;

@@ -1,10 +1,11 @@
-//! The virtio-net header and Ethernet checks, the flow hash, the VLAN tag re-insertion and
-//! the ECN mark, on arbitrary frames.
+//! The virtio-net header and Ethernet checks, the flow hash, the VLAN tag's re-insertion,
+//! reading and stripping, and the ECN mark, on arbitrary frames.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use splitnet_messaging::ecn::{mark_ce, Mark};
 use splitnet_messaging::vnet::{
-    check_frame, flow_hash, gso_segment_l3_len, insert_vlan, VLAN_TAG_LEN, VNET_HDR_LEN,
+    check_frame, flow_hash, gso_segment_l3_len, insert_vlan, outer_tag, strip_vlan, vlan_of,
+    VLAN_TAG_LEN, VNET_HDR_LEN,
 };
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
@@ -41,6 +42,20 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         None => assert_eq!(&buf[..data.len()], data),
+    }
+    // Reading the outer tag and stripping it never panics; a stripped valid frame stays
+    // valid, and a refused strip changes nothing.
+    let vid = vlan_of(data);
+    assert!(vid.is_none() || outer_tag(data).is_some());
+    let mut stripped = data.to_vec();
+    match strip_vlan(&mut stripped, data.len()) {
+        Some(n) => {
+            assert_eq!(n + VLAN_TAG_LEN, data.len());
+            if check_frame(data).is_ok() {
+                assert!(check_frame(&stripped[..n]).is_ok());
+            }
+        }
+        None => assert_eq!(stripped, data),
     }
     // An ECN mark changes only the ECN field and the IPv4 checksum (three bytes at most),
     // never the length, and a second one finds the mark.

@@ -86,11 +86,14 @@ pub struct Drops {
     pub nic: u64,
     /// From the host: a broadcast or multicast frame beyond its storm-control rate.
     pub storm: u64,
+    /// From the host: a frame its VLAN policy refuses (a tag from an untagged or access
+    /// host, a VLAN a trunk host does not list, an untagged frame from a trunk host).
+    pub vlan: u64,
 }
 
 impl Drops {
     /// Every cause with its count, named as operators see them.
-    pub fn named(&self) -> [(&'static str, u64); 12] {
+    pub fn named(&self) -> [(&'static str, u64); 13] {
         [
             ("rx_ring_full", self.ring_full),
             ("rx_quota", self.quota),
@@ -104,6 +107,7 @@ impl Drops {
             ("tx_oversize_inline", self.oversize_inline),
             ("tx_nic", self.nic),
             ("tx_storm_control", self.storm),
+            ("tx_vlan", self.vlan),
         ]
     }
 }
@@ -122,6 +126,7 @@ impl std::ops::AddAssign for Drops {
         self.oversize_inline += o.oversize_inline;
         self.nic += o.nic;
         self.storm += o.storm;
+        self.vlan += o.vlan;
     }
 }
 
@@ -142,6 +147,8 @@ pub enum TxDrop {
     Nic,
     /// A group frame beyond the host's storm-control rate.
     Storm,
+    /// A frame its VLAN policy refuses.
+    Vlan,
 }
 
 /// Why a frame for a host is dropped.

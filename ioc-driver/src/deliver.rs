@@ -5,18 +5,31 @@
 //! ([`HostQueue::steer`]), so one flow stays in order on one queue. A host that has no
 //! credit left gets the frame queued in its receive ring, by flow ([`HostQueue::post`]);
 //! beyond the ring it loses frames, as a NIC ring overflow would, and the loss is counted in
-//! its statistics.
+//! its statistics. A frame reaches only the hosts on its VLAN ([`crate::vlan`]), an access
+//! host's without its tag.
 
 use crate::counters::{IocStats, RxDrop};
 use crate::host_frame::HostFrame;
 use crate::host_queue::HostQueue;
 use crate::shard::Shard;
-use splitnet_messaging::memory::SendBufCache;
+use crate::vlan::Egress;
+use splitnet_messaging::memory::{SendBuf, SendBufCache};
+use splitnet_messaging::vnet;
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
 
-/// Copies `frame` into a send buffer and posts it to `host`, within its quota.
-pub fn deliver_copy(host: &mut HostQueue, frame: HostFrame<'_>, cache: &mut SendBufCache) {
+/// Copies `frame`, on VLAN `vlan` (`None`: untagged), into a send buffer and posts it to
+/// `host`, within its quota, as the host's VLAN policy has it (an access host's without its
+/// tag); nothing when the host is not on that VLAN.
+pub fn deliver_copy(
+    host: &mut HostQueue,
+    frame: HostFrame<'_>,
+    vlan: Option<u16>,
+    cache: &mut SendBufCache,
+) {
+    let Some(egress) = host.policy.vlan.egress(vlan) else {
+        return;
+    };
     if !host.make_room(cache) {
         return;
     }
@@ -24,40 +37,60 @@ pub fn deliver_copy(host: &mut HostQueue, frame: HostFrame<'_>, cache: &mut Send
         host.drop_rx(RxDrop::Quota);
         return;
     };
-    if frame.copy_to(b.space()) {
-        b.set_len(frame.len());
-        host.post(b, cache);
-    } else {
+    if !frame.copy_to(b.space()) {
         cache.put(b);
         host.drop_rx(RxDrop::TooLarge);
+        return;
+    }
+    b.set_len(frame.len());
+    if egress == Egress::Strip && !strip(&mut b) {
+        cache.put(b);
+        host.drop_rx(RxDrop::Unreadable);
+        return;
+    }
+    host.post(b, cache);
+}
+
+/// Takes the outer VLAN tag out of the frame in `b` (for an access host); false when its
+/// offsets point into the tag, a frame no host could take.
+pub fn strip(b: &mut SendBuf) -> bool {
+    let n = b.len();
+    match vnet::strip_vlan(b.space(), n) {
+        Some(m) => {
+            b.set_len(m);
+            true
+        }
+        None => false,
     }
 }
 
-/// The sessions that get a copy of `frame`: for each host (first queue) that `want`s it,
-/// the queue its flow hashes to.
+/// The sessions that get a copy of `frame`: for each host (first queue) on the frame's
+/// VLAN that `want`s it, the queue its flow hashes to.
 pub fn targets(
     hosts: &BTreeMap<u64, HostQueue>,
     frame: &[u8],
     keys: &RandomState,
     want: impl Fn(&HostQueue) -> bool,
 ) -> Vec<u64> {
+    let vlan = vnet::vlan_of(frame);
     hosts
         .values()
-        .filter(|h| h.queue.is_first() && want(h))
+        .filter(|h| h.queue.is_first() && h.policy.vlan.egress(vlan).is_some() && want(h))
         .map(|h| h.steer(frame, keys))
         .collect()
 }
 
-/// Copies `frame` to every session in `to`.
+/// Copies `frame`, on VLAN `vlan`, to every session in `to` ([`deliver_copy`]).
 pub fn deliver_all(
     to: &[u64],
     hosts: &mut BTreeMap<u64, HostQueue>,
     frame: HostFrame<'_>,
+    vlan: Option<u16>,
     cache: &mut SendBufCache,
 ) {
     for s in to {
         if let Some(h) = hosts.get_mut(s) {
-            deliver_copy(h, frame, cache);
+            deliver_copy(h, frame, vlan, cache);
         }
     }
 }

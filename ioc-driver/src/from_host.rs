@@ -2,8 +2,10 @@
 //! negotiated and forwarded (to the LAN, to another host here, or through another worker's
 //! inbox), and each event of its link handled.
 //!
-//! Group frames (broadcast, multicast) go to every other host and to the LAN. A unicast
-//! frame goes to the host owning its destination MAC, else to the LAN.
+//! Group frames (broadcast, multicast) go to every other host on their VLAN and to the LAN.
+//! A unicast frame goes to the host owning its destination MAC when that host is on the
+//! frame's VLAN, else to the LAN. An access host's frame gets its VLAN's tag first
+//! ([`crate::vlan`]).
 
 use crate::cfgutil;
 use crate::counters::{IocStats, TxDrop};
@@ -15,6 +17,7 @@ use crate::nic::Nic;
 use crate::report;
 use crate::shard::Shard;
 use crate::state::WorkerState;
+use crate::vlan::Ingress;
 use splitnet_messaging::endpoint::{Lane, LinkEvent, PoolGetOutcome};
 use splitnet_messaging::memory::{Frame, SendBufCache};
 use splitnet_messaging::vnet;
@@ -59,21 +62,40 @@ pub fn from_host(
     stats: &mut IocStats,
     keys: &RandomState,
     policy: &TxPolicy<'_>,
+    scratch: &mut Vec<u8>,
 ) {
     let Some(h) = hosts.get_mut(&from) else {
         return;
     };
-    let head = frame.head();
-    if let Err((why, text)) = h.check_tx(head, frame.len(), policy.offered, policy.extra_macs) {
-        h.drop_tx(why);
-        if let Some(held) = h.log.allow(std::time::Instant::now()) {
-            warn!(
-                session = from,
-                "dropping a frame from the host: {text} ({held} more dropped since the last report)"
-            );
+    let ingress = match h.check_tx(frame.head(), frame.len(), policy.offered, policy.extra_macs) {
+        Ok(i) => i,
+        Err((why, text)) => {
+            h.drop_tx(why);
+            if let Some(held) = h.log.allow(std::time::Instant::now()) {
+                warn!(
+                    session = from,
+                    "dropping a frame from the host: {text} ({held} more dropped since the last report)"
+                );
+            }
+            return;
         }
-        return;
-    }
+    };
+    // An access host's frame travels on with its VLAN's tag: a private copy with the tag in
+    // (checked above as it came; the tag moves its offsets, and insert_vlan moves them).
+    let frame = match ingress {
+        Ingress::AsIs => frame,
+        Ingress::Tag(vid) => {
+            let n = frame.len();
+            scratch.resize(n + vnet::VLAN_TAG_LEN, 0);
+            frame.copy_to(scratch);
+            match vnet::insert_vlan(scratch, n, 0x8100, vid) {
+                Some(m) => HostFrame::Private(&scratch[..m]),
+                None => return h.drop_tx(TxDrop::Vlan),
+            }
+        }
+    };
+    let head = frame.head();
+    let vlan = vnet::vlan_of(head);
     let dst = vnet::dst_mac(head);
     let sender = hosts.get(&from).map_or(from, |h| h.first);
     if vnet::is_group(&dst) {
@@ -92,20 +114,23 @@ pub fn from_host(
         let to = targets(hosts, head, keys, |h| {
             h.session != sender && h.wants_group(&dst)
         });
-        deliver_all(&to, hosts, frame, cache);
+        deliver_all(&to, hosts, frame, vlan, cache);
         cross(policy.shard, policy.shard.others(), frame, stats);
         lan.send(from, frame, nic, hosts, stats);
         return;
     }
+    // A host here that is not on the frame's VLAN does not own its MAC there: the frame
+    // goes to the LAN, as a switch sends a MAC unknown on a VLAN to its uplink.
     let owner = policy
         .by_mac
         .get(&dst)
         .filter(|&&s| s != sender)
         .and_then(|s| hosts.get(s))
+        .filter(|h| h.policy.vlan.egress(vlan).is_some())
         .map(|h| h.steer(head, keys));
     let elsewhere = policy.shard.owner(&dst);
     match owner.and_then(|s| hosts.get_mut(&s)) {
-        Some(to) => deliver_copy(to, frame, cache),
+        Some(to) => deliver_copy(to, frame, vlan, cache),
         None => match elsewhere {
             Some(w) => {
                 cross(policy.shard, [w], frame, stats);
@@ -134,6 +159,7 @@ pub fn drive_host(st: &mut WorkerState, session: u64, lane: Lane) -> Result<bool
         flow_keys,
         extra_macs,
         shard,
+        vlan_scratch,
         ..
     } = &mut *st;
     let policy = TxPolicy {
@@ -155,7 +181,16 @@ pub fn drive_host(st: &mut WorkerState, session: u64, lane: Lane) -> Result<bool
         let frame = HostFrame::new(frame, &mut head);
         bytes.set(bytes.get() + frame.len() + FRAME_COST);
         from_host(
-            session, frame, hosts, &**nic, lan_tx, cache, stats, flow_keys, &policy,
+            session,
+            frame,
+            hosts,
+            &**nic,
+            lan_tx,
+            cache,
+            stats,
+            flow_keys,
+            &policy,
+            vlan_scratch,
         )
     };
     // Frames share the worker by deficit round robin among its hosts; messages of the

@@ -4,14 +4,16 @@
 //!
 //! A unicast frame goes to the host owning its destination MAC (through that host's worker
 //! when it is another's); group frames (broadcast, multicast) to every host; frames for no
-//! host to the promiscuous hosts.
+//! host to the promiscuous hosts: each only to hosts on the frame's VLAN, an access host's
+//! without its tag ([`crate::vlan`]).
 
 use crate::counters::RxDrop;
-use crate::deliver::{cross, deliver_all, targets};
+use crate::deliver::{cross, deliver_all, strip, targets};
 use crate::host_frame::HostFrame;
 use crate::own_queue::OwnQueueProgress;
 use crate::shard::Crossing;
 use crate::state::WorkerState;
+use crate::vlan::Egress;
 use splitnet_messaging::memory::SendBuf;
 use splitnet_messaging::vnet;
 use std::io;
@@ -81,18 +83,34 @@ pub fn drive_lan(st: &mut WorkerState, queue: usize) -> LanProgress {
         }
         let frame = buf.as_slice();
         let dst = vnet::dst_mac(frame);
-        let owner = (!vnet::is_group(&dst))
+        let vlan = vnet::vlan_of(frame);
+        let group = vnet::is_group(&dst);
+        let owner = (!group)
             .then(|| by_mac.get(&dst))
             .flatten()
             .and_then(|s| hosts.get(s))
-            .map(|h| h.steer(frame, flow_keys));
-        if let Some(h) = owner.and_then(|s| hosts.get_mut(&s)) {
+            .map(|h| (h.steer(frame, flow_keys), h.policy.vlan.egress(vlan)));
+        // Its host, when the host is on the frame's VLAN (else the frame is for no host on
+        // that VLAN).
+        if let Some((s, Some(egress))) = owner {
+            let Some(h) = hosts.get_mut(&s) else {
+                cache.put(buf);
+                continue;
+            };
+            if egress == Egress::Strip && !strip(&mut buf) {
+                stats.lan_rx_bad_frame += 1;
+                cache.put(buf);
+                continue;
+            }
             h.post(buf, cache);
             continue;
         }
-        let group = vnet::is_group(&dst);
+        let frame = buf.as_slice();
         // A unicast frame for another worker's host goes there alone.
-        if let Some(w) = (!group).then(|| shard.owner(&dst)).flatten() {
+        if let Some(w) = (!group && owner.is_none())
+            .then(|| shard.owner(&dst))
+            .flatten()
+        {
             cross(shard, [w], HostFrame::Private(frame), stats);
             cache.put(buf);
             continue;
@@ -125,7 +143,7 @@ pub fn drive_lan(st: &mut WorkerState, queue: usize) -> LanProgress {
         if to.is_empty() && crossed == 0 && !group {
             stats.lan_filtered += 1;
         }
-        deliver_all(&to, hosts, private, cache);
+        deliver_all(&to, hosts, private, vlan, cache);
         cache.put(buf);
     }
     st.kick_hosts();
@@ -160,10 +178,12 @@ pub fn deliver_crossed(st: &mut WorkerState, frames: &[Crossing]) {
     for frame in frames {
         stats.crossed_in += 1;
         let dst = vnet::dst_mac(frame);
+        let vlan = vnet::vlan_of(frame);
         let to = if vnet::is_group(&dst) {
             targets(hosts, frame, flow_keys, |h| h.wants_group(&dst))
         } else {
-            match by_mac.get(&dst).and_then(|s| hosts.get(s)) {
+            let owner = by_mac.get(&dst).and_then(|s| hosts.get(s));
+            match owner.filter(|h| h.policy.vlan.egress(vlan).is_some()) {
                 Some(h) => vec![h.steer(frame, flow_keys)],
                 None => targets(hosts, frame, flow_keys, |h| h.promisc),
             }
@@ -173,7 +193,7 @@ pub fn deliver_crossed(st: &mut WorkerState, frames: &[Crossing]) {
         if to.is_empty() && !vnet::is_group(&dst) {
             stats.lan_filtered += 1;
         }
-        deliver_all(&to, hosts, HostFrame::Private(frame), cache);
+        deliver_all(&to, hosts, HostFrame::Private(frame), vlan, cache);
     }
     st.kick_hosts();
 }

@@ -7,6 +7,7 @@
 //! cannot be played again. The host's identity (and so its derived MAC) is then its key, not
 //! the node id it claims. With `admission = "open"` (a lab) anyone gets in.
 
+use crate::vlan::VlanMode;
 use splitnet_config::{Admission, IocAuth, MAX_HOST_QUEUES};
 use splitnet_fabric::auth::{Key, Responder};
 use splitnet_messaging::wire::{ErrorCode, Hello};
@@ -40,6 +41,8 @@ pub struct Policy {
     pub promiscuous: bool,
     /// Queues it may open.
     pub queues: u16,
+    /// Its VLANs.
+    pub vlan: VlanMode,
 }
 
 impl Policy {
@@ -52,6 +55,7 @@ impl Policy {
             extra_macs: Vec::new(),
             promiscuous: true,
             queues: MAX_HOST_QUEUES,
+            vlan: VlanMode::Untagged,
         }
     }
 
@@ -68,6 +72,7 @@ impl Policy {
             extra_macs: host.extra_macs.iter().map(|m| m.0).collect(),
             promiscuous: host.promiscuous,
             queues: host.queues,
+            vlan: VlanMode::of(host.vlan, &host.vlans),
         })
     }
 }
@@ -210,6 +215,8 @@ mod tests {
                     extra_macs: vec![MacAddr([2, 0xaa, 0, 0, 0, 1])],
                     promiscuous: false,
                     queues: 2,
+                    vlan: None,
+                    vlans: Vec::new(),
                 })
                 .collect(),
         };

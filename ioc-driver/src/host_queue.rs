@@ -12,6 +12,7 @@ use crate::gate::Policy;
 use crate::own_queue::{OwnQueue, OwnQueueRetry};
 use crate::rate::RateLimit;
 use crate::shard::KeyHold;
+use crate::vlan::Ingress;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::ecn::{self, Mark};
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
@@ -273,21 +274,22 @@ impl HostQueue {
             TxDrop::OversizeInline => d.oversize_inline += 1,
             TxDrop::Nic => d.nic += 1,
             TxDrop::Storm => d.storm += 1,
+            TxDrop::Vlan => d.vlan += 1,
         }
     }
 
     /// Checks a frame of `len` bytes the host sent, from `head` (its first bytes, private),
     /// against what it negotiated: offload metadata the kernel may see, its own source MAC
-    /// (or one of `extra_macs`, or a bridged MAC of its policy that it holds), only the
-    /// offloads it negotiated (`offered` until it sent
-    /// SetFeatures), and its MTU. The error says why.
+    /// (or one of `extra_macs`, or a bridged MAC of its policy that it holds), its VLAN
+    /// policy, only the offloads it negotiated (`offered` until it sent SetFeatures), and its
+    /// MTU. The error says why; `Ok` says what the frame needs for its VLAN.
     pub fn check_tx(
         &self,
         head: &[u8],
         len: usize,
         offered: u64,
         extra_macs: &[[u8; 6]],
-    ) -> Result<(), (TxDrop, String)> {
+    ) -> Result<Ingress, (TxDrop, String)> {
         let h = vnet::check_head(head, len).map_err(|e| (TxDrop::BadOffload, e.to_string()))?;
         let src = vnet::src_mac(head);
         if src != self.mac && !extra_macs.contains(&src) && !self.bridged.contains(&src) {
@@ -320,7 +322,10 @@ impl HostQueue {
                 format!("{len} bytes beyond the MTU of {}", self.mtu),
             ));
         }
-        Ok(())
+        self.policy
+            .vlan
+            .ingress(head)
+            .map_err(|e| (TxDrop::Vlan, e))
     }
 
     /// Queues a frame for this host in its receive ring, by flow, and sends what the credits

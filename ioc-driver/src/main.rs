@@ -38,6 +38,7 @@ mod state;
 mod supervisor;
 #[cfg(test)]
 mod tests;
+mod vlan;
 mod worker;
 
 use clap::Parser;

@@ -5,6 +5,7 @@
 //! session ends run without root or an interface.
 
 use splitnet_messaging::memory::SharedBytes;
+use splitnet_netif::filter::Tagged;
 use splitnet_netif::packet::{FilterHandle, PacketSocket};
 use splitnet_netif::{fanout, filter};
 use std::io;
@@ -43,11 +44,12 @@ pub trait HostRx: std::fmt::Debug {
     fn discard(&self) -> io::Result<usize>;
 }
 
-/// Sets which MACs a worker's NIC socket no longer receives (untagged unicast), because
-/// their hosts' own queues do ([`HostRx`]); usable from any worker's thread.
+/// Sets which MACs' unicast frames a worker's NIC socket no longer receives (untagged, or
+/// tagged with an access host's VLAN), because their hosts' own queues do ([`HostRx`]);
+/// usable from any worker's thread.
 pub trait Exclusion: Send + std::fmt::Debug {
-    /// Excludes exactly `macs` from now on.
-    fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()>;
+    /// Excludes exactly `macs` from now on, each as its host's own queue takes them.
+    fn exclude(&self, macs: &[([u8; 6], Tagged)]) -> io::Result<()>;
 }
 
 /// A network interface carrying frames with a virtio-net header in front.
@@ -100,10 +102,11 @@ pub trait Nic: std::fmt::Debug {
         let _ = table;
         Ok(())
     }
-    /// A queue of the NIC's untagged unicast frames for `mac` alone. The workers' sockets
-    /// keep receiving them too until `mac` is excluded ([`Exclusion`]), which comes first.
-    fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
-        let _ = mac;
+    /// A queue of the NIC's unicast frames for `mac` alone that came as `tagged` says
+    /// (a tag the kernel took out stays out). The workers' sockets keep receiving them too
+    /// until `mac` is excluded ([`Exclusion`]), which comes first.
+    fn host_rx(&self, mac: [u8; 6], tagged: Tagged) -> io::Result<Box<dyn HostRx>> {
+        let _ = (mac, tagged);
         Err(io::ErrorKind::Unsupported.into())
     }
     /// The handle that sets this socket's exclusions; `None` when it has none.
@@ -251,8 +254,10 @@ impl Nic for LanQueues {
     }
 
     /// A socket of its own on the interface, whose filter takes only `mac`'s frames.
-    fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
-        Ok(Box::new(self.first().open_sibling(&filter::only_to(&mac))?))
+    fn host_rx(&self, mac: [u8; 6], tagged: Tagged) -> io::Result<Box<dyn HostRx>> {
+        Ok(Box::new(
+            self.first().open_sibling(&filter::only_to(&mac, tagged))?,
+        ))
     }
 
     /// A second descriptor of every queue's socket, whose filters it sets.
@@ -271,7 +276,7 @@ impl Nic for LanQueues {
 struct Exclusions(Vec<FilterHandle>);
 
 impl Exclusion for Exclusions {
-    fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
+    fn exclude(&self, macs: &[([u8; 6], Tagged)]) -> io::Result<()> {
         self.0.iter().try_for_each(|h| h.exclude(macs))
     }
 }
@@ -306,7 +311,7 @@ impl HostRx for PacketSocket {
 }
 
 impl Exclusion for FilterHandle {
-    fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
+    fn exclude(&self, macs: &[([u8; 6], Tagged)]) -> io::Result<()> {
         self.set(&filter::all_but(macs))
     }
 }
@@ -329,6 +334,8 @@ pub mod fake {
 
     use super::{Exclusion, HostRx, Nic};
     use splitnet_messaging::memory::SharedBytes;
+    use splitnet_messaging::vnet;
+    use splitnet_netif::filter::Tagged;
     use std::cell::{Cell, RefCell};
     use std::collections::{HashMap, VecDeque};
     use std::io;
@@ -339,6 +346,9 @@ pub mod fake {
 
     /// A MAC and the worker its frames go to.
     pub type Steer = ([u8; 6], u32);
+    /// The MACs a socket excludes, each with the way its host's queue takes its frames,
+    /// shared with the test.
+    pub type Excluded = Arc<Mutex<Vec<([u8; 6], Tagged)>>>;
 
     /// Frames waiting to be received, and frames sent, shared with the test.
     #[derive(Debug, Default, Clone)]
@@ -360,6 +370,8 @@ pub mod fake {
         pub hosts: Rc<RefCell<HashMap<[u8; 6], Rc<HostQueue>>>>,
         /// The MACs the socket excludes, as last set.
         pub excluded: Arc<Mutex<Vec<[u8; 6]>>>,
+        /// The same with the way each host's queue takes its frames.
+        pub excluded_tags: Excluded,
         /// The MACs whose host has its own queue open.
         open: Arc<Mutex<Vec<[u8; 6]>>>,
         /// Times the IOC got the order of a host's queue and the workers' filters wrong: a
@@ -392,6 +404,8 @@ pub mod fake {
         pub drops: Cell<u64>,
         /// It takes no more frames.
         pub shut: Cell<bool>,
+        /// Which of its MAC's frames it takes.
+        pub tagged: Cell<Tagged>,
         /// Frames the IOC read and gave to the host, or discarded.
         pub taken: Cell<u64>,
         /// The error a batched read met after some frames, for the next read.
@@ -404,7 +418,7 @@ pub mod fake {
         q: Rc<HostQueue>,
         mac: [u8; 6],
         open: Arc<Mutex<Vec<[u8; 6]>>>,
-        excluded: Arc<Mutex<Vec<[u8; 6]>>>,
+        excluded: Excluded,
         violations: Arc<AtomicUsize>,
     }
 
@@ -417,7 +431,13 @@ pub mod fake {
     impl HostRx for FakeHostRx {
         /// Shut, it counts as closed (it takes nothing).
         fn shut(&self) -> io::Result<()> {
-            if self.excluded.lock().unwrap().contains(&self.mac) {
+            if self
+                .excluded
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| e.0 == self.mac)
+            {
                 self.violations.fetch_add(1, Ordering::Relaxed);
             }
             self.q.shut.set(true);
@@ -478,12 +498,24 @@ pub mod fake {
     #[derive(Debug)]
     struct FakeExclusion {
         excluded: Arc<Mutex<Vec<[u8; 6]>>>,
+        tags: Excluded,
     }
 
     impl Exclusion for FakeExclusion {
-        fn exclude(&self, macs: &[[u8; 6]]) -> io::Result<()> {
-            *self.excluded.lock().unwrap() = macs.to_vec();
+        fn exclude(&self, macs: &[([u8; 6], Tagged)]) -> io::Result<()> {
+            *self.excluded.lock().unwrap() = macs.iter().map(|e| e.0).collect();
+            *self.tags.lock().unwrap() = macs.to_vec();
             Ok(())
+        }
+    }
+
+    /// Whether a frame (virtio-net header first, its tags inline) came as `t` says, as the
+    /// kernel's filter sees it once it took the outer tag out.
+    fn came(frame: &[u8], t: Tagged) -> bool {
+        let tag = vnet::outer_tag(frame);
+        match t {
+            Tagged::No => tag.is_none(),
+            Tagged::Vlan(v) => tag.is_some_and(|(_, tci)| tci & 0x0fff == v),
         }
     }
 
@@ -493,10 +525,24 @@ pub mod fake {
         /// destination is excluded (both, or neither, when the IOC got the order wrong).
         pub fn arrive(&self, frame: Vec<u8>) {
             let dst: [u8; 6] = frame[10..16].try_into().unwrap();
-            if let Some(q) = self.host_queue(dst).filter(|q| !q.shut.get()) {
-                q.frames.borrow_mut().push_back(frame.clone());
+            let own = self
+                .host_queue(dst)
+                .filter(|q| !q.shut.get() && came(&frame, q.tagged.get()));
+            if let Some(q) = own {
+                // Its socket gets it as the kernel hands it: the tag it took out stays out.
+                let mut f = frame.clone();
+                let n = f.len();
+                let n = vnet::strip_vlan(&mut f, n).unwrap_or(n);
+                f.truncate(n);
+                q.frames.borrow_mut().push_back(f);
             }
-            if !self.excluded.lock().unwrap().contains(&dst) {
+            let excluded = self
+                .excluded_tags
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|&(m, t)| m == dst && came(&frame, t));
+            if !excluded {
                 self.rx.borrow_mut().push_back(frame);
             }
         }
@@ -628,21 +674,24 @@ pub mod fake {
             Ok(())
         }
 
-        fn host_rx(&self, mac: [u8; 6]) -> io::Result<Box<dyn HostRx>> {
+        fn host_rx(&self, mac: [u8; 6], tagged: Tagged) -> io::Result<Box<dyn HostRx>> {
             if self.refuse_host_rx.get() {
                 return Err(io::Error::other("the kernel refused a socket"));
             }
-            if !self.excluded.lock().unwrap().contains(&mac) {
+            if !self.excluded_tags.lock().unwrap().contains(&(mac, tagged)) {
                 self.violations.fetch_add(1, Ordering::Relaxed);
             }
-            let q = Rc::new(HostQueue::default());
+            let q = Rc::new(HostQueue {
+                tagged: Cell::new(tagged),
+                ..HostQueue::default()
+            });
             self.hosts.borrow_mut().insert(mac, q.clone());
             self.open.lock().unwrap().push(mac);
             Ok(Box::new(FakeHostRx {
                 q,
                 mac,
                 open: self.open.clone(),
-                excluded: self.excluded.clone(),
+                excluded: self.excluded_tags.clone(),
                 violations: self.violations.clone(),
             }))
         }
@@ -650,6 +699,7 @@ pub mod fake {
         fn exclusion(&self) -> io::Result<Option<Box<dyn Exclusion>>> {
             Ok(Some(Box::new(FakeExclusion {
                 excluded: self.excluded.clone(),
+                tags: self.excluded_tags.clone(),
             })))
         }
     }

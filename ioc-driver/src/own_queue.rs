@@ -20,6 +20,7 @@ use splitnet_fabric::{FabricChannel, Ready};
 use splitnet_messaging::endpoint::Link;
 use splitnet_messaging::memory::SharedBytes;
 use splitnet_messaging::vnet;
+use splitnet_netif::filter::Tagged;
 use std::io;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -127,10 +128,12 @@ pub struct Shut {
 }
 
 impl OwnQueue {
-    /// A queue of its own on `nic` for the untagged unicast frames to `mac`, with its
-    /// readiness. Every worker's socket must already exclude `mac` (`Shard::place`).
-    pub fn open(nic: &dyn Nic, mac: [u8; 6]) -> io::Result<OwnQueue> {
-        let rx = nic.host_rx(mac)?;
+    /// A queue of its own on `nic` for the unicast frames to `mac` that came as `tagged`
+    /// says (untagged, or tagged with an access host's VLAN, which the kernel takes out),
+    /// with its readiness. Every worker's socket must already exclude them
+    /// (`Shard::place`).
+    pub fn open(nic: &dyn Nic, mac: [u8; 6], tagged: Tagged) -> io::Result<OwnQueue> {
+        let rx = nic.host_rx(mac, tagged)?;
         let ready = rx.fd().map(|fd| Ready::reading(&fd)).transpose()?;
         Ok(OwnQueue {
             rx,

@@ -12,7 +12,7 @@
 
 use crate::nic::{Exclusion, Nic};
 use splitnet_fabric::auth::Key;
-use splitnet_netif::filter::MAX_EXCLUDED;
+use splitnet_netif::filter::{Tagged, MAX_EXCLUDED};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
@@ -41,7 +41,7 @@ struct Directory {
     promisc: Vec<bool>,
     /// MACs whose frames their hosts' own queues receive ([`crate::nic::HostRx`]): every
     /// worker's socket excludes them.
-    own_queue_macs: Vec<[u8; 6]>,
+    own_queue_macs: Vec<([u8; 6], Tagged)>,
     /// Each started worker's handle on its socket's exclusions.
     exclusions: Vec<Box<dyn Exclusion>>,
     /// The worker a host key's first queues go to, and how many of them are held there
@@ -323,18 +323,19 @@ impl Shard {
         Ok(())
     }
 
-    /// Takes `mac`'s frames off every worker's socket, for its host's own queue to receive
-    /// them alone (open the queue after this). False, nothing changed, when that cannot be
-    /// done: a worker's socket cannot exclude, the table is full, or a filter failed.
-    pub fn place(&self, mac: [u8; 6]) -> bool {
+    /// Takes `mac`'s frames that came as `tagged` says off every worker's socket, for its
+    /// host's own queue to receive them alone (open the queue after this). False, nothing
+    /// changed, when that cannot be done: a worker's socket cannot exclude, the table is
+    /// full, or a filter failed.
+    pub fn place(&self, mac: [u8; 6], tagged: Tagged) -> bool {
         let mut d = self.dir();
         if d.exclusions.len() < self.count()
             || d.own_queue_macs.len() >= MAX_EXCLUDED
-            || d.own_queue_macs.contains(&mac)
+            || d.own_queue_macs.iter().any(|e| e.0 == mac)
         {
             return false;
         }
-        d.own_queue_macs.push(mac);
+        d.own_queue_macs.push((mac, tagged));
         if let Err(e) = d.exclude() {
             warn!("cannot leave a host's frames to its own queue: {e}");
             d.own_queue_macs.pop();
@@ -344,11 +345,12 @@ impl Shard {
         true
     }
 
-    /// Gives `mac`'s frames back to the workers' sockets (close its host's queue first).
+    /// Gives `mac`'s frames back to the workers' sockets (before its host's queue is shut:
+    /// [`crate::state::WorkerState::close_own_queue`]).
     pub fn unplace(&self, mac: [u8; 6]) {
         let mut d = self.dir();
         let before = d.own_queue_macs.len();
-        d.own_queue_macs.retain(|m| *m != mac);
+        d.own_queue_macs.retain(|e| e.0 != mac);
         if d.own_queue_macs.len() != before {
             if let Err(e) = d.exclude() {
                 warn!("cannot give a host's frames back to the workers' sockets: {e}");

@@ -189,6 +189,8 @@ pub struct WorkerState {
     /// The MACs reserved for the entries of `[[auth.hosts]]`, to their keys
     /// ([`reservations`]).
     pub reserved: HashMap<[u8; 6], Key>,
+    /// Where an access host's frame gets its VLAN's tag ([`crate::from_host`]).
+    pub vlan_scratch: Vec<u8>,
     /// When each key's session was last replaced by a newer one (two host-drivers that
     /// share a key replace each other again and again: [`SHARED_KEY_WINDOW`]).
     pub replaced: HashMap<Key, Instant>,
@@ -254,6 +256,7 @@ impl WorkerState {
             admitting: 0,
             reserved: reservations(&cfg.auth),
             replaced: HashMap::new(),
+            vlan_scratch: Vec::new(),
             cfg,
         }
     }
@@ -702,9 +705,21 @@ impl WorkerState {
                 .filter(|m| !policy.extra_macs.contains(m))
                 .copied()
                 .collect();
+            let vlan_changed = h.policy.vlan != policy.vlan;
+            if vlan_changed {
+                info!(session = s, name, vlan = ?policy.vlan, "reload: the host's VLANs change");
+            }
             h.policy = policy;
             self.release_bridged(s, &gone);
             self.claim_bridged(s);
+            // Its own LAN queue's filter names its VLAN: made again.
+            if vlan_changed {
+                self.close_own_queue(s);
+                if let Some(h) = self.hosts.get_mut(&s) {
+                    h.own_queue_retry = None;
+                }
+                self.open_own_queue(s);
+            }
         }
         let auth = &self.cfg.auth;
         self.pending
@@ -728,6 +743,11 @@ impl WorkerState {
         let Some(link) = h.link.as_ref() else {
             return;
         };
+        // A trunk host's tagged frames keep the general path: its queue would lose their
+        // tags (the kernel takes them out).
+        let Some(tagged) = h.policy.vlan.own_queue() else {
+            return;
+        };
         if h.queue != Queue::SINGLE
             || h.own_queue.is_some()
             || h.own_queue_retry.is_some_and(|r| Instant::now() < r.at)
@@ -737,11 +757,11 @@ impl WorkerState {
             return;
         }
         let mac = h.mac;
-        if self.by_mac.get(&mac) != Some(&session) || !self.shard.place(mac) {
+        if self.by_mac.get(&mac) != Some(&session) || !self.shard.place(mac, tagged) {
             h.own_queue_retry = Some(OwnQueueRetry::after(h.own_queue_retry, Instant::now()));
             return;
         }
-        match OwnQueue::open(&*self.nic, mac) {
+        match OwnQueue::open(&*self.nic, mac, tagged) {
             Ok(q) => {
                 debug!(session, "LAN frames for the host are read into its pools");
                 h.own_queue = Some(q);

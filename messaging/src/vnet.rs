@@ -266,6 +266,53 @@ pub fn insert_vlan(buf: &mut [u8], len: usize, tpid: u16, tci: u16) -> Option<us
     Some(grown)
 }
 
+/// The outer VLAN tag of a frame (virtio-net header first), TPID and TCI: the 4 bytes after
+/// the MAC addresses when they start with 802.1Q's (0x8100) or 802.1ad's (0x88a8) TPID.
+pub fn outer_tag(frame: &[u8]) -> Option<(u16, u16)> {
+    let t = frame.get(VLAN_TAG_AT..VLAN_TAG_AT + VLAN_TAG_LEN)?;
+    let tpid = u16::from_be_bytes([t[0], t[1]]);
+    matches!(tpid, 0x8100 | 0x88a8).then(|| (tpid, u16::from_be_bytes([t[2], t[3]])))
+}
+
+/// The VLAN a frame travels on: its outer tag's VLAN id, `None` for an untagged frame and a
+/// priority-tagged one (VLAN id 0, which 802.1Q classifies as untagged).
+pub fn vlan_of(frame: &[u8]) -> Option<u16> {
+    outer_tag(frame)
+        .map(|(_, tci)| tci & 0x0fff)
+        .filter(|&v| v != 0)
+}
+
+/// Takes the outer VLAN tag out of `buf[..len]` (a virtio-net header and a frame whose
+/// [`outer_tag`] is one), the inverse of [`insert_vlan`]: the bytes after the tag move up
+/// over it and the header's checksum start and header length stop counting it. Returns the
+/// new length, or `None` (nothing changed) when the frame has no such tag, `len` is beyond
+/// `buf`, or an offset would fall inside or before the tag.
+pub fn strip_vlan(buf: &mut [u8], len: usize) -> Option<usize> {
+    let frame = buf.get(..len)?;
+    outer_tag(frame)?;
+    let hdr: &[u8; VNET_HDR_LEN] = frame.first_chunk()?;
+    let mut h = VnetHdr::parse(hdr);
+    // Offsets count from the Ethernet header's start: past the tag, at least the MACs, the
+    // tag and an EtherType.
+    let past = (12 + VLAN_TAG_LEN + 2) as u16;
+    let tag = VLAN_TAG_LEN as u16;
+    if h.flags & F_NEEDS_CSUM != 0 {
+        if h.csum_start < past {
+            return None;
+        }
+        h.csum_start -= tag;
+    }
+    if h.hdr_len != 0 {
+        if h.hdr_len < past {
+            return None;
+        }
+        h.hdr_len -= tag;
+    }
+    buf[..VNET_HDR_LEN].copy_from_slice(&h.emit());
+    buf.copy_within(VLAN_TAG_AT + VLAN_TAG_LEN..len, VLAN_TAG_AT);
+    Some(len - VLAN_TAG_LEN)
+}
+
 /// Destination MAC of a frame that passed [`check_frame`].
 pub fn dst_mac(frame: &[u8]) -> [u8; 6] {
     let mut m = [0u8; 6];
@@ -686,6 +733,42 @@ mod tests {
                     prop_assert_eq!(&buf[VLAN_TAG_AT..VLAN_TAG_AT + 2], &tpid.to_be_bytes()[..]);
                     prop_assert_eq!(&buf[VLAN_TAG_AT + 2..VLAN_TAG_AT + 4], &tci.to_be_bytes()[..]);
                     prop_assert_eq!(&buf[VLAN_TAG_AT + 4..n], &body[VLAN_TAG_AT..]);
+                }
+            }
+        }
+
+        /// Stripping the tag [`insert_vlan`] put in gives the frame back, byte for byte, and
+        /// the VLAN it was on is the tag's (none for a priority tag).
+        #[test]
+        fn a_stripped_tag_gives_the_frame_back(
+            body in proptest::collection::vec(any::<u8>(), VLAN_TAG_AT..300),
+            outer in prop_oneof![Just(0x8100u16), Just(0x88a8u16)],
+            tci in any::<u16>(),
+        ) {
+            let len = body.len();
+            let mut buf = body.clone();
+            buf.resize(len + 4, 0);
+            if let Some(n) = insert_vlan(&mut buf, len, outer, tci) {
+                prop_assert_eq!(outer_tag(&buf[..n]), Some((outer, tci)));
+                let vid = tci & 0x0fff;
+                prop_assert_eq!(vlan_of(&buf[..n]), (vid != 0).then_some(vid));
+                prop_assert_eq!(strip_vlan(&mut buf, n), Some(len));
+                prop_assert_eq!(&buf[..len], &body[..]);
+            }
+        }
+
+        /// Stripping any bytes never panics, changes nothing when it refuses, and keeps a
+        /// valid frame valid.
+        #[test]
+        fn stripping_arbitrary_bytes_is_safe(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut buf = b.clone();
+            match strip_vlan(&mut buf, b.len()) {
+                None => prop_assert_eq!(&buf, &b),
+                Some(n) => {
+                    prop_assert_eq!(n + 4, b.len());
+                    if check_frame(&b).is_ok() {
+                        prop_assert!(check_frame(&buf[..n]).is_ok());
+                    }
                 }
             }
         }

@@ -19,6 +19,7 @@ const BPF_H: u16 = 0x08;
 const BPF_IMM: u16 = 0x00;
 const BPF_ABS: u16 = 0x20;
 const BPF_ADD: u16 = 0x00;
+const BPF_AND: u16 = 0x50;
 const BPF_MOD: u16 = 0x90;
 const BPF_JA: u16 = 0x00;
 const BPF_JEQ: u16 = 0x10;
@@ -34,6 +35,8 @@ const SKF_AD_OFF: i32 = -0x1000;
 pub const SKF_AD_RXHASH: i32 = SKF_AD_OFF + 32;
 /// Loads 1 when the kernel took a VLAN tag out of the frame (into its metadata), else 0.
 pub const SKF_AD_VLAN_TAG_PRESENT: i32 = SKF_AD_OFF + 48;
+/// Loads the TCI of the VLAN tag the kernel took out of the frame.
+pub const SKF_AD_VLAN_TAG: i32 = SKF_AD_OFF + 44;
 
 /// Loads a 16-bit word from offset `k`.
 pub const LD_H_ABS: u16 = BPF_LD | BPF_H | BPF_ABS;
@@ -49,6 +52,8 @@ pub const MOD_K: u16 = BPF_ALU | BPF_MOD | BPF_K;
 pub const ADD_X: u16 = BPF_ALU | BPF_ADD | BPF_X;
 /// A = A + `k`.
 pub const ADD_K: u16 = BPF_ALU | BPF_ADD | BPF_K;
+/// A = A & `k`.
+pub const AND_K: u16 = BPF_ALU | BPF_AND | BPF_K;
 /// A = X.
 pub const TXA: u16 = BPF_MISC | BPF_TXA;
 /// Jump `k` instructions forward.
@@ -82,6 +87,8 @@ pub struct Meta {
     pub hash: u32,
     /// A VLAN tag was taken out of it.
     pub vlan: bool,
+    /// That tag's TCI.
+    pub tci: u16,
 }
 
 /// Whether the kernel would take `prog` (`bpf_check_classic`, for the instructions above):
@@ -116,6 +123,7 @@ pub fn run(prog: &[Insn], frame: &[u8], meta: Meta) -> Option<u32> {
         match (k, n) {
             (SKF_AD_RXHASH, 4) => return Some(meta.hash),
             (SKF_AD_VLAN_TAG_PRESENT, 4) => return Some(u32::from(meta.vlan)),
+            (SKF_AD_VLAN_TAG, 4) => return Some(u32::from(meta.tci)),
             _ => {}
         }
         let off = usize::try_from(k.checked_sub(SKF_LL_OFF)?).ok()?;
@@ -134,6 +142,7 @@ pub fn run(prog: &[Insn], frame: &[u8], meta: Meta) -> Option<u32> {
             MOD_K => a %= i.k,
             ADD_X => a = a.wrapping_add(x),
             ADD_K => a = a.wrapping_add(i.k),
+            AND_K => a &= i.k,
             TXA => a = x,
             RET_K => return Some(i.k),
             RET_A => return Some(a),

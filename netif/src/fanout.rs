@@ -79,7 +79,15 @@ mod tests {
     }
 
     fn run(prog: &[Insn], frame: &[u8], hash: u32) -> Option<u32> {
-        super::super::bpf::run(prog, frame, Meta { hash, vlan: false })
+        super::super::bpf::run(
+            prog,
+            frame,
+            Meta {
+                hash,
+                vlan: false,
+                tci: 0,
+            },
+        )
     }
 
     #[test]

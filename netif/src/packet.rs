@@ -303,7 +303,8 @@ impl PacketSocket {
     /// shared memory, with one `recv(2)`: the kernel writes them. Returns the frame's whole
     /// length, which is more than `dst`'s when the frame did not fit (then cut). The VLAN
     /// tag the kernel took out, if any, is not put back: use it on a socket whose filter
-    /// refuses tagged frames ([`super::filter::only_to`]).
+    /// takes untagged frames, or those of one VLAN for a host that gets them untagged
+    /// ([`super::filter::only_to`]).
     pub fn recv_into(
         &self,
         dst: &splitnet_messaging::memory::SharedBytes<'_>,
@@ -545,7 +546,7 @@ impl AsFd for PacketSocket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::filter::{all_but, only_to};
+    use crate::filter::{all_but, only_to, Tagged};
     use splitnet_messaging::memory::HeapShared;
     use splitnet_messaging::memory::SharedBytes;
     use splitnet_messaging::vnet::VNET_HDR_LEN;
@@ -673,9 +674,9 @@ mod tests {
             general
                 .filter_handle()
                 .unwrap()
-                .set(&all_but(&[mine]))
+                .set(&all_but(&[(mine, Tagged::No)]))
                 .unwrap();
-            let host = general.open_sibling(&only_to(&mine)).unwrap();
+            let host = general.open_sibling(&only_to(&mine, Tagged::No)).unwrap();
             let sent = [
                 frame(mine, None, 1),
                 frame(other, None, 2),

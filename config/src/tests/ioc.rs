@@ -307,6 +307,37 @@ fn a_hosts_queues_are_bounded() {
 }
 
 #[test]
+fn a_hosts_vlans_are_access_or_trunk() {
+    let entry = |v: &str| format!("[[auth.hosts]]\nname = \"a\"\npublic_key = \"{KEY_A}\"\n{v}\n");
+    let h = ioc("", "", &entry("vlan = 10")).unwrap();
+    assert_eq!(
+        (h.auth.hosts[0].vlan, h.auth.hosts[0].vlans.len()),
+        (Some(10), 0)
+    );
+    let h = ioc("", "", &entry("vlans = [0, 10, 4094]")).unwrap();
+    assert_eq!(h.auth.hosts[0].vlans, vec![0, 10, 4094]);
+    let h = ioc("", "", &entry("")).unwrap();
+    assert_eq!(
+        (h.auth.hosts[0].vlan, h.auth.hosts[0].vlans.len()),
+        (None, 0)
+    );
+    for (v, key) in [
+        ("vlan = 0", "auth.hosts.vlan"),
+        ("vlan = 4095", "auth.hosts.vlan"),
+        ("vlans = [4095]", "auth.hosts.vlans"),
+        ("vlans = [10, 10]", "auth.hosts.vlans"),
+        ("vlan = 10\nvlans = [20]", "auth.hosts.vlan"),
+    ] {
+        invalid(ioc("", "", &entry(v)), key);
+    }
+    let many: Vec<String> = (1..=65).map(|n| n.to_string()).collect();
+    invalid(
+        ioc("", "", &entry(&format!("vlans = [{}]", many.join(",")))),
+        "auth.hosts.vlans",
+    );
+}
+
+#[test]
 fn a_reload_may_change_auth_but_its_key_file_and_every_other_section_need_a_restart() {
     let base = ioc("", "", "").unwrap();
     let hosts =

@@ -25,6 +25,7 @@ use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 mod policy;
+mod vlan;
 
 fn config(extra: &str) -> splitnet_config::IocConfig {
     let text =
@@ -159,6 +160,11 @@ fn connect_shm(ioc: &mut WorkerState, node_id: u64) -> (u64, Peer) {
 
 /// [`connect_shm`] with the host's own session configuration.
 fn connect_shm_with(ioc: &mut WorkerState, node_id: u64, config: SessionConfig) -> (u64, Peer) {
+    connect_shm_as(ioc, Who::node(node_id), config)
+}
+
+/// [`connect_shm_with`] for a host that admission gave `who`.
+fn connect_shm_as(ioc: &mut WorkerState, who: Who, config: SessionConfig) -> (u64, Peer) {
     use splitnet_fabric::shm::{accept, offer, PoolArena};
     let unix = || {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -195,8 +201,7 @@ fn connect_shm_with(ioc: &mut WorkerState, node_id: u64, config: SessionConfig) 
     s.start(&mut ioc.reg).unwrap();
     let link = Link::new(s, ic, id);
     let peer_addr = "local".to_string();
-    ioc.add_host(session, token, Who::node(node_id), link, peer_addr)
-        .unwrap();
+    ioc.add_host(session, token, who, link, peer_addr).unwrap();
     let mut reg = Registry::new(64 << 20);
     reg.attach_arena(DomainId(1), hd.pools().unwrap()).unwrap();
     let mut hs = Session::new(DomainId(1), config);
@@ -331,7 +336,10 @@ fn frames_a_session_end_drops_unsent_are_counted() {
     ioc.remove_host(slow, "host disconnected", None);
     let lost = ioc.past_drops.lost_at_close - drops.lost_at_close;
     assert!(lost > 0, "frames posted on its link and never written");
-    assert_eq!(lost, held, "every frame it held, counted once, as lost at close");
+    assert_eq!(
+        lost, held,
+        "every frame it held, counted once, as lost at close"
+    );
     assert_eq!(
         ioc.past_drops.ring_full, drops.ring_full,
         "none counted as a full ring"
@@ -1166,7 +1174,11 @@ fn a_closing_queue_counts_what_it_held_and_frames_it_cannot_deliver_are_counted(
     assert!(queue.shut.get() && queue.frames.borrow().is_empty());
     assert!(nic.host_queue(own).is_none());
     let d = host(&ioc, s).drops;
-    assert_eq!((d.lost_at_close, d.ring_full), (3, 2), "waiting: lost at close");
+    assert_eq!(
+        (d.lost_at_close, d.ring_full),
+        (3, 2),
+        "waiting: lost at close"
+    );
     assert_eq!(ioc.stats.lan_rx, lan_rx + 3);
     assert_eq!(ioc.stats.lan_rx_dropped, lan_dropped + 2);
     // Placing it again (as credits do) reopens it; a SetMac to the MAC it has keeps it.
@@ -1632,6 +1644,7 @@ fn a_hosts_policy_bridges_its_machines_and_decides_promiscuity() {
         extra_macs: vec![vm],
         promiscuous: false,
         queues: 1,
+        vlan: crate::vlan::VlanMode::Untagged,
     };
     let (a, mut pa) = connect_with(&mut ioc, who, false, host_config(128));
     let (b, mut pb) = connect(&mut ioc, 2, false, 128);

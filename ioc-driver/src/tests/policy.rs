@@ -18,6 +18,8 @@ fn entry(n: u8, mac: Option<[u8; 6]>, extra: &[[u8; 6]], promiscuous: bool) -> A
         extra_macs: extra.iter().copied().map(MacAddr).collect(),
         promiscuous,
         queues: 1,
+        vlan: None,
+        vlans: Vec::new(),
     }
 }
 
