@@ -117,16 +117,17 @@ impl VlanMode {
         }
     }
 
-    /// How the host's own LAN queue must match its frames: untagged for an untagged host,
-    /// tagged with its VLAN for an access host (the kernel hands them over untagged, as
-    /// the host takes them). `None` for a trunk host, whose tags the queue would lose:
-    /// its frames keep the general path.
+    /// How the host's own LAN queue must match its frames: untagged for an untagged host
+    /// and a trunk host that takes untagged frames, tagged with its VLAN for an access host
+    /// (the kernel hands them over untagged, as the host takes them). A trunk host's tagged
+    /// frames keep the general path, which puts back the tags the kernel takes out (its own
+    /// queue would lose them); `None` for a trunk host without untagged frames.
     pub fn own_queue(&self) -> Option<splitnet_netif::filter::Tagged> {
         use splitnet_netif::filter::Tagged;
         match self {
             VlanMode::Untagged => Some(Tagged::No),
             VlanMode::Access(n) => Some(Tagged::Vlan(*n)),
-            VlanMode::Trunk(_) => None,
+            VlanMode::Trunk(set) => set.contains(0).then_some(Tagged::No),
         }
     }
 }
@@ -199,7 +200,9 @@ mod tests {
         let native = VlanMode::of(None, &[0, 10]);
         assert_eq!(native.ingress(&frame(&[])), Ok(Ingress::AsIs));
         assert_eq!(native.egress(None), Some(Egress::AsIs));
-        assert_eq!(native.own_queue(), None);
+        use splitnet_netif::filter::Tagged;
+        assert_eq!(native.own_queue(), Some(Tagged::No), "its untagged frames");
+        assert_eq!(m.own_queue(), None);
     }
 
     proptest! {

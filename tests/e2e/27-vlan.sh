@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# VLAN-tagged frames cross the split NIC with their tags, both ways: 802.1Q (TPID 0x8100),
-# QinQ (outer 0x88a8, inner 0x8100), a priority tag (VID 0), unicast, broadcast and
-# multicast. This kernel has no VLAN devices, so the frames are raw (tests/rawframes.py):
+# VLAN-tagged frames cross the split NIC with their tags, both ways, for a trunk host whose
+# entry lists their VLANs: 802.1Q (TPID 0x8100), QinQ (outer 0x88a8, inner 0x8100), a
+# priority tag (VID 0), unicast, broadcast and multicast. This kernel has no VLAN devices, so the frames are raw (tests/rawframes.py):
 # the receiver puts back the tag its kernel moved into PACKET_AUXDATA, and every frame must
 # arrive exactly as it was sent, once. LAN to host is the case the IOC must repair (its
 # AF_PACKET socket sees the tag beside the frame, not in it). Then again with the host over
@@ -62,7 +62,7 @@ both_ways() {
         "$(mkframe "$bcast" "$lan" 3 8100:e00a)" \
         "$(mkframe "$mcast" "$lan" 4 88a8:0190 8100:0005)" \
         "$(mkframe "$host" "$lan" 5 8100:6000)" \
-        "$(mkframe "$bcast" "$lan" 6 88a8:0fff)" \
+        "$(mkframe "$bcast" "$lan" 6 88a8:0ffe)" \
         "$(mkframe "$host" "$lan" 7)"
     crossing host-to-lan sd-host sd0 sd-lan lan1 \
         "$(mkframe "$lan" "$host" 11 8100:0064)" \
@@ -75,6 +75,16 @@ both_ways() {
     ping_ok sd-lan 10.50.0.1
 }
 
+# Host 1 is a trunk of the VLANs below, and takes untagged frames (0); 802.1Q classifies a
+# priority tag (VLAN 0) as untagged ([[auth.hosts]] vlans; README, "VLANs").
+python3 - "$IOC_CONF" "$T/ioc-trunk.toml" <<'PY' || fail "cannot write host 1's VLANs"
+import re, sys
+t = open(sys.argv[1]).read()
+t = re.sub(r'^name = "host1"$', 'name = "host1"\nvlans = [0, 10, 100, 200, 400, 4094]', t, count=1, flags=re.M)
+open(sys.argv[2], "w").write(t)
+PY
+grep -q '^vlans = \[0, 10' "$T/ioc-trunk.toml" || fail "no vlans for host1 in $T/ioc-trunk.toml"
+IOC_CONF=$T/ioc-trunk.toml
 topo_up 1; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
