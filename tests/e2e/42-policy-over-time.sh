@@ -11,9 +11,10 @@
 #   more than one session of the key and logs the shared key by the entry's name, and host 3
 #   is admitted and served meanwhile; a host with more queues than its entry allows is
 #   refused (Busy) until a reload allows them; a reload that removes its entry ends its
-#   sessions.
+#   sessions;
+# - a key's handshakes that never prove it (no data channel) take no session's place.
 . "$(dirname "$0")/../lib.sh"
-need_root; need_tool ip ping python3 dumpcap; need_daemons
+need_root; need_tool ip ping python3 dumpcap; need_daemons; need_rogue
 RES1=02:5d:00:00:00:31
 CTR1=02:aa:00:00:00:01
 CTR3=02:cc:00:00:00:03
@@ -159,6 +160,28 @@ sleep 1
 assert_eq "$(of host2 promisc)" False "host 2's promiscuity after the refused reloads (nothing applied)"
 cp "$T/ioc.good.toml" "$IOC_CONF"
 log "reloads refused whole: [lan] changed; a file that does not parse"
+
+# Handshakes that never prove their key (a replayed first message cannot open its data
+# channel) take no session's place: host 5's key opens control channels without data
+# channels for 12 s, one every 20 ms (each waits out the 2 s handshake timeout), while host 3
+# reconnects and is served, before the attack ends.
+ip netns exec sd-host5 "$ROGUE" hold 10.200.0.2:7400 "$T/cred/host5/splitnet.key" "$IOC_PUB" 12 >"$T/rogue-hold.out" 2>&1 &
+holder=$!
+PIDS+=("$holder")
+sleep 1
+stop_host 3
+NO_ADDR=1 start_host 3
+wait_carrier sd-host3 up 10
+eventually 5 ip netns exec sd-ctr3 ping -q -c 1 -W 1 10.50.0.2 >/dev/null ||
+    fail "host 3 not served while another key's handshakes went unproven"
+assert_alive "$holder" "the unproven handshakes, still going when host 3 was served"
+assert_eq "$(sessions_of host5)" 0 "sessions of the key whose handshakes never proved it"
+wait "$holder" || fail "rogue hold: $(cat "$T/rogue-hold.out")"
+# Each was answered: none was refused for want of a place (the IOC before this counted
+# every one as a session until its handshake timed out, and refused the rest, Busy).
+assert_grep "$T/rogue-hold.out" '^held [1-9][0-9]* control channels without a data channel \(0 refused\)$' \
+    "the unproven handshakes, every one answered and none holding a place"
+log "$(cat "$T/rogue-hold.out"); host 3 reconnected and was served meanwhile"
 
 # A key is one host: a second host-driver with host 1's key, in host 4's namespace.
 CREDENTIALS_DIRECTORY=$T/cred/host1 ip netns exec sd-host4 "$BIN/host-driver" --config "$HOST_CONF" \

@@ -9,8 +9,9 @@ use splitnet_messaging::adapter::{Channel, Op, Payload};
 use splitnet_messaging::endpoint::handshake;
 use splitnet_messaging::memory::Registry;
 use splitnet_messaging::wire::{self, CfgCode, CfgRequest, ErrorCode, Message, Queue, Role};
+use std::collections::VecDeque;
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What an attacker holds: an admitted host's private key (a host that went rogue), and
 /// the IOC's public key (public anyway).
@@ -119,6 +120,36 @@ pub fn attack(addr: &str, keys: &Keys, claimed: u64) -> Vec<&'static str> {
         }
     }
     missed
+}
+
+/// Control channels of the admitted key that never open their data channel, as a replayer
+/// of a recorded first message cannot (it reads no HelloReply): one every 20 ms for
+/// `seconds`, the last 64 kept open. The IOC must give none of them a session's place
+/// (e2e 42 checks that another host gets in meanwhile); missed only when none was answered
+/// at all (the attack did not run).
+pub fn hold(addr: &str, keys: &Keys, seconds: u64) -> Vec<&'static str> {
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut held = VecDeque::new();
+    let (mut answered, mut refused) = (0u64, 0u64);
+    while Instant::now() < until {
+        match auth_channel(addr, keys, hello(0, 0, 7)) {
+            Ok((ErrorCode::Ok, _, ch, _)) => {
+                answered += 1;
+                held.push_back(ch);
+                if held.len() > 64 {
+                    held.pop_front();
+                }
+            }
+            _ => refused += 1,
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("held {answered} control channels without a data channel ({refused} refused)");
+    if answered == 0 {
+        vec!["no control channel was answered (the attack did not run)"]
+    } else {
+        Vec::new()
+    }
 }
 
 /// A recorded first message, sent again on another connection: the IOC must refuse it.

@@ -1024,6 +1024,13 @@ fn main() {
                 std::process::exit(2);
             }
         },
+        (Some("hold"), Some(addr)) => match admission_keys(&args[3..]) {
+            Ok((keys, seconds)) => admission::hold(addr, &keys, seconds),
+            Err(e) => {
+                eprintln!("rogue hold: {e}");
+                std::process::exit(2);
+            }
+        },
         (Some("auth"), Some(addr)) => match admission_keys(&args[3..]) {
             Ok((keys, claimed)) => admission::attack(addr, &keys, claimed),
             Err(e) => {
@@ -1033,7 +1040,7 @@ fn main() {
         },
         _ => {
             eprintln!(
-                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET | rogue noisy IOC_ADDR setmac|setmulticast|broadcast SECONDS | rogue auth IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY CLAIMED_NODE_ID | rogue rdma IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY NODE_ID"
+                "usage: rogue host IOC_ADDR | rogue ioc LISTEN_ADDR | rogue slow IOC_ADDR SECONDS | rogue churn IOC_ADDR N | rogue shm IOC_LOCAL_SOCKET | rogue noisy IOC_ADDR setmac|setmulticast|broadcast SECONDS | rogue auth IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY CLAIMED_NODE_ID | rogue rdma IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY NODE_ID | rogue hold IOC_ADDR HOST_KEY_FILE IOC_PUBLIC_KEY SECONDS"
             );
             std::process::exit(2);
         }
