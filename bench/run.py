@@ -206,7 +206,8 @@ def ioc_config(local=False, plain=False):
         if plain:
             text = text.replace('\nadmission = "keys"\n', '\nadmission = "open"\n')
         for k, pub in enumerate(host_pubs, 1):
-            text += f'\n[[auth.hosts]]\nname = "host{k}"\npublic_key = "{pub}"\n'
+            # Every queue count the bench runs a host with ([[auth.hosts]] queues).
+            text += f'\n[[auth.hosts]]\nname = "host{k}"\npublic_key = "{pub}"\nqueues = 16\n'
         out.write(text)
     return path
 
