@@ -455,6 +455,25 @@ eventually() {
     "$@"
 }
 
+# pcap_count FILE MAC: the frames of a pcapng capture (dumpcap's) addressed to MAC.
+pcap_count() {
+    python3 - "$1" "$2" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+mac = bytes.fromhex(sys.argv[2].replace(":", ""))
+n, at = 0, 0
+# pcapng: walk the blocks, count Enhanced Packet Blocks whose frame starts with MAC.
+while at + 12 <= len(data):
+    kind, size = struct.unpack_from("<II", data, at)
+    if size < 12:
+        break
+    if kind == 6 and data[at + 28:at + 34] == mac:
+        n += 1
+    at += size
+print(n)
+PY
+}
+
 # ctl_json SOCKET COMMAND PYTHON-EXPRESSION: a daemon's splitnetctl answer (--json) to
 # COMMAND, evaluated as `d` by the expression (e.g. "d['stats']['drops']"). Fails when the
 # daemon does not answer (a test may wait for that). An expression that fails on an answer

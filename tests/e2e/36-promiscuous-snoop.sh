@@ -55,23 +55,7 @@ for a in 10.50.0.201 10.50.0.202 10.50.0.203; do
 done
 wait "$cap" || fail "dumpcap on host 2's sd0: $(cat "$T/dumpcap.out")"
 # count MAC: frames in the capture addressed to MAC.
-count() {
-    python3 - "$T/snoop.pcap" "$1" <<'PY'
-import struct, sys
-data = open(sys.argv[1], "rb").read()
-mac = bytes.fromhex(sys.argv[2].replace(":", ""))
-n, at = 0, 0
-# pcapng: walk the blocks, count Enhanced Packet Blocks whose frame starts with MAC.
-while at + 12 <= len(data):
-    kind, size = struct.unpack_from("<II", data, at)
-    if size < 12:
-        break
-    if kind == 6 and data[at + 28:at + 34] == mac:
-        n += 1
-    at += size
-print(n)
-PY
-}
+count() { pcap_count "$T/snoop.pcap" "$1"; }
 to_nobody=$(count "$NOBODY")
 to_host1=$(count "$host1")
 to_bridged=$(count "$BRIDGED")

@@ -80,23 +80,6 @@ assert_eq "$(of host1 bridged)" "['$CTR1']" "host 1's bridged machine at the IOC
 ping_ok sd-host 10.50.0.2
 log "host 2 refused $RES1 and $CTR1 while host 1 was away; host 1 came back to both"
 
-# count PCAP MAC: frames in the capture addressed to MAC.
-count() {
-    python3 - "$1" "$2" <<'PY'
-import struct, sys
-data = open(sys.argv[1], "rb").read()
-mac = bytes.fromhex(sys.argv[2].replace(":", ""))
-n, at = 0, 0
-while at + 12 <= len(data):
-    kind, size = struct.unpack_from("<II", data, at)
-    if size < 12:
-        break
-    if kind == 6 and data[at + 28:at + 34] == mac:
-        n += 1
-    at += size
-print(n)
-PY
-}
 # snoop NAME: host 2 captures on sd0 while the LAN pings a MAC no one has; the frames for it.
 snoop() {
     ip netns exec sd-host2 dumpcap -q -i sd0 -a duration:3 -w "$T/$1.pcap" >"$T/dumpcap.out" 2>&1 &
@@ -105,7 +88,7 @@ snoop() {
     sleep 1
     ip netns exec sd-lan ping -q -c 10 -i 0.05 -W 1 10.50.0.203 >/dev/null 2>&1
     wait "$cap" || fail "dumpcap on host 2's sd0: $(cat "$T/dumpcap.out")"
-    count "$T/$1.pcap" "$NOBODY"
+    pcap_count "$T/$1.pcap" "$NOBODY"
 }
 run ip -n sd-lan neigh replace 10.50.0.203 lladdr "$NOBODY" dev lan1 nud permanent
 run ip -n sd-host2 link set sd0 promisc on
