@@ -286,12 +286,22 @@ pub fn vlan_of(frame: &[u8]) -> Option<u16> {
 /// [`outer_tag`] is one), the inverse of [`insert_vlan`]: the bytes after the tag move up
 /// over it and the header's checksum start and header length stop counting it. Returns the
 /// new length, or `None` (nothing changed) when the frame has no such tag, `len` is beyond
-/// `buf`, or an offset would fall inside or before the tag.
+/// `buf`, an offset would fall inside or before the tag, or what is left would not be a
+/// frame (no EtherType; a GSO frame's segment size beyond its length).
 pub fn strip_vlan(buf: &mut [u8], len: usize) -> Option<usize> {
     let frame = buf.get(..len)?;
     outer_tag(frame)?;
+    // What is left must still be an Ethernet frame (an EtherType after the MACs), and a
+    // GSO frame's segments no longer than it.
+    let left = len.checked_sub(VNET_HDR_LEN + VLAN_TAG_LEN)?;
+    if left < ETH_HDR_LEN {
+        return None;
+    }
     let hdr: &[u8; VNET_HDR_LEN] = frame.first_chunk()?;
     let mut h = VnetHdr::parse(hdr);
+    if h.is_gso() && usize::from(h.gso_size) > left {
+        return None;
+    }
     // Offsets count from the Ethernet header's start: past the tag, at least the MACs, the
     // tag and an EtherType.
     let past = (12 + VLAN_TAG_LEN + 2) as u16;
@@ -661,6 +671,20 @@ mod tests {
         assert!(per_queue.iter().all(|&n| n > 40), "{per_queue:?}");
     }
 
+    /// Found by the fuzzer: a tag with a single byte after it; stripped, no EtherType is
+    /// left, so the frame stays as it is.
+    #[test]
+    fn a_tag_with_no_ethertype_after_it_is_not_stripped() {
+        let mut f = vec![
+            2, 0, 0, 1, 16, 8, 23, 251, 0, 0, 0, 10, 49, 2, 0, 0, 0, 0, 52, 84, 0, 122, 129, 0, 0,
+            0, 0,
+        ];
+        assert!(check_frame(&f).is_ok());
+        let before = f.clone();
+        assert_eq!(strip_vlan(&mut f, before.len()), None);
+        assert_eq!(f, before);
+    }
+
     #[test]
     fn vlan_tag_goes_back_after_the_macs_and_moves_the_offsets() {
         let h = tso();
@@ -741,10 +765,13 @@ mod tests {
         /// the VLAN it was on is the tag's (none for a priority tag).
         #[test]
         fn a_stripped_tag_gives_the_frame_back(
-            body in proptest::collection::vec(any::<u8>(), VLAN_TAG_AT..300),
+            mut body in proptest::collection::vec(any::<u8>(), VLAN_TAG_AT + 2..300),
             outer in prop_oneof![Just(0x8100u16), Just(0x88a8u16)],
             tci in any::<u16>(),
         ) {
+            // A frame with a plain header (offsets are the header's proptests' business) and
+            // an EtherType after its MACs.
+            body[..VNET_HDR_LEN].fill(0);
             let len = body.len();
             let mut buf = body.clone();
             buf.resize(len + 4, 0);

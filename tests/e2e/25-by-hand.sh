@@ -2,7 +2,7 @@
 # Both daemons run by hand (not under systemd), with the example configurations and no
 # --control-socket: as root, each keeps only the capabilities it needs once set up; each
 # makes its runtime directory (/run/host-driver, /run/ioc-driver: root, 0755) and socket
-# (0600). Two host-drivers on one machine (sd0 and sd1) get sockets of
+# (0600). Two host-drivers on one machine (sd0 and sd1, each with a key of its own) get sockets of
 # their own (control.sock, control-sd1.sock) instead of fighting over one; splitnetctl finds
 # each (options anywhere on the line), and with no daemon running says so with exit 1.
 . "$(dirname "$0")/../lib.sh"
@@ -33,7 +33,11 @@ ip netns exec sd-ioc "$BIN/ioc-driver" --config "$IOC_CONF" >>"$T/ioc.log" 2>&1 
 IOC_PID=$!; PIDS+=("$IOC_PID")
 ip netns exec sd-host "$BIN/host-driver" --config "$HOST_CONF" >>"$T/host1.log" 2>&1 &
 HOST_PID[1]=$!; PIDS+=("${HOST_PID[1]}")
-sed 's/^name = "sd0"/name = "sd1"/' "$HOST_CONF" >"$T/host-sd1.toml"
+# sd1's driver is another host of the IOC: a key of its own (host 2's; README: each
+# host-driver needs a key of its own).
+sed -e 's/^name = "sd0"/name = "sd1"/' -e "s|/cred/host1/splitnet.key|/cred/host2/splitnet.key|" \
+    "$HOST_CONF" >"$T/host-sd1.toml"
+grep -q "/cred/host2/splitnet.key" "$T/host-sd1.toml" || fail "cannot give sd1's driver host 2's key"
 ip netns exec sd-host "$BIN/host-driver" --config "$T/host-sd1.toml" >>"$T/host-sd1.log" 2>&1 &
 sd1_pid=$!; PIDS+=("$sd1_pid")
 for s in /run/ioc-driver/control.sock /run/host-driver/control.sock /run/host-driver/control-sd1.sock; do
