@@ -8,6 +8,7 @@ use crate::gate::Policy;
 use crate::session_task;
 use crate::shard::KeyHold;
 use crate::state::{Waiting, Who, WorkerState};
+use splitnet_config::Admission;
 use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink, StreamConn};
 use splitnet_messaging::adapter::shm::setup::Setup;
 use splitnet_messaging::endpoint::Session;
@@ -30,6 +31,8 @@ pub struct Incoming {
     pub policy: Policy,
     /// A first queue's hold on its key's worker.
     pub hold: Option<KeyHold>,
+    /// The worker's reload count when the connection reached it ([`Who::generation`]).
+    pub generation: u64,
 }
 
 /// A session place taken on a worker for a session being set up, given back when it is
@@ -58,6 +61,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         peer,
         policy,
         hold,
+        generation,
     } = incoming;
     let fabric::Accepted {
         mut ch,
@@ -73,6 +77,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         first: hello.session,
         policy,
         clear_data: false,
+        generation,
     };
     let note = |status: ErrorCode, why: &str| {
         let mut st = ioc.borrow_mut();
@@ -97,7 +102,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     // when its data channel names the token the HelloReply gave (a recorded first message
     // played again cannot read it), so that a replay holds no place or MAC. One without a
     // key takes its place at once.
-    let keyed = who.key.is_some();
+    let keyed = who.key.is_some() && ioc.borrow().cfg.auth.admission == Admission::Keys;
     if fabric::is_control(hello.channel) {
         let shm = hello.channel == fabric::shm::SHM_CONTROL_CHANNEL;
         let verbs = hello.channel == fabric::verbs::VERBS_CONTROL_CHANNEL;
@@ -166,6 +171,7 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
                 session,
                 who,
                 hold,
+                counted: !keyed,
             };
             st.pending.insert(token, waiting);
             st.publish_load();
@@ -214,10 +220,11 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     let Some(mut w) = joined else {
         refuse!(ch, ErrorCode::UnknownSession, "unknown session");
     };
-    w.who.clear_data = !seal && !shm && !verbs;
+    // In the clear over TCP or RDMA: what `auth.encrypt_data` refuses.
+    w.who.clear_data = !seal && !shm;
     // Proven: a newer first queue of a key replaces its older sessions before it takes
-    // their place.
-    let place = if let Some(key) = w.who.key {
+    // their place (one that waited without a place).
+    let place = if let (false, Some(key)) = (w.counted, w.who.key) {
         let taken = {
             let mut st = ioc.borrow_mut();
             if w.who.queue.is_first() {

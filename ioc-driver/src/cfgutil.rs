@@ -42,14 +42,15 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
     // it gives up is never excluded from the general sockets once another host may take
     // it. A request for the MAC it has, or for one the policy or another host here
     // refuses, changes nothing and costs nothing.
-    let (current, key) = match st.hosts.get(&session) {
-        Some(h) => (Some(h.mac), h.key),
-        None => (None, None),
+    let (current, key, bridged) = match st.hosts.get(&session) {
+        Some(h) => (Some(h.mac), h.key, h.bridged.clone()),
+        None => (None, None, Vec::new()),
     };
     let may_take = |m: [u8; 6]| {
         Some(m) != current
             && set_mac.allows(m, mac_base)
             && !st.reserved_for_other(&m, key.as_ref())
+            && !bridged.contains(&m)
             && st.by_mac.get(&m).is_none_or(|&s| s == session)
     };
     if code == CfgCode::SetMac && wire::parse_mac(data).is_ok_and(may_take) {
@@ -79,9 +80,11 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
         }
         CfgCode::SetMac => match wire::parse_mac(data) {
             // Never a MAC another entry of `[[auth.hosts]]` reserves, present or not.
+            // Nor one of its bridged machines' (a MAC is the host's or a machine's).
             Ok(mac)
                 if set_mac.allows(mac, mac_base)
                     && reserved.get(&mac).is_none_or(|k| Some(k) == key.as_ref())
+                    && !host.bridged.contains(&mac)
                     && by_mac.get(&mac).is_none_or(|&s| s == session)
                     && shard.move_mac(&**nic, host.mac, mac) =>
             {

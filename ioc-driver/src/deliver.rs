@@ -51,14 +51,15 @@ pub fn deliver_copy(
     host.post(b, cache);
 }
 
-/// Takes the outer VLAN tag out of the frame in `b` (for an access host); false when its
-/// offsets point into the tag, a frame no host could take.
+/// Takes the outer VLAN tag out of the frame in `b` (for an access host, which takes
+/// untagged frames only); false when that leaves no frame (its offsets point into the tag)
+/// or a frame still tagged (QinQ, or a priority tag in front of the VLAN's): dropped.
 pub fn strip(b: &mut SendBuf) -> bool {
     let n = b.len();
     match vnet::strip_vlan(b.space(), n) {
         Some(m) => {
             b.set_len(m);
-            true
+            vnet::outer_tag(b.as_slice()).is_none()
         }
         None => false,
     }

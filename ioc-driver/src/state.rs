@@ -69,9 +69,12 @@ pub struct Who {
     pub first: u64,
     /// What admission gives it.
     pub policy: Policy,
-    /// Its data channel travels over TCP in the clear (not sealed, not shared memory or
-    /// RDMA).
+    /// Its data channel travels in the clear over TCP or RDMA (not sealed, not shared
+    /// memory).
     pub clear_data: bool,
+    /// The worker's [`WorkerState::auth_generation`] when its connection arrived: a reload
+    /// since makes `policy` stale.
+    pub generation: u64,
 }
 
 #[cfg(test)]
@@ -85,6 +88,7 @@ impl Who {
             first: 0,
             policy: Policy::open(),
             clear_data: false,
+            generation: 0,
         }
     }
 }
@@ -100,6 +104,9 @@ pub struct Waiting {
     pub who: Who,
     /// A first queue's hold on its key's worker ([`KeyHold`]).
     pub hold: Option<KeyHold>,
+    /// It holds a session's place while it waits: it proved no admitted key yet that its
+    /// data channel will prove (no key, or open admission, where any key gets in).
+    pub counted: bool,
 }
 
 /// Replacements of a key's session closer together than this say that two host-drivers
@@ -189,6 +196,8 @@ pub struct WorkerState {
     /// The MACs reserved for the entries of `[[auth.hosts]]`, to their keys
     /// ([`reservations`]).
     pub reserved: HashMap<[u8; 6], Key>,
+    /// How many reloads this worker applied ([`WorkerState::apply_policy`]).
+    pub auth_generation: u64,
     /// Where an access host's frame gets its VLAN's tag ([`crate::from_host`]).
     pub vlan_scratch: Vec<u8>,
     /// When each key's session was last replaced by a newer one (two host-drivers that
@@ -257,6 +266,7 @@ impl WorkerState {
             reserved: reservations(&cfg.auth),
             replaced: HashMap::new(),
             vlan_scratch: Vec::new(),
+            auth_generation: 0,
             cfg,
         }
     }
@@ -375,7 +385,8 @@ impl WorkerState {
 
     /// Gives up host `session`'s claims on the bridged MACs `macs`.
     fn release_bridged(&mut self, session: u64, macs: &[[u8; 6]]) {
-        for mac in macs {
+        let own = self.hosts.get(&session).map(|h| h.mac);
+        for mac in macs.iter().filter(|m| Some(**m) != own) {
             if self.by_mac.get(mac) == Some(&session) {
                 self.by_mac.remove(mac);
                 self.shard.release_mac(&*self.nic, *mac);
@@ -403,6 +414,29 @@ impl WorkerState {
     /// Claims the bridged MACs hosts could not have when they asked (another worker held
     /// them a moment, as across a reload); called every second.
     pub fn claim_missing(&mut self) {
+        // A host that got a derived MAC because its configured one was another worker's a
+        // moment (across a reload) reconnects to take it once it is free.
+        let displaced: Vec<u64> = self
+            .hosts
+            .values()
+            .filter(|h| h.queue.is_first())
+            .filter(|h| {
+                h.policy.mac.is_some_and(|m| {
+                    m != h.mac && !self.by_mac.contains_key(&m) && self.shard.owner(&m).is_none()
+                })
+            })
+            .map(|h| h.session)
+            .collect();
+        for s in displaced {
+            info!(
+                session = s,
+                "the host's configured MAC is free again: it reconnects to take it"
+            );
+            if let Some(link) = self.hosts.get_mut(&s).and_then(|h| h.link.as_mut()) {
+                link.goodbye(ErrorCode::Refused);
+            }
+            self.remove_host(s, "its configured MAC is free again", None);
+        }
         let waiting: Vec<u64> = self
             .hosts
             .values()
@@ -429,10 +463,11 @@ impl WorkerState {
     }
 
     /// Tells the other workers how many sessions this one holds.
-    /// Control channels waiting for their data channel count only without a key: one with a
-    /// key takes its place once its data channel proves the key.
+    /// Control channels waiting for their data channel count only when they hold a place
+    /// ([`Waiting::counted`]): one with an admitted key takes its place once its data
+    /// channel proves the key.
     pub fn publish_load(&self) {
-        let pending = self.pending.values().filter(|w| w.who.key.is_none());
+        let pending = self.pending.values().filter(|w| w.counted);
         self.shard
             .set_load(self.hosts.len() + pending.count() + self.admitting);
     }
@@ -491,11 +526,31 @@ impl WorkerState {
         &mut self,
         session: u64,
         token: u64,
-        who: Who,
+        mut who: Who,
         mut link: Link<FabricChannel>,
         peer: String,
     ) -> Option<Rc<Notify>> {
         let (node_id, queue) = (who.node_id, who.queue);
+        // A reload came while it connected: the policy of now, not of its Hello.
+        let auth = &self.cfg.auth;
+        let stale = who.generation != self.auth_generation;
+        let now = match stale {
+            false => Some(who.policy.clone()),
+            true => Policy::of(auth, who.key.as_ref())
+                .filter(|p| u16::from(queue.count) <= p.queues)
+                .filter(|_| !(who.clear_data && auth.encrypt_data)),
+        };
+        match now {
+            Some(p) if queue.is_first() => who.policy = p,
+            Some(_) => {}
+            None => {
+                warn!(%peer, session, "a reload while the host connected no longer admits it; closed");
+                link.goodbye(ErrorCode::Unauthenticated);
+                link.close(&mut self.reg, &mut self.cache);
+                self.free_domain(splitnet_messaging::memory::DomainId(session));
+                return None;
+            }
+        }
         let name = who.policy.name.clone().unwrap_or_default();
         let (first, mac, mtu, features) = if queue.is_first() {
             if let Some(key) = who.key {
@@ -603,6 +658,8 @@ impl WorkerState {
             return;
         }
         let now = Instant::now();
+        self.replaced
+            .retain(|_, at| now.duration_since(*at) < SHARED_KEY_WINDOW);
         let again = self
             .replaced
             .insert(*key, now)
@@ -628,6 +685,7 @@ impl WorkerState {
     /// Control channels waiting for their data channel that it no longer admits are
     /// dropped.
     pub fn apply_policy(&mut self) {
+        self.auth_generation += 1;
         self.reserved = reservations(&self.cfg.auth);
         let admitted = |k: &Key| self.cfg.auth.host(k).is_some();
         self.replaced.retain(|k, _| admitted(k));

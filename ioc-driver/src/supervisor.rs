@@ -254,6 +254,8 @@ impl Cluster {
             peer: peer.clone(),
             policy,
             hold,
+            // Set by the worker as the connection reaches it.
+            generation: 0,
         };
         if let Err(mpsc::error::SendError(Cmd::Connection(i))) =
             w.cmds.send(Cmd::Connection(Box::new(incoming)))

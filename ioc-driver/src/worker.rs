@@ -180,7 +180,9 @@ async fn run(
     let _ = started.send(Ok(()));
     while let Some(cmd) = cmds.recv().await {
         match cmd {
-            Cmd::Connection(incoming) => {
+            Cmd::Connection(mut incoming) => {
+                // Its policy is of the reloads applied so far: a later one makes it stale.
+                incoming.generation = ioc.borrow().auth_generation;
                 tokio::task::spawn_local(admission::admit(ioc.clone(), *incoming));
             }
             Cmd::Link(now) => link_change(&mut ioc.borrow_mut(), now),

@@ -275,11 +275,20 @@ pub fn outer_tag(frame: &[u8]) -> Option<(u16, u16)> {
 }
 
 /// The VLAN a frame travels on: its outer tag's VLAN id, `None` for an untagged frame and a
-/// priority-tagged one (VLAN id 0, which 802.1Q classifies as untagged).
+/// priority-tagged one (VLAN id 0, which 802.1Q classifies as untagged). A priority tag
+/// in front of another tag gives way to that one, as Linux takes such a frame: a VLAN id 0
+/// never hides the VLAN behind it.
 pub fn vlan_of(frame: &[u8]) -> Option<u16> {
-    outer_tag(frame)
-        .map(|(_, tci)| tci & 0x0fff)
-        .filter(|&v| v != 0)
+    let (_, tci) = outer_tag(frame)?;
+    match tci & 0x0fff {
+        0 => {
+            let inner = frame.get(VLAN_TAG_AT + VLAN_TAG_LEN..VLAN_TAG_AT + 2 * VLAN_TAG_LEN)?;
+            let tpid = u16::from_be_bytes([inner[0], inner[1]]);
+            let vid = u16::from_be_bytes([inner[2], inner[3]]) & 0x0fff;
+            (matches!(tpid, 0x8100 | 0x88a8) && vid != 0).then_some(vid)
+        }
+        vid => Some(vid),
+    }
 }
 
 /// Takes the outer VLAN tag out of `buf[..len]` (a virtio-net header and a frame whose
@@ -669,6 +678,23 @@ mod tests {
         }
         // 400 flows over 4 queues: each gets a share (100 expected; 40 is > 6 sigma off).
         assert!(per_queue.iter().all(|&n| n > 40), "{per_queue:?}");
+    }
+
+    #[test]
+    fn a_priority_tag_never_hides_the_vlan_behind_it() {
+        let mut f = frame(VnetHdr::default(), 60);
+        let n = f.len();
+        f.resize(n + 8, 0);
+        let n = insert_vlan(&mut f, n, 0x8100, 0x000a).unwrap();
+        assert_eq!(vlan_of(&f[..n]), Some(10));
+        let n = insert_vlan(&mut f, n, 0x8100, 0xe000).unwrap();
+        assert_eq!(outer_tag(&f[..n]), Some((0x8100, 0xe000)));
+        assert_eq!(vlan_of(&f[..n]), Some(10), "the priority tag gives way");
+        let mut p = frame(VnetHdr::default(), 60);
+        let m = p.len();
+        p.resize(m + 4, 0);
+        let m = insert_vlan(&mut p, m, 0x8100, 0xe000).unwrap();
+        assert_eq!(vlan_of(&p[..m]), None, "a priority tag alone is untagged");
     }
 
     /// Found by the fuzzer: a tag with a single byte after it; stripped, no EtherType is

@@ -45,6 +45,7 @@ fn keyed(ioc: &WorkerState, n: u8) -> Who {
     let mut who = Who::node(u64::from(n) << 56);
     who.key = Some([n; 32]);
     who.policy = Policy::of(&ioc.cfg.auth, who.key.as_ref()).expect("admitted");
+    who.generation = ioc.auth_generation;
     who
 }
 
@@ -246,7 +247,10 @@ fn a_derived_mac_is_never_one_an_entry_reserves() {
     let first = ioc.assign_mac(node);
     ioc.shard.release_mac(&*ioc.nic, first);
     let (mut ioc, _nic) = ioc_of(auth(vec![entry(9, Some(first), &[], false)]));
-    let (a, _pa) = connect(&mut ioc, node, false, 128);
+    // A host of open admission's policy (as a test's host is), of this configuration.
+    let mut who = Who::node(node);
+    who.generation = ioc.auth_generation;
+    let (a, _pa) = connect_with(&mut ioc, who, false, host_config(128));
     assert_ne!(
         mac(&ioc, a),
         first,
@@ -276,4 +280,87 @@ fn one_key_opening_sessions_in_a_loop_holds_one_and_another_host_is_served() {
     let (ma, mb) = (mac(&ioc, a), mac(&ioc, b));
     assert_eq!(lan_to(&mut ioc, &nic, &mut pb, b, mb), (3, 0));
     assert_eq!(lan_to(&mut ioc, &nic, &mut pa, a, ma), (3, 0));
+}
+
+/// A host admitted under a policy a reload changed while it connected: it gets the policy
+/// of now, and none when the reload took its admission away.
+#[test]
+fn a_host_that_connects_across_a_reload_gets_the_policy_of_now() {
+    let (mut ioc, _nic) = ioc_of(auth(vec![
+        entry(1, None, &[VM1], true),
+        entry(2, None, &[], false),
+    ]));
+    let stale = keyed(&ioc, 1);
+    let gone = keyed(&ioc, 2);
+    reload(&mut ioc, auth(vec![entry(1, None, &[VM2], false)]));
+    let (a, _pa) = connect_with(&mut ioc, stale, false, host_config(128));
+    assert!(
+        !host(&ioc, a).policy.promiscuous,
+        "the promiscuity the reload took"
+    );
+    assert_eq!(ioc.by_mac.get(&VM2), Some(&a), "the bridged MAC of now");
+    assert_eq!(ioc.by_mac.get(&VM1), None);
+    // Host 2's entry went while it connected: its session is closed, its domain freed.
+    let (ictrl, _h) = pair(false);
+    let (idata, _d) = pair(false);
+    let (session, token) = ioc.new_session();
+    let mut s = Session::new(DomainId(session), ioc.cfg.pools.session_config());
+    s.start(&mut ioc.reg).unwrap();
+    let link = Link::new(
+        s,
+        channel(ictrl, session as u32),
+        channel(idata, session as u32),
+    );
+    assert!(ioc
+        .add_host(session, token, gone, link, "test".into())
+        .is_none());
+    assert!(!ioc.hosts.contains_key(&session));
+    assert!(ioc.reg.regions_of(DomainId(session)).is_empty());
+}
+
+#[test]
+fn a_host_may_not_set_its_mac_to_one_of_its_bridged_machines() {
+    let bridged = [0x02, 0x5d, 0, 0, 0, 0x61];
+    let (mut ioc, _nic) = ioc_of(auth(vec![entry(1, None, &[bridged], false)]));
+    let (a, mut pa) = connect_key(&mut ioc, 1);
+    let own = mac(&ioc, a);
+    pa.link.session_mut().cfg_request(CfgCode::SetMac, &bridged);
+    pump(&mut ioc, &mut pa, a, true);
+    assert_eq!(
+        mac(&ioc, a),
+        own,
+        "a MAC is the host's or a machine's, not both"
+    );
+    assert_eq!(host(&ioc, a).bridged, vec![bridged]);
+    assert_eq!(ioc.by_mac.get(&bridged), Some(&a));
+}
+
+/// Under key admission a control channel waiting for its data channel holds no place;
+/// under open admission (any key gets in) it holds one, as one without a key does.
+#[test]
+fn only_a_waiting_control_channel_of_an_admitted_key_holds_no_place() {
+    let (mut ioc, _nic) = ioc_with("max_hosts = 1");
+    for counted in [false, true] {
+        let (c, _h) = pair(false);
+        let mut who = Who::node(9);
+        who.key = Some([9; 32]);
+        ioc.pending.insert(
+            7,
+            crate::state::Waiting {
+                ch: channel(c, 7),
+                session: 7,
+                who,
+                hold: None,
+                counted,
+            },
+        );
+        ioc.publish_load();
+        assert_eq!(
+            ioc.shard.admit(1),
+            !counted,
+            "a place left for a proven host (counted: {counted})"
+        );
+        ioc.pending.clear();
+        ioc.publish_load();
+    }
 }

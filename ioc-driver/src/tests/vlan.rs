@@ -365,3 +365,27 @@ fn a_reload_that_changes_a_hosts_vlan_takes_effect_at_once_and_moves_its_own_que
     );
     assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
+
+#[test]
+fn an_access_host_never_gets_a_frame_still_tagged_and_a_priority_tag_hides_no_vlan() {
+    let (mut ioc, nic) = ioc_with("");
+    let (a, mut pa) = join(&mut ioc, 1, access(10));
+    let (u, mut pu) = join(&mut ioc, 2, VlanMode::Untagged);
+    let (ma, mu) = (mac(&ioc, a), mac(&ioc, u));
+    // QinQ with VLAN 10 outside: the inner tag would remain; dropped.
+    let inner = tagged(&frame(ma, LAN_PEER, 200), 5);
+    let mut qinq = inner.clone();
+    let n = qinq.len();
+    qinq.resize(n + 4, 0);
+    insert_vlan(&mut qinq, n, 0x88a8, 10).unwrap();
+    lan(&mut ioc, &nic, &[qinq]);
+    assert!(got(&mut ioc, &mut pa, a).is_empty());
+    // An untagged host may not send VLAN 10's frames behind a priority tag.
+    let mut hop = tagged_plain(&frame(LAN_PEER, mu, 100), 10);
+    let n = hop.len();
+    hop.resize(n + 4, 0);
+    insert_vlan(&mut hop, n, 0x8100, 0xe000).unwrap();
+    host_sends(&mut ioc, &mut pu, u, vec![hop]);
+    assert!(nic.tx.borrow().is_empty());
+    assert_eq!(host(&ioc, u).drops.vlan, 1);
+}
