@@ -4,8 +4,8 @@
 use libfuzzer_sys::fuzz_target;
 use splitnet_messaging::ecn::{mark_ce, Mark};
 use splitnet_messaging::vnet::{
-    check_frame, flow_hash, gso_segment_l3_len, insert_vlan, outer_tag, strip_vlan, vlan_of,
-    VLAN_TAG_LEN, VNET_HDR_LEN,
+    check_frame, flow_hash, gso_segment_l3_len, insert_vlan, insert_vlan_ahead, outer_tag,
+    strip_vlan, vlan_of, VLAN_TAG_LEN, VNET_HDR_LEN,
 };
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
@@ -42,6 +42,16 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         None => assert_eq!(&buf[..data.len()], data),
+    }
+    // Tagging a copy made 4 bytes in gives what tagging in place gives.
+    let mut ahead = vec![0u8; VLAN_TAG_LEN];
+    ahead.extend_from_slice(data);
+    let mut in_place = data.to_vec();
+    in_place.resize(data.len() + VLAN_TAG_LEN, 0);
+    let a = insert_vlan(&mut in_place, data.len(), tpid, tci);
+    assert_eq!(insert_vlan_ahead(&mut ahead, data.len(), tpid, tci), a);
+    if let Some(n) = a {
+        assert_eq!(&ahead[..n], &in_place[..n]);
     }
     // Reading the outer tag and stripping it never panics; a stripped valid frame stays
     // valid, and a refused strip changes nothing.

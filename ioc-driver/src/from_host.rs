@@ -81,14 +81,15 @@ pub fn from_host(
         }
     };
     // An access host's frame travels on with its VLAN's tag: a private copy with the tag in
-    // (checked above as it came; the tag moves its offsets, and insert_vlan moves them).
+    // (checked above as it came; the tag moves its offsets, and insert_vlan_ahead moves
+    // them). Copied 4 bytes in, so that only its header and MACs move for the tag.
     let frame = match ingress {
         Ingress::AsIs => frame,
         Ingress::Tag(vid) => {
             let n = frame.len();
             scratch.resize(n + vnet::VLAN_TAG_LEN, 0);
-            frame.copy_to(scratch);
-            match vnet::insert_vlan(scratch, n, 0x8100, vid) {
+            frame.copy_to(&mut scratch[vnet::VLAN_TAG_LEN..]);
+            match vnet::insert_vlan_ahead(scratch, n, 0x8100, vid) {
                 Some(m) => HostFrame::Private(&scratch[..m]),
                 None => return h.drop_tx(TxDrop::Vlan),
             }

@@ -250,7 +250,35 @@ pub fn insert_vlan(buf: &mut [u8], len: usize, tpid: u16, tci: u16) -> Option<us
     if len < VLAN_TAG_AT || grown > buf.len() {
         return None;
     }
-    let hdr: &[u8; VNET_HDR_LEN] = buf.first_chunk()?;
+    let h = tagged_hdr(buf.first_chunk()?)?;
+    buf[..VNET_HDR_LEN].copy_from_slice(&h.emit());
+    buf.copy_within(VLAN_TAG_AT..len, VLAN_TAG_AT + VLAN_TAG_LEN);
+    put_tag(buf, tpid, tci);
+    Some(grown)
+}
+
+/// As [`insert_vlan`], for a frame copied to `buf[VLAN_TAG_LEN..VLAN_TAG_LEN + len]`, 4 bytes
+/// in: only its virtio-net header and MAC addresses move (to the front), never its payload.
+/// Returns the tagged frame's length (at `buf[..]`), or `None` (nothing changed) as
+/// [`insert_vlan`] does.
+pub fn insert_vlan_ahead(buf: &mut [u8], len: usize, tpid: u16, tci: u16) -> Option<usize> {
+    let grown = len.checked_add(VLAN_TAG_LEN)?;
+    if len < VLAN_TAG_AT || grown > buf.len() {
+        return None;
+    }
+    let h = tagged_hdr(buf[VLAN_TAG_LEN..].first_chunk()?)?;
+    buf.copy_within(
+        VLAN_TAG_LEN + VNET_HDR_LEN..VLAN_TAG_LEN + VLAN_TAG_AT,
+        VNET_HDR_LEN,
+    );
+    buf[..VNET_HDR_LEN].copy_from_slice(&h.emit());
+    put_tag(buf, tpid, tci);
+    Some(grown)
+}
+
+/// The virtio-net header `hdr` of a frame that gets a tag: its checksum start and header
+/// length count the tag; `None` when they would not fit their 16 bits.
+fn tagged_hdr(hdr: &[u8; VNET_HDR_LEN]) -> Option<VnetHdr> {
     let mut h = VnetHdr::parse(hdr);
     let tag = VLAN_TAG_LEN as u16;
     if h.flags & F_NEEDS_CSUM != 0 {
@@ -259,11 +287,13 @@ pub fn insert_vlan(buf: &mut [u8], len: usize, tpid: u16, tci: u16) -> Option<us
     if h.hdr_len != 0 {
         h.hdr_len = h.hdr_len.checked_add(tag)?;
     }
-    buf[..VNET_HDR_LEN].copy_from_slice(&h.emit());
-    buf.copy_within(VLAN_TAG_AT..len, VLAN_TAG_AT + VLAN_TAG_LEN);
+    Some(h)
+}
+
+/// Writes the tag (`tpid`, `tci`) after the MAC addresses of the frame in `buf`.
+fn put_tag(buf: &mut [u8], tpid: u16, tci: u16) {
     buf[VLAN_TAG_AT..VLAN_TAG_AT + 2].copy_from_slice(&tpid.to_be_bytes());
     buf[VLAN_TAG_AT + 2..VLAN_TAG_AT + 4].copy_from_slice(&tci.to_be_bytes());
-    Some(grown)
 }
 
 /// The outer VLAN tag of a frame (virtio-net header first), TPID and TCI: the 4 bytes after
@@ -783,6 +813,31 @@ mod tests {
                     prop_assert_eq!(&buf[VLAN_TAG_AT..VLAN_TAG_AT + 2], &tpid.to_be_bytes()[..]);
                     prop_assert_eq!(&buf[VLAN_TAG_AT + 2..VLAN_TAG_AT + 4], &tci.to_be_bytes()[..]);
                     prop_assert_eq!(&buf[VLAN_TAG_AT + 4..n], &body[VLAN_TAG_AT..]);
+                }
+            }
+        }
+
+        /// A frame copied 4 bytes in and tagged ahead is the frame [`insert_vlan`] tags in
+        /// place, and both refuse the same frames.
+        #[test]
+        fn tagging_ahead_is_tagging_in_place(
+            body in proptest::collection::vec(any::<u8>(), 0..300),
+            room in 0usize..8,
+            tci in any::<u16>(),
+        ) {
+            let len = body.len();
+            let mut in_place = body.clone();
+            in_place.resize(len + room, 0);
+            let mut ahead = vec![0u8; VLAN_TAG_LEN];
+            ahead.extend_from_slice(&body);
+            ahead.resize(len + room.max(VLAN_TAG_LEN), 0);
+            ahead.truncate(len + room);
+            let a = insert_vlan(&mut in_place, len, 0x8100, tci);
+            if ahead.len() >= VLAN_TAG_LEN + len {
+                let b = insert_vlan_ahead(&mut ahead, len, 0x8100, tci);
+                prop_assert_eq!(a, b);
+                if let Some(n) = a {
+                    prop_assert_eq!(&in_place[..n], &ahead[..n]);
                 }
             }
         }

@@ -118,13 +118,13 @@ fn connect(ioc: &mut WorkerState, node_id: u64, small: bool, send_data_max: usiz
     connect_with(ioc, Who::node(node_id), small, host_config(send_data_max))
 }
 
-/// [`connect`] with the host's own session configuration.
-fn connect_with(
+/// A new session's IOC side over loopback TCP (its data socket's buffers tiny when
+/// `small`), its pools registered: its id, token and link, and the host's ends of its
+/// control and data sockets.
+fn ioc_link(
     ioc: &mut WorkerState,
-    who: Who,
     small: bool,
-    config: SessionConfig,
-) -> (u64, Peer) {
+) -> (u64, u64, Link<FabricChannel>, (TcpStream, TcpStream)) {
     let (ictrl, hctrl) = pair(false);
     let (idata, hdata) = pair(small);
     let (session, token) = ioc.new_session();
@@ -135,6 +135,17 @@ fn connect_with(
         channel(ictrl, session as u32),
         channel(idata, session as u32),
     );
+    (session, token, link, (hctrl, hdata))
+}
+
+/// [`connect`] with the host's own session configuration.
+fn connect_with(
+    ioc: &mut WorkerState,
+    who: Who,
+    small: bool,
+    config: SessionConfig,
+) -> (u64, Peer) {
+    let (session, token, link, (hctrl, hdata)) = ioc_link(ioc, small);
     let peer_addr = "127.0.0.1:1".to_string();
     ioc.add_host(session, token, who, link, peer_addr).unwrap();
     let mut reg = Registry::new(64 << 20);

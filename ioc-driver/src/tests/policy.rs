@@ -301,16 +301,7 @@ fn a_host_that_connects_across_a_reload_gets_the_policy_of_now() {
     assert_eq!(ioc.by_mac.get(&VM2), Some(&a), "the bridged MAC of now");
     assert_eq!(ioc.by_mac.get(&VM1), None);
     // Host 2's entry went while it connected: its session is closed, its domain freed.
-    let (ictrl, _h) = pair(false);
-    let (idata, _d) = pair(false);
-    let (session, token) = ioc.new_session();
-    let mut s = Session::new(DomainId(session), ioc.cfg.pools.session_config());
-    s.start(&mut ioc.reg).unwrap();
-    let link = Link::new(
-        s,
-        channel(ictrl, session as u32),
-        channel(idata, session as u32),
-    );
+    let (session, token, link, _host_ends) = ioc_link(&mut ioc, false);
     assert!(ioc
         .add_host(session, token, gone, link, "test".into())
         .is_none());
