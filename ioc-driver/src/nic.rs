@@ -7,6 +7,7 @@
 use splitnet_messaging::memory::SharedBytes;
 use splitnet_netif::filter::Tagged;
 use splitnet_netif::packet::{FilterHandle, PacketSocket};
+use splitnet_netif::trunk::TrunkSocket;
 use splitnet_netif::{fanout, filter};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -44,8 +45,20 @@ pub trait HostRx: std::fmt::Debug {
     fn discard(&self) -> io::Result<usize>;
 }
 
+/// Which of a MAC's frames a host's own queue takes ([`Nic::host_rx`]), and how it hands
+/// them over.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFrames {
+    /// The frames, by the tag the kernel took out of each.
+    pub tagged: Tagged,
+    /// Their tags go back in (a trunk host's); else a tag stays out (an access host's
+    /// frames, which it takes untagged).
+    pub keep_tags: bool,
+}
+
 /// Sets which MACs' unicast frames a worker's NIC socket no longer receives (untagged, or
-/// tagged with an access host's VLAN), because their hosts' own queues do ([`HostRx`]);
+/// tagged with one of the host's VLANs, as [`Tagged`] says), because their hosts' own queues
+/// do ([`HostRx`]);
 /// usable from any worker's thread.
 pub trait Exclusion: Send + std::fmt::Debug {
     /// Excludes exactly `macs` from now on, each as its host's own queue takes them.
@@ -102,11 +115,11 @@ pub trait Nic: std::fmt::Debug {
         let _ = table;
         Ok(())
     }
-    /// A queue of the NIC's unicast frames for `mac` alone that came as `tagged` says
-    /// (a tag the kernel took out stays out). The workers' sockets keep receiving them too
-    /// until `mac` is excluded ([`Exclusion`]), which comes first.
-    fn host_rx(&self, mac: [u8; 6], tagged: Tagged) -> io::Result<Box<dyn HostRx>> {
-        let _ = (mac, tagged);
+    /// A queue of the NIC's unicast frames for `mac` alone that came as `frames` says. The
+    /// workers' sockets keep receiving them too until `mac` is excluded ([`Exclusion`]),
+    /// which comes first.
+    fn host_rx(&self, mac: [u8; 6], frames: &HostFrames) -> io::Result<Box<dyn HostRx>> {
+        let _ = (mac, frames);
         Err(io::ErrorKind::Unsupported.into())
     }
     /// The handle that sets this socket's exclusions; `None` when it has none.
@@ -253,11 +266,14 @@ impl Nic for LanQueues {
             .set_fanout_program(&fanout::steering_program(table, queues))
     }
 
-    /// A socket of its own on the interface, whose filter takes only `mac`'s frames.
-    fn host_rx(&self, mac: [u8; 6], tagged: Tagged) -> io::Result<Box<dyn HostRx>> {
-        Ok(Box::new(
-            self.first().open_sibling(&filter::only_to(&mac, tagged))?,
-        ))
+    /// A socket of its own on the interface, whose filter takes only `mac`'s frames (two
+    /// for a trunk host that takes untagged ones too, [`TrunkSocket`]).
+    fn host_rx(&self, mac: [u8; 6], frames: &HostFrames) -> io::Result<Box<dyn HostRx>> {
+        let nic = self.first();
+        Ok(match frames.keep_tags && frames.tagged.takes_tagged() {
+            true => Box::new(TrunkSocket::open(nic, mac, &frames.tagged)?),
+            false => Box::new(nic.open_sibling(&filter::only_to(&mac, &frames.tagged))?),
+        })
     }
 
     /// A second descriptor of every queue's socket, whose filters it sets.
@@ -310,6 +326,37 @@ impl HostRx for PacketSocket {
     }
 }
 
+impl HostRx for TrunkSocket {
+    /// One frame, as a batch of one.
+    fn recv_into(&self, dst: &SharedBytes<'_>) -> io::Result<usize> {
+        let mut len = [0];
+        TrunkSocket::recv_batch_into(self, std::slice::from_ref(dst), &mut len)?;
+        Ok(len[0])
+    }
+
+    /// One `recvmmsg(2)` for the whole batch from one of its sockets (a second when the
+    /// first had none).
+    fn recv_batch_into(&self, dst: &[SharedBytes<'_>], lens: &mut [usize]) -> io::Result<usize> {
+        TrunkSocket::recv_batch_into(self, dst, lens)
+    }
+
+    fn take_drops(&self) -> u64 {
+        TrunkSocket::take_drops(self).unwrap_or(0)
+    }
+
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.as_fd())
+    }
+
+    fn shut(&self) -> io::Result<()> {
+        TrunkSocket::shut(self)
+    }
+
+    fn discard(&self) -> io::Result<usize> {
+        TrunkSocket::discard(self)
+    }
+}
+
 impl Exclusion for FilterHandle {
     fn exclude(&self, macs: &[([u8; 6], Tagged)]) -> io::Result<()> {
         self.set(&filter::all_but(macs))
@@ -332,7 +379,7 @@ mod tests {
 pub mod fake {
     //! A NIC made of two queues, for tests.
 
-    use super::{Exclusion, HostRx, Nic};
+    use super::{Exclusion, HostFrames, HostRx, Nic};
     use splitnet_messaging::memory::SharedBytes;
     use splitnet_messaging::vnet;
     use splitnet_netif::filter::Tagged;
@@ -404,8 +451,8 @@ pub mod fake {
         pub drops: Cell<u64>,
         /// It takes no more frames.
         pub shut: Cell<bool>,
-        /// Which of its MAC's frames it takes.
-        pub tagged: Cell<Tagged>,
+        /// Which of its MAC's frames it takes, and how.
+        pub takes: RefCell<HostFrames>,
         /// Frames the IOC read and gave to the host, or discarded.
         pub taken: Cell<u64>,
         /// The error a batched read met after some frames, for the next read.
@@ -511,12 +558,8 @@ pub mod fake {
 
     /// Whether a frame (virtio-net header first, its tags inline) came as `t` says, as the
     /// kernel's filter sees it once it took the outer tag out.
-    fn came(frame: &[u8], t: Tagged) -> bool {
-        let tag = vnet::outer_tag(frame);
-        match t {
-            Tagged::No => tag.is_none(),
-            Tagged::Vlan(v) => tag.is_some_and(|(_, tci)| tci & 0x0fff == v),
-        }
+    fn came(frame: &[u8], t: &Tagged) -> bool {
+        t.takes(vnet::outer_tag(frame).map(|(_, tci)| tci))
     }
 
     impl FakeNic {
@@ -527,13 +570,16 @@ pub mod fake {
             let dst: [u8; 6] = frame[10..16].try_into().unwrap();
             let own = self
                 .host_queue(dst)
-                .filter(|q| !q.shut.get() && came(&frame, q.tagged.get()));
+                .filter(|q| !q.shut.get() && came(&frame, &q.takes.borrow().tagged));
             if let Some(q) = own {
-                // Its socket gets it as the kernel hands it: the tag it took out stays out.
+                // Its socket gets it as the kernel hands it, the tag it took out back in
+                // for a trunk host, else left out.
                 let mut f = frame.clone();
-                let n = f.len();
-                let n = vnet::strip_vlan(&mut f, n).unwrap_or(n);
-                f.truncate(n);
+                if !q.takes.borrow().keep_tags {
+                    let n = f.len();
+                    let n = vnet::strip_vlan(&mut f, n).unwrap_or(n);
+                    f.truncate(n);
+                }
                 q.frames.borrow_mut().push_back(f);
             }
             let excluded = self
@@ -541,7 +587,7 @@ pub mod fake {
                 .lock()
                 .unwrap()
                 .iter()
-                .any(|&(m, t)| m == dst && came(&frame, t));
+                .any(|(m, t)| *m == dst && came(&frame, t));
             if !excluded {
                 self.rx.borrow_mut().push_back(frame);
             }
@@ -674,15 +720,16 @@ pub mod fake {
             Ok(())
         }
 
-        fn host_rx(&self, mac: [u8; 6], tagged: Tagged) -> io::Result<Box<dyn HostRx>> {
+        fn host_rx(&self, mac: [u8; 6], frames: &HostFrames) -> io::Result<Box<dyn HostRx>> {
             if self.refuse_host_rx.get() {
                 return Err(io::Error::other("the kernel refused a socket"));
             }
-            if !self.excluded_tags.lock().unwrap().contains(&(mac, tagged)) {
+            let excluded = (mac, frames.tagged.clone());
+            if !self.excluded_tags.lock().unwrap().contains(&excluded) {
                 self.violations.fetch_add(1, Ordering::Relaxed);
             }
             let q = Rc::new(HostQueue {
-                tagged: Cell::new(tagged),
+                takes: RefCell::new(frames.clone()),
                 ..HostQueue::default()
             });
             self.hosts.borrow_mut().insert(mac, q.clone());

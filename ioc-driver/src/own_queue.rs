@@ -1,9 +1,12 @@
 //! A host's own receive queue on the NIC: LAN frames read straight into its pools.
 //!
 //! A host whose pools are shared memory and which has one queue gets a packet socket of its
-//! own whose filter takes only the untagged unicast frames for its MAC, and every worker's
-//! socket stops taking them (`Shard::place`): the kernel sorts the frames
-//! before any copy, so the IOC never holds, in a host's memory, a frame meant for another.
+//! own whose filter takes only the unicast frames for its MAC on its VLANs (untagged for an
+//! untagged host; its VLAN's, handed over untagged, for an access host; its VLANs', their
+//! tags put back, and untagged ones where its list has 0, for a trunk host, from two sockets
+//! behind one descriptor: [`splitnet_netif::trunk`]), and every worker's socket stops taking
+//! them (`Shard::place`): the kernel sorts the frames before any copy, so the IOC never
+//! holds, in a host's memory, a frame meant for another.
 //! The IOC reads the frames from that socket straight into free elements of the host's, a
 //! batch with one `recvmmsg(2)` ([`splitnet_messaging::endpoint::Link::read_batch_in_place`]),
 //! and posts the writes: each frame is copied once, by the kernel, where the general path
@@ -11,24 +14,24 @@
 //! SendData is copied into one, and its element goes back). The socket's buffer is then the
 //! host's receive ring, first in, first out and bounded in bytes; its overflows are counted
 //! as the host's `rx_ring_full` and as LAN frames the kernel dropped.
-//! Everything else for the host (group frames, tagged frames, frames from other hosts)
+//! Everything else for the host (group frames, other VLANs' frames, frames from other hosts)
 //! takes the general path, which keeps a quarter of each pool's elements for itself.
 
 use crate::host_frame::HEAD;
-use crate::nic::{HostRx, Nic};
+use crate::nic::{HostFrames, HostRx, Nic};
 use splitnet_fabric::{FabricChannel, Ready};
 use splitnet_messaging::endpoint::Link;
 use splitnet_messaging::memory::SharedBytes;
 use splitnet_messaging::vnet;
-use splitnet_netif::filter::Tagged;
 use std::io;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-/// The room a frame from the socket may need: an untagged GRO super-frame of 64 KiB of IPv6
-/// payload, its IPv6 and Ethernet headers, and the virtio-net header. A larger frame (a
-/// device with a larger GSO limit) is cut, dropped and counted as too large, as on the
-/// general path.
+/// The room a frame from the socket may need: the largest IP packet GRO and GSO build (at
+/// most 64 KiB with its header: `gro_max_size`, `gso_max_size`), an Ethernet header and a
+/// VLAN tag, the virtio-net header, and 36 bytes to spare (65,599 bytes; hosts advertise
+/// 65,600-byte elements). A larger frame (a device with a larger GSO limit) is cut, dropped
+/// and counted as too large, as on the general path.
 pub const FRAME_MAX: u32 = (vnet::VNET_HDR_LEN + 14 + 40 + 65_535) as u32;
 /// Frames read from a host's queue per wake-up.
 const BUDGET: usize = 64;
@@ -128,12 +131,11 @@ pub struct Shut {
 }
 
 impl OwnQueue {
-    /// A queue of its own on `nic` for the unicast frames to `mac` that came as `tagged`
-    /// says (untagged, or tagged with an access host's VLAN, which the kernel takes out),
-    /// with its readiness. Every worker's socket must already exclude them
+    /// A queue of its own on `nic` for the unicast frames to `mac` that came as `frames`
+    /// says, with its readiness. Every worker's socket must already exclude them
     /// (`Shard::place`).
-    pub fn open(nic: &dyn Nic, mac: [u8; 6], tagged: Tagged) -> io::Result<OwnQueue> {
-        let rx = nic.host_rx(mac, tagged)?;
+    pub fn open(nic: &dyn Nic, mac: [u8; 6], frames: &HostFrames) -> io::Result<OwnQueue> {
+        let rx = nic.host_rx(mac, frames)?;
         let ready = rx.fd().map(|fd| Ready::reading(&fd)).transpose()?;
         Ok(OwnQueue {
             rx,

@@ -12,7 +12,7 @@
 
 use crate::nic::{Exclusion, Nic};
 use splitnet_fabric::auth::Key;
-use splitnet_netif::filter::{Tagged, MAX_EXCLUDED};
+use splitnet_netif::filter::{self, Tagged};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
@@ -325,17 +325,18 @@ impl Shard {
 
     /// Takes `mac`'s frames that came as `tagged` says off every worker's socket, for its
     /// host's own queue to receive them alone (open the queue after this). False, nothing
-    /// changed, when that cannot be done: a worker's socket cannot exclude, the table is
-    /// full, or a filter failed.
+    /// changed, when that cannot be done: a worker's socket cannot exclude, the filters
+    /// would not hold it ([`filter::fits`]), or a filter failed.
     pub fn place(&self, mac: [u8; 6], tagged: Tagged) -> bool {
         let mut d = self.dir();
-        if d.exclusions.len() < self.count()
-            || d.own_queue_macs.len() >= MAX_EXCLUDED
-            || d.own_queue_macs.iter().any(|e| e.0 == mac)
-        {
+        if d.exclusions.len() < self.count() || d.own_queue_macs.iter().any(|e| e.0 == mac) {
             return false;
         }
         d.own_queue_macs.push((mac, tagged));
+        if !filter::fits(&d.own_queue_macs) {
+            d.own_queue_macs.pop();
+            return false;
+        }
         if let Err(e) = d.exclude() {
             warn!("cannot leave a host's frames to its own queue: {e}");
             d.own_queue_macs.pop();
@@ -519,6 +520,40 @@ mod tests {
         drop(second);
         set[1].0.set_load(3);
         assert_eq!(obs.hold_key([1; 32]).0, 0, "free again once none is held");
+    }
+
+    #[test]
+    fn placing_stops_where_the_workers_filters_would_pass_the_kernels_bound() {
+        let set = Shard::set(1);
+        let nic = FakeNic::default();
+        set[0]
+            .0
+            .add_exclusion(nic.exclusion().unwrap().unwrap())
+            .unwrap();
+        let wide = Tagged::of(true, (1..4095).step_by(2).take(64)).unwrap();
+        let mac = |i: u8| [2, 0, 0, 0, 1, i];
+        let placed = (0..60)
+            .take_while(|&i| set[0].0.place(mac(i), wide.clone()))
+            .count();
+        assert_eq!(placed, 56, "73 instructions each");
+        assert_eq!(
+            nic.excluded.lock().unwrap().len(),
+            56,
+            "the filters hold what was placed"
+        );
+        assert!(
+            !set[0].0.place(mac(0), Tagged::untagged()),
+            "a MAC placed already"
+        );
+        assert!(!set[0].0.place(mac(99), wide.clone()), "still full");
+        set[0].0.unplace(mac(3));
+        assert!(set[0].0.place(mac(99), wide), "room once a host leaves");
+        // 56 x 73 + 7 instructions of tests and the final verdict: 4,096 exactly.
+        assert!(set[0].0.place(mac(100), Tagged::untagged()));
+        assert!(
+            !set[0].0.place(mac(101), Tagged::untagged()),
+            "7 more would pass it"
+        );
     }
 
     #[test]

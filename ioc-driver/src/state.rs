@@ -801,9 +801,7 @@ impl WorkerState {
         let Some(link) = h.link.as_ref() else {
             return;
         };
-        // A trunk host's tagged frames keep the general path: its queue would lose their
-        // tags (the kernel takes them out).
-        let Some(tagged) = h.policy.vlan.own_queue() else {
+        let Some(frames) = h.policy.vlan.own_queue() else {
             return;
         };
         if h.queue != Queue::SINGLE
@@ -815,11 +813,12 @@ impl WorkerState {
             return;
         }
         let mac = h.mac;
-        if self.by_mac.get(&mac) != Some(&session) || !self.shard.place(mac, tagged) {
+        if self.by_mac.get(&mac) != Some(&session) || !self.shard.place(mac, frames.tagged.clone())
+        {
             h.own_queue_retry = Some(OwnQueueRetry::after(h.own_queue_retry, Instant::now()));
             return;
         }
-        match OwnQueue::open(&*self.nic, mac, tagged) {
+        match OwnQueue::open(&*self.nic, mac, &frames) {
             Ok(q) => {
                 debug!(session, "LAN frames for the host are read into its pools");
                 h.own_queue = Some(q);

@@ -7,7 +7,9 @@
 //! gets its VLAN's tag on the way in; one to an access host loses it on the way out; a trunk
 //! host's frames keep theirs. So the LAN, the other workers and every check see one form.
 
+use crate::nic::HostFrames;
 use splitnet_messaging::vnet;
+use splitnet_netif::filter::Tagged;
 
 /// How a host takes part in VLANs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -117,18 +119,29 @@ impl VlanMode {
         }
     }
 
-    /// How the host's own LAN queue must match its frames: untagged for an untagged host
-    /// and a trunk host that takes untagged frames, tagged with its VLAN for an access host
-    /// (the kernel hands them over untagged, as the host takes them). A trunk host's tagged
-    /// frames keep the general path, which puts back the tags the kernel takes out (its own
-    /// queue would lose them); `None` for a trunk host without untagged frames.
-    pub fn own_queue(&self) -> Option<splitnet_netif::filter::Tagged> {
-        use splitnet_netif::filter::Tagged;
-        match self {
-            VlanMode::Untagged => Some(Tagged::No),
-            VlanMode::Access(n) => Some(Tagged::Vlan(*n)),
-            VlanMode::Trunk(set) => set.contains(0).then_some(Tagged::No),
-        }
+    /// Which frames the host's own LAN queue takes, and how: untagged ones for an untagged
+    /// host; for an access host those tagged with its VLAN, handed over untagged, as the
+    /// host takes them; for a trunk host its VLANs' frames with their tags put back (and
+    /// untagged ones where its list has 0). A trunk of more VLAN ranges than one filter holds
+    /// ([`splitnet_netif::filter::MAX_VLAN_RANGES`]) keeps its tagged frames on the general
+    /// path; `None` when nothing is left for the queue.
+    pub fn own_queue(&self) -> Option<HostFrames> {
+        let (tagged, keep_tags) = match self {
+            VlanMode::Untagged => (Tagged::untagged(), false),
+            VlanMode::Access(n) => (Tagged::vlan(*n), false),
+            VlanMode::Trunk(set) => {
+                let untagged = set.contains(0);
+                let vids = (1..4095).filter(|&v| set.contains(v));
+                // Too many ranges for a filter: the untagged frames alone, where it takes them.
+                let t = Tagged::of(untagged, vids).unwrap_or(match untagged {
+                    true => Tagged::untagged(),
+                    false => Tagged::default(),
+                });
+                (t, true)
+            }
+        };
+        (tagged.takes_untagged() || tagged.takes_tagged())
+            .then_some(HostFrames { tagged, keep_tags })
     }
 }
 
@@ -200,9 +213,28 @@ mod tests {
         let native = VlanMode::of(None, &[0, 10]);
         assert_eq!(native.ingress(&frame(&[])), Ok(Ingress::AsIs));
         assert_eq!(native.egress(None), Some(Egress::AsIs));
-        use splitnet_netif::filter::Tagged;
-        assert_eq!(native.own_queue(), Some(Tagged::No), "its untagged frames");
-        assert_eq!(m.own_queue(), None);
+        let trunk = |untagged: bool, vids: &[u16]| {
+            Some(HostFrames {
+                tagged: Tagged::of(untagged, vids.iter().copied()).unwrap(),
+                keep_tags: true,
+            })
+        };
+        assert_eq!(native.own_queue(), trunk(true, &[10]), "both, tags kept");
+        assert_eq!(m.own_queue(), trunk(false, &[10, 4094]));
+        let plain = |tagged| {
+            Some(HostFrames {
+                tagged,
+                keep_tags: false,
+            })
+        };
+        assert_eq!(VlanMode::Untagged.own_queue(), plain(Tagged::untagged()));
+        assert_eq!(VlanMode::Access(7).own_queue(), plain(Tagged::vlan(7)));
+        // More ranges than a filter holds: the untagged frames alone, or nothing.
+        let many: Vec<u16> = (1..4095).step_by(2).collect();
+        let mut with_0 = many.clone();
+        with_0.push(0);
+        assert_eq!(VlanMode::of(None, &with_0).own_queue(), trunk(true, &[]));
+        assert_eq!(VlanMode::of(None, &many).own_queue(), None);
     }
 
     proptest! {

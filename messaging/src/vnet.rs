@@ -236,7 +236,7 @@ pub fn gso_segment_l3_len(head: &[u8], h: &VnetHdr) -> usize {
 /// Bytes of an 802.1Q (or 802.1ad) tag: TPID then TCI.
 pub const VLAN_TAG_LEN: usize = 4;
 /// Where the tag goes in a frame: after the virtio-net header and both MAC addresses.
-const VLAN_TAG_AT: usize = VNET_HDR_LEN + 12;
+pub const VLAN_TAG_AT: usize = VNET_HDR_LEN + 12;
 
 /// Puts back the VLAN tag that the kernel took out of a frame it received (an `AF_PACKET`
 /// socket sees the outermost tag only in `PACKET_AUXDATA`): `buf[..len]` holds a virtio-net
@@ -276,6 +276,17 @@ pub fn insert_vlan_ahead(buf: &mut [u8], len: usize, tpid: u16, tci: u16) -> Opt
     Some(grown)
 }
 
+/// The virtio-net header `hdr` of a frame that gets a tag, as bytes (see [`tagged_hdr`]).
+pub fn tagged_header(hdr: &[u8; VNET_HDR_LEN]) -> Option<[u8; VNET_HDR_LEN]> {
+    tagged_hdr(hdr).map(|h| h.emit())
+}
+
+/// The 4 bytes of a VLAN tag: `tpid` then `tci`, in network order.
+pub fn tag_bytes(tpid: u16, tci: u16) -> [u8; VLAN_TAG_LEN] {
+    let (p, c) = (tpid.to_be_bytes(), tci.to_be_bytes());
+    [p[0], p[1], c[0], c[1]]
+}
+
 /// The virtio-net header `hdr` of a frame that gets a tag: its checksum start and header
 /// length count the tag; `None` when they would not fit their 16 bits.
 fn tagged_hdr(hdr: &[u8; VNET_HDR_LEN]) -> Option<VnetHdr> {
@@ -292,8 +303,7 @@ fn tagged_hdr(hdr: &[u8; VNET_HDR_LEN]) -> Option<VnetHdr> {
 
 /// Writes the tag (`tpid`, `tci`) after the MAC addresses of the frame in `buf`.
 fn put_tag(buf: &mut [u8], tpid: u16, tci: u16) {
-    buf[VLAN_TAG_AT..VLAN_TAG_AT + 2].copy_from_slice(&tpid.to_be_bytes());
-    buf[VLAN_TAG_AT + 2..VLAN_TAG_AT + 4].copy_from_slice(&tci.to_be_bytes());
+    buf[VLAN_TAG_AT..VLAN_TAG_AT + VLAN_TAG_LEN].copy_from_slice(&tag_bytes(tpid, tci));
 }
 
 /// The outer VLAN tag of a frame (virtio-net header first), TPID and TCI: the 4 bytes after

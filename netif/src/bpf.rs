@@ -23,6 +23,8 @@ const BPF_AND: u16 = 0x50;
 const BPF_MOD: u16 = 0x90;
 const BPF_JA: u16 = 0x00;
 const BPF_JEQ: u16 = 0x10;
+const BPF_JGT: u16 = 0x20;
+const BPF_JGE: u16 = 0x30;
 const BPF_K: u16 = 0x00;
 const BPF_X: u16 = 0x08;
 const BPF_A: u16 = 0x10;
@@ -44,6 +46,12 @@ pub const LD_H_ABS: u16 = BPF_LD | BPF_H | BPF_ABS;
 pub const LD_W_ABS: u16 = BPF_LD | BPF_W | BPF_ABS;
 /// Jump if A equals `k`.
 pub const JEQ_K: u16 = BPF_JMP | BPF_JEQ | BPF_K;
+/// Jump if A is greater than `k`.
+pub const JGT_K: u16 = BPF_JMP | BPF_JGT | BPF_K;
+/// Jump if A is at least `k`.
+pub const JGE_K: u16 = BPF_JMP | BPF_JGE | BPF_K;
+/// The most instructions a program may have (`BPF_MAXINSNS`).
+pub const MAX_INSNS: usize = 4096;
 /// X = `k`.
 pub const LDX_IMM: u16 = BPF_LDX | BPF_W | BPF_IMM;
 /// A = A % `k` (`k` not 0).
@@ -97,12 +105,12 @@ pub struct Meta {
 pub fn valid(prog: &[Insn]) -> bool {
     let n = prog.len();
     let jumps_inside = prog.iter().enumerate().all(|(i, x)| match x.code {
-        JEQ_K => i + 1 + usize::from(x.jt) < n && i + 1 + usize::from(x.jf) < n,
+        JEQ_K | JGT_K | JGE_K => i + 1 + usize::from(x.jt) < n && i + 1 + usize::from(x.jf) < n,
         JA => i + 1 + (x.k as usize) < n,
         _ => true,
     });
     let no_mod_zero = prog.iter().all(|x| x.code != MOD_K || x.k != 0);
-    (1..=4096).contains(&n)
+    (1..=MAX_INSNS).contains(&n)
         && jumps_inside
         && no_mod_zero
         && matches!(prog.last().map(|x| x.code), Some(RET_K | RET_A))
@@ -137,6 +145,8 @@ pub fn run(prog: &[Insn], frame: &[u8], meta: Meta) -> Option<u32> {
             LD_H_ABS => a = load(i.k, 2)?,
             LD_W_ABS => a = load(i.k, 4)?,
             JEQ_K => pc += usize::from(if a == i.k { i.jt } else { i.jf }),
+            JGT_K => pc += usize::from(if a > i.k { i.jt } else { i.jf }),
+            JGE_K => pc += usize::from(if a >= i.k { i.jt } else { i.jf }),
             JA => pc += i.k as usize,
             LDX_IMM => x = i.k,
             MOD_K => a %= i.k,

@@ -21,6 +21,7 @@ pub mod link_watch;
 pub mod netdev;
 pub mod packet;
 pub mod tap;
+pub mod trunk;
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};

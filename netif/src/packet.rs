@@ -7,7 +7,10 @@
 
 use super::bpf::Insn;
 use super::{cvt, netdev, write};
-use splitnet_messaging::vnet::{insert_vlan, VLAN_TAG_LEN};
+use splitnet_messaging::memory::SharedBytes;
+use splitnet_messaging::vnet::{
+    insert_vlan, tag_bytes, tagged_header, VLAN_TAG_AT, VLAN_TAG_LEN, VNET_HDR_LEN,
+};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -348,16 +351,8 @@ impl PacketSocket {
         // SAFETY: the first `n` entries of `msgs` point at `iovs` (each the first bytes of
         // a buffer of `bufs`, less the tag's room) and at `spaces`, all valid and writable
         // and unmoved for the whole call; the kernel fills at most `n` of them.
-        let got = cvt(unsafe {
-            libc::recvmmsg(
-                self.fd.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_TRUNC,
-                std::ptr::null_mut(),
-            )
-        })? as usize;
-        for i in 0..got.min(n) {
+        let got = unsafe { self.recvmmsg(&mut msgs[..n]) }?;
+        for i in 0..got {
             let whole = msgs[i].msg_len as usize;
             // MSG_TRUNC: the frame's whole length, even when the buffer took only its start;
             // a cut frame says so with a length beyond its buffer, and keeps no tag.
@@ -367,7 +362,7 @@ impl PacketSocket {
                 restore_tag(bufs[i], whole, &msgs[i].msg_hdr)
             };
         }
-        Ok(got.min(n))
+        Ok(got)
     }
 
     /// Receives up to `dst.len()` frames (at most [`RECV_BATCH`]) with one `recvmmsg(2)`,
@@ -394,6 +389,88 @@ impl PacketSocket {
         unsafe { self.recv_each(&mut iovs[..n], lens) }
     }
 
+    /// Receives up to `dst.len()` frames (at most [`RECV_BATCH`]) with one `recvmmsg(2)`,
+    /// each straight into its range of shared memory as it was on the wire: the kernel
+    /// writes the frame around a gap of [`VLAN_TAG_LEN`] bytes after its MAC addresses, the
+    /// tag it took out goes there, and the header's offsets move past it (as
+    /// [`PacketSocket::recv`] does, without moving the frame). For a socket whose filter
+    /// takes tagged frames alone ([`super::filter::only_to`]). Their whole lengths go to
+    /// `lens`, beyond a range's when the frame did not fit (then cut), 0 for a frame refused
+    /// because its tag cannot go back (it came untagged, or its header's offsets would
+    /// overflow with the tag): delivered without it, it would reach the host on a VLAN that
+    /// is not its own. Returns how many arrived (`WouldBlock`: none).
+    pub fn recv_batch_tagged_into(
+        &self,
+        dst: &[SharedBytes<'_>],
+        lens: &mut [usize],
+    ) -> io::Result<usize> {
+        const GAP_END: usize = VLAN_TAG_AT + VLAN_TAG_LEN;
+        let n = dst.len().min(lens.len()).min(RECV_BATCH);
+        // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid before the fields
+        // are set.
+        let mut iovs: [[libc::iovec; 2]; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        let mut spaces: [CmsgSpace; RECV_BATCH] = std::array::from_fn(|_| CmsgSpace([0; 64]));
+        for i in 0..n {
+            let (base, len) = super::shared_range(&dst[i])?;
+            if len < GAP_END {
+                return Err(io::ErrorKind::InvalidInput.into());
+            }
+            iovs[i] = [
+                libc::iovec {
+                    iov_base: base,
+                    iov_len: VLAN_TAG_AT,
+                },
+                libc::iovec {
+                    iov_base: base.wrapping_byte_add(GAP_END),
+                    iov_len: len - GAP_END,
+                },
+            ];
+            let h = &mut msgs[i].msg_hdr;
+            h.msg_iov = iovs[i].as_mut_ptr();
+            h.msg_iovlen = 2;
+            h.msg_control = spaces[i].0.as_mut_ptr().cast();
+            h.msg_controllen = spaces[i].0.len() as _;
+        }
+        // SAFETY: the first `n` entries of `msgs` point at `iovs` and `spaces`, unmoved for
+        // the call; each iovec names a range inside a live slice of atomics (see
+        // `super::read_into`: the kernel's writes race only with the peer's, which changes
+        // bytes, not memory safety), the two of a frame its range less the gap.
+        let got = unsafe { self.recvmmsg(&mut msgs[..n]) }?;
+        for i in 0..got {
+            let whole = msgs[i].msg_len as usize;
+            lens[i] = if whole + VLAN_TAG_LEN > dst[i].len() {
+                // Cut: its length with the tag, beyond the range.
+                whole + VLAN_TAG_LEN
+            } else {
+                place_tag(&dst[i], whole, auxdata(&msgs[i].msg_hdr)).unwrap_or(0)
+            };
+        }
+        Ok(got)
+    }
+
+    /// One `recvmmsg(2)` with `MSG_TRUNC` into `msgs`; how many it filled (at most
+    /// `msgs.len()`).
+    ///
+    /// # Safety
+    ///
+    /// Each entry's iovecs and control buffer must name memory valid for writes of their
+    /// lengths, unmoved for the whole call.
+    unsafe fn recvmmsg(&self, msgs: &mut [libc::mmsghdr]) -> io::Result<usize> {
+        // SAFETY: the caller's promise for every buffer the entries name; `msgs` itself is
+        // a live slice the kernel fills at most `msgs.len()` entries of.
+        let got = cvt(unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                msgs.len() as libc::c_uint,
+                libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        })?;
+        Ok((got as usize).min(msgs.len()))
+    }
+
     /// Receives up to `iovs.len()` frames (at most [`RECV_BATCH`]) with one `recvmmsg(2)`
     /// and `MSG_TRUNC`, each into its iovec; their whole lengths go to `lens`.
     ///
@@ -410,19 +487,11 @@ impl PacketSocket {
         }
         // SAFETY: the first `n` entries of `msgs` point at `iovs`, unmoved for the call, each
         // naming writable memory (the caller's promise); the kernel fills at most `n`.
-        let got = cvt(unsafe {
-            libc::recvmmsg(
-                self.fd.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_TRUNC,
-                std::ptr::null_mut(),
-            )
-        })? as usize;
-        for (len, m) in lens.iter_mut().zip(&msgs).take(got.min(n)) {
+        let got = unsafe { self.recvmmsg(&mut msgs[..n]) }?;
+        for (len, m) in lens.iter_mut().zip(&msgs).take(got) {
             *len = m.msg_len as usize;
         }
-        Ok(got.min(n))
+        Ok(got)
     }
 
     /// Sends one frame (virtio-net header first).
@@ -514,6 +583,30 @@ fn restore_tag(buf: &mut [u8], n: usize, msg: &libc::msghdr) -> usize {
     insert_vlan(buf, n, tpid, aux.tp_vlan_tci).unwrap_or(n)
 }
 
+/// Finishes a frame of `n` bytes that the kernel wrote around the gap after its MAC
+/// addresses in `dst` ([`PacketSocket::recv_batch_tagged_into`]): the tag `aux` reports
+/// goes into the gap and the header's offsets count it. Returns the tagged frame's length;
+/// `None` when the frame has no tag to put back (or is too short to have come with one),
+/// when the offsets would overflow with it, or when the memory cannot be written.
+fn place_tag(dst: &SharedBytes<'_>, n: usize, aux: Option<AuxData>) -> Option<usize> {
+    let a = aux.filter(|a| a.tp_status & TP_STATUS_VLAN_VALID != 0)?;
+    if n < VLAN_TAG_AT {
+        return None;
+    }
+    let mut hdr = [0u8; VNET_HDR_LEN];
+    dst.copy_out(0, &mut hdr).ok()?;
+    let hdr = tagged_header(&hdr)?;
+    let tpid = if a.tp_status & TP_STATUS_VLAN_TPID_VALID != 0 {
+        a.tp_vlan_tpid
+    } else {
+        ETH_P_8021Q
+    };
+    dst.copy_in(0, &hdr).ok()?;
+    dst.copy_in(VLAN_TAG_AT, &tag_bytes(tpid, a.tp_vlan_tci))
+        .ok()?;
+    Some(n + VLAN_TAG_LEN)
+}
+
 /// The `PACKET_AUXDATA` control message of a received `msg`, if the kernel sent one.
 fn auxdata(msg: &libc::msghdr) -> Option<AuxData> {
     // SAFETY: the CMSG_* macros walk the control buffer `msg` describes, which recvmsg
@@ -544,7 +637,7 @@ impl AsFd for PacketSocket {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::filter::{all_but, only_to, Tagged};
     use splitnet_messaging::memory::HeapShared;
@@ -555,7 +648,7 @@ mod tests {
     /// Needs root (CAP_SYS_ADMIN); without it the test fails, saying so: the tests that call
     /// this are `#[ignore = "needs root"]`, in [`needs_root`], and `tests/run-all.sh` runs
     /// them as root.
-    fn own_namespace() {
+    pub(crate) fn own_namespace() {
         // SAFETY: geteuid(2) has no preconditions.
         let euid = unsafe { libc::geteuid() };
         // SAFETY: unshare(2) changes only the calling thread's namespaces.
@@ -570,7 +663,7 @@ mod tests {
     }
 
     /// A frame to `dst` with a virtio-net header and, if `vlan`, an 802.1Q tag.
-    fn frame(dst: [u8; 6], vlan: Option<u16>, fill: u8) -> Vec<u8> {
+    pub(crate) fn frame(dst: [u8; 6], vlan: Option<u16>, fill: u8) -> Vec<u8> {
         let mut f = vec![0u8; VNET_HDR_LEN];
         f.extend_from_slice(&dst);
         f.extend_from_slice(&[2, 0, 0, 0, 0, 0x99]);
@@ -599,11 +692,102 @@ mod tests {
     }
 
     /// Waits (up to 5 s) until `s` holds a frame.
-    fn wait_readable(s: &PacketSocket) {
+    pub(crate) fn wait_readable(s: impl AsFd) {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while !crate::readable_now(s.as_fd()).unwrap() && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// The aux data of a frame the kernel took a tag out of (`tpid` when it says which).
+    fn aux(tci: u16, tpid: Option<u16>) -> Option<AuxData> {
+        let mut a = AuxData {
+            tp_status: TP_STATUS_VLAN_VALID,
+            tp_vlan_tci: tci,
+            ..AuxData::default()
+        };
+        if let Some(t) = tpid {
+            a.tp_status |= TP_STATUS_VLAN_TPID_VALID;
+            a.tp_vlan_tpid = t;
+        }
+        Some(a)
+    }
+
+    /// Issue 41: the tag goes into the gap and the header's offsets move past it; a frame
+    /// without a tag, too short for one, or whose offsets would overflow is refused, its
+    /// memory left as it was.
+    #[test]
+    fn place_tag_fills_the_gap_or_refuses() {
+        let mem = HeapShared::new(256);
+        let dst = SharedBytes::new(&mem, 0, 256).unwrap();
+        // A frame needing its checksum (start 34, offset 16) and segmented (hdr_len 54).
+        let mut hdr = [0u8; VNET_HDR_LEN];
+        hdr[0] = 1;
+        hdr[1] = 1;
+        hdr[2..4].copy_from_slice(&54u16.to_le_bytes());
+        hdr[4..6].copy_from_slice(&1400u16.to_le_bytes());
+        hdr[6..8].copy_from_slice(&34u16.to_le_bytes());
+        hdr[8..10].copy_from_slice(&16u16.to_le_bytes());
+        let put = |h: &[u8; VNET_HDR_LEN]| {
+            dst.copy_in(0, h).unwrap();
+            dst.copy_in(VNET_HDR_LEN, &[7; 12]).unwrap();
+            dst.copy_in(VLAN_TAG_AT + VLAN_TAG_LEN, &[9; 60]).unwrap();
+        };
+        let n = VLAN_TAG_AT + 60;
+        put(&hdr);
+        assert_eq!(place_tag(&dst, n, aux(0xa00a, Some(0x88a8))), Some(n + 4));
+        let mut got = vec![0u8; n + 4];
+        dst.copy_out(0, &mut got).unwrap();
+        assert_eq!(&got[2..4], &58u16.to_le_bytes(), "hdr_len counts the tag");
+        assert_eq!(
+            &got[6..8],
+            &38u16.to_le_bytes(),
+            "csum_start counts the tag"
+        );
+        assert_eq!(
+            &got[8..10],
+            &16u16.to_le_bytes(),
+            "csum_offset is the L4 header's own"
+        );
+        assert_eq!(
+            &got[VLAN_TAG_AT..VLAN_TAG_AT + 4],
+            &[0x88, 0xa8, 0xa0, 0x0a]
+        );
+        assert_eq!(&got[VLAN_TAG_AT + 4..], &[9; 60][..]);
+        put(&hdr);
+        assert_eq!(place_tag(&dst, n, aux(5, None)), Some(n + 4));
+        dst.copy_out(0, &mut got).unwrap();
+        assert_eq!(
+            &got[VLAN_TAG_AT..VLAN_TAG_AT + 4],
+            &[0x81, 0x00, 0, 5],
+            "802.1Q when unsaid"
+        );
+        // Refused, nothing written.
+        put(&hdr);
+        let before = {
+            let mut b = vec![0u8; n + 4];
+            dst.copy_out(0, &mut b).unwrap();
+            b
+        };
+        assert_eq!(place_tag(&dst, n, None), None, "no aux data");
+        assert_eq!(place_tag(&dst, n, Some(AuxData::default())), None, "no tag");
+        assert_eq!(
+            place_tag(&dst, VLAN_TAG_AT - 1, aux(5, None)),
+            None,
+            "too short"
+        );
+        let mut huge = hdr;
+        huge[6..8].copy_from_slice(&65533u16.to_le_bytes());
+        dst.copy_in(0, &huge).unwrap();
+        assert_eq!(
+            place_tag(&dst, n, aux(5, None)),
+            None,
+            "csum_start would overflow"
+        );
+        dst.copy_in(0, &hdr).unwrap();
+        let mut after = vec![0u8; n + 4];
+        dst.copy_out(0, &mut after).unwrap();
+        assert_eq!(after, before);
     }
 
     /// The tests that need root (a network namespace of their own): ignored in a plain
@@ -674,9 +858,11 @@ mod tests {
             general
                 .filter_handle()
                 .unwrap()
-                .set(&all_but(&[(mine, Tagged::No)]))
+                .set(&all_but(&[(mine, Tagged::untagged())]))
                 .unwrap();
-            let host = general.open_sibling(&only_to(&mine, Tagged::No)).unwrap();
+            let host = general
+                .open_sibling(&only_to(&mine, &Tagged::untagged()))
+                .unwrap();
             let sent = [
                 frame(mine, None, 1),
                 frame(other, None, 2),
@@ -743,6 +929,76 @@ mod tests {
                 io::ErrorKind::WouldBlock
             );
             assert_eq!(host.take_drops().unwrap(), 0);
+        }
+
+        /// Issue 41: a trunk host's socket takes its VLANs' frames, and reads each straight
+        /// into shared memory as it was on the wire, the tag the kernel took out back in its
+        /// place (of either TPID), the frame never moved; one too long says its whole length
+        /// with the tag; one that came untagged is refused.
+        #[test]
+        #[ignore = "needs root"]
+        fn a_trunk_hosts_socket_reads_its_tagged_frames_whole_into_shared_memory() {
+            own_namespace();
+            let mine = [2, 0, 0, 0, 0, 1];
+            let trunk = Tagged::of(false, [7, 8, 9, 100]).unwrap();
+            let general = PacketSocket::open("lo").unwrap();
+            general
+                .filter_handle()
+                .unwrap()
+                .set(&all_but(&[(mine, trunk.clone())]))
+                .unwrap();
+            let host = general.open_sibling(&only_to(&mine, &trunk)).unwrap();
+            let mut qinq = frame(mine, Some(100), 3);
+            qinq[VNET_HDR_LEN + 12..VNET_HDR_LEN + 14].copy_from_slice(&[0x88, 0xa8]);
+            let sent = [
+                frame(mine, Some(7), 1),
+                frame(mine, Some(0x2000 | 9), 2),
+                qinq,
+                frame(mine, Some(10), 4),
+                frame(mine, None, 5),
+            ];
+            for f in &sent {
+                general.send(f).unwrap();
+            }
+            assert_eq!(drain(&general, 2), vec![sent[3].clone(), sent[4].clone()]);
+            let mem = HeapShared::new(8192);
+            let windows: Vec<_> = (0..3)
+                .map(|i| SharedBytes::new(&mem, i * 2000, 1000).unwrap())
+                .collect();
+            let mut lens = [0usize; 3];
+            let mut got = 0;
+            while got < 3 {
+                wait_readable(&host);
+                got += host
+                    .recv_batch_tagged_into(&windows[got..], &mut lens[got..])
+                    .unwrap();
+            }
+            for (i, w) in windows.iter().enumerate() {
+                assert_eq!(lens[i], sent[i].len());
+                let mut back = vec![0u8; lens[i]];
+                w.copy_out(0, &mut back).unwrap();
+                assert_eq!(back, sent[i], "frame {i}");
+            }
+            // Too long for its range: its whole length, with the tag.
+            general.send(&sent[0]).unwrap();
+            let small = [SharedBytes::new(&mem, 0, 40).unwrap()];
+            wait_readable(&host);
+            host.recv_batch_tagged_into(&small, &mut lens[..1]).unwrap();
+            assert_eq!(lens[0], sent[0].len());
+            // An untagged frame read this way is refused (length 0): without a tag it would
+            // reach a trunk host on a VLAN that is not its own.
+            let plain = general
+                .open_sibling(&only_to(&mine, &Tagged::untagged()))
+                .unwrap();
+            general.send(&frame(mine, None, 6)).unwrap();
+            wait_readable(&plain);
+            assert_eq!(
+                plain
+                    .recv_batch_tagged_into(&windows[..1], &mut lens[..1])
+                    .unwrap(),
+                1
+            );
+            assert_eq!(lens[0], 0);
         }
     }
 }

@@ -5,7 +5,7 @@
 # the receiver puts back the tag its kernel moved into PACKET_AUXDATA, and every frame must
 # arrive exactly as it was sent, once. LAN to host is the case the IOC must repair (its
 # AF_PACKET socket sees the tag beside the frame, not in it). Then again with the host over
-# shared memory, where the host's untagged unicast frames come from a socket of its own.
+# shared memory, where the host's unicast frames come from sockets of its own.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip ping ss python3; need_daemons
 RAW="python3 $ROOT/tests/rawframes.py"
@@ -89,9 +89,9 @@ topo_up 1; start_ioc; start_host 1
 wait_carrier sd-host up 10
 ping_ok sd-host 10.50.0.2
 both_ways
-# Again with the host over shared memory: the IOC reads its untagged unicast frames from
-# a packet socket of the host's own, whose filter leaves tagged frames to the general
-# socket (the one that puts tags back).
+# Again with the host over shared memory: the IOC reads its unicast frames of its VLANs
+# from packet sockets of the host's own, one for untagged frames and one for tagged ones,
+# which it reads around a gap where the tag the kernel took out goes back.
 stop_host 1 TERM; stop_ioc TERM
 sock=$T/run/fabric.sock
 sed "s|^listen = .*|&\nlisten_local = \"$sock\"|" "$IOC_CONF" >"$T/ioc.toml"
@@ -102,7 +102,19 @@ ping_ok sd-host 10.50.0.2
 # Large pings (small frames go inline): their echo requests are written straight into the
 # host's pools from its own socket, which is open.
 run ip netns exec sd-lan ping -q -c 2 -i 0.2 -s 1000 -W 1 10.50.0.1
-placed=$(ctl_json "$T/ioc.sock" hosts "d['hosts']['hosts'][0]['in_place']")
-assert_positive "$placed" "frames written into the host's pools from its own socket"
+placed() { ctl_json "$T/ioc.sock" hosts "d['hosts']['hosts'][0]['in_place']"; }
+assert_positive "$(placed)" "frames written into the host's pools from its own socket"
 both_ways
-pass "802.1Q, QinQ and priority-tagged frames, unicast and group, cross both ways intact, over TCP and over shared memory"
+# Large frames of the host's VLANs (beyond what goes inline) come from its own sockets too,
+# written into its pools with their tags back in place, the untagged one beside them.
+before=$(placed)
+host=$(link_mac sd-host sd0); lan=$(link_mac sd-lan lan1)
+big() { local f; f=$(mkframe "$@"); while [ ${#f} -lt 2400 ]; do f+=00; done; echo "$f"; }
+crossing large-lan-to-host sd-lan lan1 sd-host sd0 \
+    "$(big "$host" "$lan" 21 8100:0064)" \
+    "$(big "$host" "$lan" 22 88a8:20c8 8100:012c)" \
+    "$(big "$host" "$lan" 23 8100:affe)" \
+    "$(big "$host" "$lan" 24)"
+assert_ge "$(placed)" $((before + 4)) "large frames written into the host's pools from its own sockets"
+log "large tagged frames over shared memory: $(( $(placed) - before )) written in place"
+pass "802.1Q, QinQ and priority-tagged frames, unicast and group, cross both ways intact, over TCP and over shared memory (a trunk host's own queue keeping the tags)"

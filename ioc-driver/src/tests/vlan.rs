@@ -3,8 +3,10 @@
 //! queue.
 
 use super::*;
+use crate::nic::HostFrames;
 use crate::vlan::VlanMode;
 use splitnet_messaging::vnet::{self, insert_vlan};
+use splitnet_netif::filter::Tagged;
 
 /// A host of identity `node` with the VLAN mode `vlan`.
 fn who(node: u64, vlan: VlanMode) -> Who {
@@ -290,10 +292,10 @@ fn an_access_hosts_own_queue_takes_its_vlans_frames_untagged() {
     let (s, mut peer) = connect_shm_as(&mut ioc, who(3, access(10)), large_pools());
     let own = mac(&ioc, s);
     let queue = nic.host_queue(own).expect("its own queue");
-    assert_eq!(queue.tagged.get(), splitnet_netif::filter::Tagged::Vlan(10));
+    assert_eq!(queue.takes.borrow().tagged, Tagged::vlan(10));
     assert_eq!(
         *nic.excluded_tags.lock().unwrap(),
-        vec![(own, splitnet_netif::filter::Tagged::Vlan(10))]
+        vec![(own, Tagged::vlan(10))]
     );
     peer.kept = Some(Vec::new());
     let plain = frame(own, LAN_PEER, 1400);
@@ -312,6 +314,66 @@ fn an_access_hosts_own_queue_takes_its_vlans_frames_untagged() {
     assert_eq!(peer.kept.as_ref().unwrap(), &vec![plain]);
     assert_eq!(host(&ioc, s).link.as_ref().unwrap().stats().tx_in_place, 1);
     assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_trunk_hosts_own_queue_takes_its_vlans_frames_tagged_and_its_untagged_ones() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect_shm_as(&mut ioc, who(3, trunk(&[0, 10, 11, 30])), large_pools());
+    let own = mac(&ioc, s);
+    let queue = nic.host_queue(own).expect("its own queue");
+    let takes = Tagged::of(true, [10, 11, 30]).unwrap();
+    assert_eq!(
+        *queue.takes.borrow(),
+        HostFrames {
+            tagged: takes.clone(),
+            keep_tags: true
+        }
+    );
+    assert_eq!(*nic.excluded_tags.lock().unwrap(), vec![(own, takes)]);
+    peer.kept = Some(Vec::new());
+    let plain = frame(own, LAN_PEER, 1400);
+    let (on_11, on_30) = (tagged(&plain, 11), tagged(&plain, 30));
+    // Its VLANs' frames and its untagged ones go to its own queue, as they came; VLAN 20's
+    // and a priority-tagged one stay on the general socket, which delivers the latter as
+    // it is (a priority tag is no VLAN: the frame counts as untagged).
+    for f in [
+        on_11.clone(),
+        plain.clone(),
+        tagged(&plain, 20),
+        on_30.clone(),
+        tagged(&plain, 0),
+    ] {
+        nic.arrive(f);
+    }
+    assert_eq!(queue.frames.borrow().len(), 3);
+    assert_eq!(nic.rx.borrow().len(), 2);
+    from_lan::read_own_queue(&mut ioc, s);
+    while !nic.rx.borrow().is_empty() {
+        from_lan::drive_lan(&mut ioc, 0);
+    }
+    pump(&mut ioc, &mut peer, s, true);
+    let kept = peer.kept.as_ref().unwrap();
+    assert_eq!(&kept[..3], &[on_11, plain.clone(), on_30]);
+    assert_eq!(&kept[3..], &[tagged(&plain, 0)]);
+    assert_eq!(host(&ioc, s).link.as_ref().unwrap().stats().tx_in_place, 3);
+    assert_eq!(nic.violations.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_trunk_of_too_many_vlan_ranges_keeps_the_general_path_for_its_tagged_frames() {
+    let (mut ioc, nic) = ioc_with("");
+    let mut list: Vec<u16> = (1..200).step_by(2).collect();
+    list.push(0);
+    let (s, _peer) = connect_shm_as(&mut ioc, who(3, trunk(&list)), large_pools());
+    let own = mac(&ioc, s);
+    let queue = nic
+        .host_queue(own)
+        .expect("its own queue, for untagged frames");
+    assert_eq!(queue.takes.borrow().tagged, Tagged::untagged());
+    nic.arrive(tagged(&frame(own, LAN_PEER, 100), 7));
+    assert!(queue.frames.borrow().is_empty());
+    assert_eq!(nic.rx.borrow().len(), 1, "the general path");
 }
 
 #[test]
@@ -340,16 +402,16 @@ fn a_reload_that_changes_a_hosts_vlan_takes_effect_at_once_and_moves_its_own_que
     let (s, mut peer) = connect_shm_as(&mut ioc, w, large_pools());
     let own = mac(&ioc, s);
     assert_eq!(
-        nic.host_queue(own).unwrap().tagged.get(),
-        splitnet_netif::filter::Tagged::Vlan(10)
+        nic.host_queue(own).unwrap().takes.borrow().tagged,
+        Tagged::vlan(10)
     );
     ioc.cfg.auth = auth(Some(20));
     ioc.apply_policy();
     assert!(ioc.hosts.contains_key(&s), "the session stays");
     assert_eq!(host(&ioc, s).policy.vlan, access(20));
     assert_eq!(
-        nic.host_queue(own).unwrap().tagged.get(),
-        splitnet_netif::filter::Tagged::Vlan(20),
+        nic.host_queue(own).unwrap().takes.borrow().tagged,
+        Tagged::vlan(20),
         "its own queue now takes VLAN 20"
     );
     peer.kept = Some(Vec::new());
