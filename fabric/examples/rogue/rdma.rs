@@ -106,26 +106,32 @@ impl Session {
     async fn ended(&mut self, within: Duration) -> Option<String> {
         let end = Instant::now() + within;
         let mut last_keepalive = Instant::now();
+        // Once the data queue pair broke, the control channel stays open until the IOC ends
+        // the session, so that it ends it for its own queue pair's error, not for this side
+        // closing first.
+        let mut broken = None;
         while Instant::now() < end {
             // Alive as far as keepalives go: only the attack may end the session.
             if last_keepalive.elapsed() > Duration::from_millis(100) {
                 send_keepalive(&mut self.ctrl);
                 last_keepalive = Instant::now();
             }
-            if let Err(e) = self.data.poll_recv(&mut self.reg) {
-                return Some(format!("queue pair: {e}"));
+            if broken.is_none() {
+                if let Err(e) = self.data.poll_recv(&mut self.reg) {
+                    broken = Some(format!("queue pair: {e}"));
+                }
             }
             match self.ctrl.poll_recv(&mut self.reg) {
                 Ok(Some(RxCompletion::Recv { .. })) => {
                     if let Ok((_, Message::Goodbye(g))) = Message::parse(self.ctrl.received()) {
-                        return Some(format!("Goodbye {:?}", g.code));
+                        return broken.or(Some(format!("Goodbye {:?}", g.code)));
                     }
                 }
                 Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
-                Err(e) => return Some(format!("control channel: {e}")),
+                Err(e) => return broken.or(Some(format!("control channel: {e}"))),
             }
         }
-        None
+        broken
     }
 
     /// Byte offset of `element` of the IOC's first pool in its arena, and idata for a write
