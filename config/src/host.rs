@@ -72,6 +72,10 @@ pub struct HostFabric {
     /// Longest reconnect delay (ms).
     #[serde(default = "default_reconnect_max")]
     pub reconnect_max_ms: u64,
+    /// How long sd0 keeps its carrier while an IOC that said it is restarting (Goodbye
+    /// Restarting) comes back, reconnecting every `reconnect_min_ms` meanwhile (ms; 0: none).
+    #[serde(default = "default_restart_grace")]
+    pub restart_grace_ms: u64,
     /// With `ioc = "unix:PATH"`: both channels over shared memory (the default) rather
     /// than over the socket.
     #[serde(default = "yes")]
@@ -106,6 +110,9 @@ fn default_reconnect_min() -> u64 {
 fn default_reconnect_max() -> u64 {
     500
 }
+fn default_restart_grace() -> u64 {
+    2000
+}
 
 impl HostFabric {
     /// Keepalive interval.
@@ -123,6 +130,10 @@ impl HostFabric {
     /// Longest reconnect delay.
     pub fn reconnect_max(&self) -> Duration {
         Duration::from_millis(self.reconnect_max_ms)
+    }
+    /// How long the carrier stays while a restarting IOC comes back.
+    pub fn restart_grace(&self) -> Duration {
+        Duration::from_millis(self.restart_grace_ms)
     }
     /// Longest poll before sleeping, over shared memory.
     pub fn spin_max(&self) -> Duration {
@@ -177,6 +188,7 @@ impl HostConfig {
             f.reconnect_min_ms,
             600_000,
         )?;
+        range("fabric.restart_grace_ms", f.restart_grace_ms, 0, 60_000)?;
         range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
         if let FabricAddr::Tcp(a) | FabricAddr::Rdma(a) = f.ioc {
             if a.port() == 0 || a.ip().is_unspecified() {

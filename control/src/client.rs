@@ -5,10 +5,6 @@ use crate::MAX_REPLY;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-/// How long a daemon has to answer.
-const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why a request got no reply.
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +51,10 @@ pub fn ask(path: &Path, request: Request) -> Result<Reply, ClientError> {
         path: path.to_owned(),
         source,
     })?;
-    sock.set_read_timeout(Some(TIMEOUT)).map_err(io_err)?;
-    sock.set_write_timeout(Some(TIMEOUT)).map_err(io_err)?;
+    // The daemon has the request's time to answer.
+    let timeout = request.answer_timeout();
+    sock.set_read_timeout(Some(timeout)).map_err(io_err)?;
+    sock.set_write_timeout(Some(timeout)).map_err(io_err)?;
     sock.write_all(format!("{request}\n").as_bytes())
         .map_err(io_err)?;
     let mut body = Vec::new();

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 or /run/ioc-driver/control.sock; root only). With neither --socket, --daemon nor --interface, \
 the one daemon socket that exists is used. The options go anywhere on the line.\n\n\
 Exit status: 0 answered, 1 the daemon could not be reached (none running) or refused, 2 usage \
-error (including several daemons running and none chosen)."
+error (including several daemons running and none chosen), 3 upgrade refused: the new process \
+the daemon started did not start (the running one serves on)."
 )]
 struct Cli {
     /// Print the daemon's JSON document instead of a table (for scripts).
@@ -62,6 +63,12 @@ enum Command {
     /// `systemctl reload ioc-driver` runs); exits 1, saying why, when the file is invalid or
     /// changes what needs a restart (nothing is applied then).
     Reload,
+    /// Makes ioc-driver start its binary again (the new one, after a package upgrade) and
+    /// hand it its listening sockets; once the new process is ready it becomes the
+    /// service's main process and the old one tells its hosts it is restarting, so they
+    /// reconnect at once (what the package runs on an upgrade). Exits 3, the old process
+    /// serving on, when the new one does not start; 1 when the daemon cannot be asked.
+    Upgrade,
     /// A live view of throughput and credit occupancy (Ctrl-C ends it).
     Top {
         /// Seconds between samples.
@@ -117,6 +124,7 @@ fn main() -> ExitCode {
         Command::Hosts => once(&socket, Request::Hosts, cli.json),
         Command::Stats => once(&socket, Request::Stats, cli.json),
         Command::Reload => once(&socket, Request::Reload, cli.json),
+        Command::Upgrade => return upgrade(&socket, cli.json),
         Command::Top { interval, count } => top(&socket, interval, count, cli.json),
         Command::Genkey | Command::Pubkey => unreachable!("answered by keys() above"),
     };
@@ -225,6 +233,40 @@ fn pick_socket(cli: &Cli, present: &[PathBuf]) -> Result<PathBuf, Unpicked> {
                 list(several)
             ))),
         },
+    }
+}
+
+/// `upgrade`: 0 once the new process serves, 3 when the new binary did not start (the old
+/// one serves on: a caller must not restart the service onto that binary), 1 when the
+/// daemon could not be asked, could not try, or the hand-over went wrong otherwise (a
+/// restart is then the way).
+fn upgrade(socket: &Path, json: bool) -> ExitCode {
+    match ask(socket, Request::Upgrade) {
+        Ok(reply @ Reply::NotUpgraded(_)) => {
+            match json {
+                true => println!("{}", render::json(&reply)),
+                false => eprint!("splitnetctl: {}", render::text(&reply)),
+            }
+            ExitCode::from(3)
+        }
+        Ok(reply @ Reply::Upgraded(_)) => {
+            match json {
+                true => println!("{}", render::json(&reply)),
+                false => print!("{}", render::text(&reply)),
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(other) => {
+            eprintln!(
+                "splitnetctl: upgrade: unexpected reply {}",
+                render::json(&other)
+            );
+            ExitCode::FAILURE
+        }
+        Err(msg) => {
+            eprintln!("splitnetctl: {msg}");
+            ExitCode::FAILURE
+        }
     }
 }
 

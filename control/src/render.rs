@@ -20,6 +20,11 @@ pub fn text(reply: &Reply) -> String {
         Reply::Hosts(h) => hosts(h),
         Reply::Stats(s) => stats(s),
         Reply::Reloaded(what) => format!("{what}\n"),
+        Reply::Upgraded(u) => format!(
+            "upgraded: process {} serves now (ready {} ms after its start); process {} is ending\n",
+            u.new_pid, u.ready_ms, u.old_pid
+        ),
+        Reply::NotUpgraded(why) => format!("not upgraded, the running process serves on: {why}\n"),
         Reply::Error(e) => format!("error: {e}\n"),
     }
 }

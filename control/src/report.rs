@@ -22,17 +22,31 @@ pub enum Request {
     /// Read the configuration file again and apply what a reload may change (the IOC's
     /// `[auth]`): [`Reply::Reloaded`], or an error saying why nothing was applied.
     Reload,
+    /// Start the daemon's binary again (a new one, after a package upgrade) and hand it the
+    /// listening sockets: [`Reply::Upgraded`] once the new process serves, or
+    /// [`Reply::NotUpgraded`] when it did not start and the running one serves on.
+    Upgrade,
 }
 
 impl Request {
     /// Every request, in the order `splitnetctl --help` lists them.
-    pub const ALL: [Request; 5] = [
+    pub const ALL: [Request; 6] = [
         Request::Status,
         Request::Pools,
         Request::Hosts,
         Request::Stats,
         Request::Reload,
+        Request::Upgrade,
     ];
+
+    /// How long a client waits for the answer: an upgrade waits for a new process to start
+    /// (the daemon bounds that wait itself, within this).
+    pub fn answer_timeout(self) -> std::time::Duration {
+        match self {
+            Request::Upgrade => std::time::Duration::from_secs(30),
+            _ => std::time::Duration::from_secs(3),
+        }
+    }
 
     /// The command word on the socket.
     pub fn as_str(self) -> &'static str {
@@ -42,6 +56,7 @@ impl Request {
             Request::Hosts => "hosts",
             Request::Stats => "stats",
             Request::Reload => "reload",
+            Request::Upgrade => "upgrade",
         }
     }
 }
@@ -54,7 +69,7 @@ impl fmt::Display for Request {
 
 /// A request line that names no command.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown request {0:?} (status, pools, hosts, stats or reload)")]
+#[error("unknown request {0:?} (status, pools, hosts, stats, reload or upgrade)")]
 pub struct UnknownRequest(pub String);
 
 impl FromStr for Request {
@@ -84,8 +99,23 @@ pub enum Reply {
     Stats(Stats),
     /// Answer to `reload`: what was applied.
     Reloaded(String),
+    /// Answer to `upgrade`: the new process serves now, this one is ending.
+    Upgraded(Upgraded),
+    /// Answer to `upgrade`: the new process did not start, and why; this one serves on.
+    NotUpgraded(String),
     /// The request could not be answered, and why.
     Error(String),
+}
+
+/// A hand-over to a new process that took place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upgraded {
+    /// The process id of the one ending.
+    pub old_pid: u32,
+    /// The process id of the one serving now.
+    pub new_pid: u32,
+    /// Milliseconds from the start of the new process to its word that it was ready.
+    pub ready_ms: u64,
 }
 
 /// Which daemon answered.

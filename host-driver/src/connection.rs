@@ -6,6 +6,7 @@ use crate::cfgutil::{feature_bits, Settings};
 use crate::datapath::{self, tap_wanted, Outbound};
 use crate::drops::Drops;
 use crate::interface::{Carrier, Watch};
+use crate::reconnect::Ended;
 use crate::report::{Reporter, StatusLine};
 use crate::spin;
 use splitnet_config::HostConfig;
@@ -32,6 +33,19 @@ pub enum End {
     Shutdown,
     /// The IOC went away or broke the protocol: reconnect.
     Lost(String),
+    /// The IOC said it is restarting (Goodbye Restarting): reconnect at once, the carrier
+    /// kept for a while ([`crate::reconnect`]).
+    Restarting,
+}
+
+impl End {
+    /// How a Goodbye with `code` ends the connection.
+    fn goodbye(code: ErrorCode) -> End {
+        match code {
+            ErrorCode::Restarting => End::Restarting,
+            code => End::Lost(format!("IOC closed the connection ({code:?})")),
+        }
+    }
 }
 
 /// What ends a connection from outside: a signal, or the end of another queue's
@@ -39,14 +53,15 @@ pub enum End {
 pub struct Stop<'s> {
     term: &'s mut Signal,
     int: &'s mut Signal,
-    /// Set when any queue's connection ended.
-    ended: watch::Receiver<bool>,
+    /// Set when any queue's connection ended, to how it ended.
+    ended: watch::Receiver<Option<Ended>>,
 }
 
 /// Why a [`Stop`] fired.
 enum Reason {
     Signal,
-    QueueEnded,
+    /// Another queue's connection ended so (a restarting IOC says so on each).
+    QueueEnded(Ended),
 }
 
 impl<'s> Stop<'s> {
@@ -54,7 +69,7 @@ impl<'s> Stop<'s> {
     pub fn new(
         term: &'s mut Signal,
         int: &'s mut Signal,
-        ended: watch::Receiver<bool>,
+        ended: watch::Receiver<Option<Ended>>,
     ) -> Stop<'s> {
         Stop { term, int, ended }
     }
@@ -64,7 +79,9 @@ impl<'s> Stop<'s> {
         tokio::select! {
             _ = self.term.recv() => Reason::Signal,
             _ = self.int.recv() => Reason::Signal,
-            _ = self.ended.wait_for(|ended| *ended) => Reason::QueueEnded,
+            e = self.ended.wait_for(Option::is_some) => {
+                Reason::QueueEnded(e.ok().and_then(|e| *e).unwrap_or(Ended::Lost))
+            }
         }
     }
 }
@@ -156,11 +173,17 @@ impl<'a> Conn<'a> {
             settings,
             watch,
             watch_ready,
-            carrier: Carrier::off(),
+            carrier: Carrier::new(false),
             rx_drops: Drops::default(),
             report,
             spin,
         })
+    }
+
+    /// sd0's carrier was kept on through a restarting IOC: it stays until the new session
+    /// knows the MAC and MTU, then follows the IOC's NIC as usual.
+    pub fn carrier_held(&mut self) {
+        self.carrier = Carrier::new(true);
     }
 
     /// The TAP was re-attached and this is its first connection (`keep`): its MTU, and
@@ -214,7 +237,8 @@ impl<'a> Conn<'a> {
             let step: Result<(), String> = tokio::select! {
                 r = stop.wait() => match r {
                     Reason::Signal => return self.shutdown().await,
-                    Reason::QueueEnded => return End::Lost("another queue's connection ended".into()),
+                    Reason::QueueEnded(Ended::Restarting) => return End::Restarting,
+                    Reason::QueueEnded(Ended::Lost) => return End::Lost("another queue's connection ended".into()),
                 },
                 g = self.tap_ready.readable(), if tap_wanted => match g {
                     Ok(mut g) => {
@@ -284,7 +308,7 @@ impl<'a> Conn<'a> {
                 );
                 for ev in events.drain(..) {
                     if let LinkEvent::Goodbye(code) = ev {
-                        return End::Lost(format!("IOC closed the connection ({code:?})"));
+                        return End::goodbye(code);
                     }
                 }
                 return End::Lost(why);
@@ -349,9 +373,7 @@ impl<'a> Conn<'a> {
                 let session = self.tl.link.session_mut();
                 self.settings.on_request(session, first, txn, code, &data);
             }
-            LinkEvent::Goodbye(code) => {
-                return Some(End::Lost(format!("IOC closed the connection ({code:?})")));
-            }
+            LinkEvent::Goodbye(code) => return Some(End::goodbye(code)),
             LinkEvent::PoolGet(o) => debug!(?o, "pool request from the IOC"),
             LinkEvent::Flushed { .. } => {}
             LinkEvent::RefusedInline { len } => {

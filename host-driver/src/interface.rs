@@ -175,12 +175,15 @@ fn flags_seen(promisc: bool, allmulti: bool, s: &mut Settings, session: &mut Ses
 /// sd0's carrier: on while the IOC's link is up and sd0 has the MAC and MTU agreed.
 pub struct Carrier {
     on: bool,
+    /// On from before the connection (a restarting IOC's): left so until the session knows
+    /// the MAC and MTU.
+    held: bool,
 }
 
 impl Carrier {
-    /// The carrier of a new connection: off.
-    pub fn off() -> Carrier {
-        Carrier { on: false }
+    /// The carrier of a new connection: off, or on and `held` through a restarting IOC.
+    pub fn new(held: bool) -> Carrier {
+        Carrier { on: held, held }
     }
 
     /// Whether the carrier is on.
@@ -191,6 +194,10 @@ impl Carrier {
     /// Turns `tap`'s carrier on or off as `s` wants it, and tells systemd the data path is
     /// ready the first time it is on (`ready_sent`).
     pub fn update(&mut self, s: &Settings, tap: &Tap, ready_sent: &mut bool) {
+        if self.held && !(s.mac_known && s.mtu_known) {
+            return;
+        }
+        self.held = false;
         let want = s.mac_known && s.mtu_known && s.ioc_nic_up;
         if want != self.on {
             match tap.set_carrier(want) {

@@ -14,6 +14,7 @@ mod datapath;
 mod drops;
 mod interface;
 mod queues;
+mod reconnect;
 mod report;
 mod snapshot;
 mod spin;

@@ -4,6 +4,7 @@
 
 use crate::connect::{connect, Identity};
 use crate::connection::{Conn, End, Stop};
+use crate::reconnect::Ended;
 use crate::report::{Reporter, SharedCounters};
 use splitnet_config::HostConfig;
 use splitnet_fabric as fabric;
@@ -21,7 +22,7 @@ use tracing::{debug, warn};
 /// their counters.
 pub struct Queues {
     threads: Vec<JoinHandle<()>>,
-    ended: Arc<watch::Sender<bool>>,
+    ended: Arc<watch::Sender<Option<Ended>>>,
     counters: Vec<SharedCounters>,
 }
 
@@ -35,7 +36,7 @@ impl Queues {
         id: &Arc<Identity>,
         first: u64,
     ) -> Result<Queues, String> {
-        let (ended, _) = watch::channel(false);
+        let (ended, _) = watch::channel(None);
         let mut q = Queues {
             threads: Vec::new(),
             ended: Arc::new(ended),
@@ -71,8 +72,8 @@ impl Queues {
         Ok(q)
     }
 
-    /// The flag set when any queue's connection ended.
-    pub fn ended(&self) -> watch::Receiver<bool> {
+    /// Set when any queue's connection ended, to how it ended.
+    pub fn ended(&self) -> watch::Receiver<Option<Ended>> {
         self.ended.subscribe()
     }
 
@@ -83,7 +84,7 @@ impl Queues {
 
     /// Ends every queue's connection and waits for their threads.
     pub fn stop(&mut self) {
-        self.ended.send_replace(true);
+        self.ended.send_if_modified(|e| first_end(e, Ended::Lost));
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -108,7 +109,7 @@ fn queue_thread(
     id: Arc<Identity>,
     first: u64,
     connected: oneshot::Sender<Result<(), String>>,
-    ended: Arc<watch::Sender<bool>>,
+    ended: Arc<watch::Sender<Option<Ended>>>,
     counters: SharedCounters,
 ) {
     let rt = match service::runtime() {
@@ -143,15 +144,26 @@ fn queue_thread(
             .run(&mut stop, &mut true, &mut notify::Watchdog::disabled())
             .await;
         conn.close();
-        if let End::Lost(why) = end {
-            warn!(queue = queue.index, "queue's connection lost: {why}");
+        match end {
+            End::Lost(why) => warn!(queue = queue.index, "queue's connection lost: {why}"),
+            End::Restarting => return Ok(Ended::Restarting),
+            End::Shutdown => {}
         }
-        Ok::<(), io::Error>(())
+        Ok::<_, io::Error>(Ended::Lost)
     };
-    if let Err(e) = rt.block_on(serve) {
+    let how = rt.block_on(serve).unwrap_or_else(|e| {
         warn!(queue = queue.index, "queue stopped: {e}");
-    }
-    // The connection is over for every queue once one of them ends (a sender that was
-    // already told so by the others keeps the value).
-    ended.send_replace(true);
+        Ended::Lost
+    });
+    // The connection is over for every queue once one of them ends (a value set already,
+    // by the queue that ended first, stays).
+    ended.send_if_modified(|e| first_end(e, how));
+}
+
+/// Records `how` as the way the queues' connection ended unless one did already; whether it
+/// was recorded.
+fn first_end(e: &mut Option<Ended>, how: Ended) -> bool {
+    let first = e.is_none();
+    e.get_or_insert(how);
+    first
 }

@@ -164,6 +164,10 @@ impl Snapshot {
             Request::Reload => Reply::Error(
                 "reload: host-driver reads its configuration at start only (restart it)".into(),
             ),
+            Request::Upgrade => Reply::Error(
+                "upgrade: host-driver is restarted instead (systemctl restart host-driver; sd0 stays)"
+                    .into(),
+            ),
             Request::Stats => Reply::Stats(Stats {
                 role: Role::Host,
                 fabric: self.totals(),

@@ -9,6 +9,7 @@ use crate::cfgutil::feature_bits;
 use crate::connect::{self, connect, default_node_id, Identity};
 use crate::connection::{Conn, End, Stop};
 use crate::queues::Queues;
+use crate::reconnect::{Ended, Reconnect};
 use crate::report::Reporter;
 use crate::snapshot::Snapshot;
 use splitnet_config::HostConfig;
@@ -113,11 +114,19 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             offloads: offload_names(feature_bits(&offloads)),
         },
     )));
-    service::serve_operators(snap.clone(), cfg.metrics.listen, control_socket).await?;
+    // Restarted, never handed over: nothing is passed to take up.
+    let mut passed = service::fdstore::Inherited::default();
+    service::serve_operators(
+        snap.clone(),
+        cfg.metrics.listen,
+        control_socket,
+        &mut passed,
+    )
+    .await?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let min = cfg.fabric.reconnect_min();
-    let mut backoff = min;
+    let f = &cfg.fabric;
+    let mut retry = Reconnect::new(f.reconnect_min(), f.reconnect_max(), f.restart_grace());
     let mut ready_sent = false;
     let mut watchdog = notify::Watchdog::from_env();
     let queue = Queue {
@@ -151,17 +160,25 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         let (ctrl, data, reply, mut queues) = match conn {
             Ok(c) => c,
             Err(e) => {
-                warn!("{e}; retrying in {backoff:?}");
+                let next = retry.failed(Instant::now());
+                if next.carrier_off {
+                    let _ = tap.set_carrier(false);
+                    warn!("the IOC did not come back within fabric.restart_grace_ms; carrier off");
+                }
+                match retry.holding() {
+                    true => info!("{e}; the IOC is restarting: retrying in {:?}", next.wait),
+                    false => warn!("{e}; retrying in {:?}", next.wait),
+                }
                 tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(next.wait) => {}
                     _ = term.recv() => return Ok(()),
                     _ = int.recv() => return Ok(()),
                 }
-                backoff = (backoff * 2).min(cfg.fabric.reconnect_max());
                 continue;
             }
         };
-        backoff = min;
+        let held = retry.holding();
+        retry.connected();
         info!(
             ioc = %cfg.fabric.ioc,
             session = reply.session,
@@ -174,9 +191,18 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
         let report = Reporter::first(snap.clone(), queues.counters());
         let mut conn = Conn::new(&cfg, queue, &tap, &tap_ready, ctrl, data, report)?;
         conn.keep_mtu(std::mem::take(&mut keep_mtu));
+        if held {
+            conn.carrier_held();
+        }
         let mut stop = Stop::new(&mut term, &mut int, queues.ended());
         let end = conn.run(&mut stop, &mut ready_sent, &mut watchdog).await;
-        let _ = tap.set_carrier(false);
+        let ended = match end {
+            End::Restarting => Ended::Restarting,
+            _ => Ended::Lost,
+        };
+        if matches!(end, End::Shutdown) || retry.ended(ended, Instant::now()) {
+            let _ = tap.set_carrier(false);
+        }
         queues.stop();
         conn.close();
         snap.borrow_mut().disconnected();
@@ -194,6 +220,10 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             End::Lost(why) => {
                 warn!("fabric lost: {why}; carrier off, reconnecting");
             }
+            End::Restarting => info!(
+                "the IOC is restarting; carrier kept for up to {:?} while reconnecting",
+                cfg.fabric.restart_grace()
+            ),
         }
     }
 }

@@ -27,6 +27,7 @@ mod gate;
 mod host_frame;
 mod host_queue;
 mod lan_tx;
+mod listeners;
 mod nic;
 mod nic_link;
 mod own_queue;
@@ -38,6 +39,7 @@ mod state;
 mod supervisor;
 #[cfg(test)]
 mod tests;
+mod upgrade;
 mod vlan;
 mod worker;
 

@@ -299,7 +299,9 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
             hosts: s.hosts.iter().map(|h| h.entry.clone()).collect(),
         }),
         // The main thread's ([`crate::supervisor::Cluster`]), never a snapshot's.
-        Request::Reload => Reply::Error("reload: not from a snapshot".into()),
+        Request::Reload | Request::Upgrade => {
+            Reply::Error(format!("{request}: not from a snapshot"))
+        }
         Request::Stats => {
             let mut fabric = Counters::from(&s.past);
             for h in &s.hosts {

@@ -5,17 +5,22 @@
 
 use crate::admission::Incoming;
 use crate::gate::Gate;
+use crate::listeners::{accept_local, fabric_listener, local_listener, Local, KEPT_LOCAL};
 use crate::nic::{open_lan, rx_queues, LanQueues, Nic};
 use crate::nic_link::{NicFollow, NicLink};
 use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
 use crate::state::WorkerState;
+use crate::upgrade::{self, UpgradeAsked};
 use crate::worker::{Cmd, NicFactory, Spec, Worker};
 use splitnet_config::{Admission, IocConfig, Promiscuous};
+use splitnet_control::Reply;
 use splitnet_fabric::auth::{Key, Responder};
 use splitnet_fabric::{self as fabric, Ready, Stream};
 use splitnet_messaging::wire::{fmt_mac, ErrorCode, Role};
 use splitnet_netif::{netdev, packet::PacketSocket};
+use splitnet_service::fdstore::{self, Inherited};
+use splitnet_service::handover;
 use splitnet_service::loglimit::LogLimit;
 use splitnet_service::privilege::Capability;
 use splitnet_service::{self as service, notify, Answer, Introspect};
@@ -23,13 +28,13 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
-use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -76,6 +81,10 @@ pub enum StartError {
     /// Signal handlers or reactor registration failed.
     #[error("cannot set up the event loop: {0}")]
     Runtime(#[from] io::Error),
+    /// An upgrade handed over to a new process the service manager may not take for the
+    /// main one: this one ends with a failure (after serving and flushing as on SIGTERM).
+    #[error("upgrade: {0}; ending with a failure")]
+    Upgrade(String),
 }
 
 /// How long an operator's request waits for the workers' snapshots.
@@ -109,6 +118,8 @@ pub struct Cluster {
     /// Where the control socket's `reload` requests go: the main loop, which reads the file
     /// and answers with what it applied, or why nothing.
     reloads: Option<mpsc::UnboundedSender<ReloadAsked>>,
+    /// Where its `upgrade` requests go: the main loop, which hands over or says why not.
+    upgrades: Option<mpsc::UnboundedSender<UpgradeAsked>>,
 }
 
 /// A `reload` request of the control socket, answered with what was applied or why not.
@@ -159,6 +170,7 @@ impl Cluster {
             report_timeout: REPORT_TIMEOUT,
             refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
             reloads: None,
+            upgrades: None,
         })
     }
 
@@ -309,11 +321,12 @@ impl Cluster {
             .all(|w| now.saturating_sub(w.heartbeat.load(Ordering::Relaxed)) < stuck)
     }
 
-    /// Stops every worker (each flushes its hosts' pools and says goodbye) and waits.
-    fn stop(&mut self) -> Vec<Worker> {
+    /// Stops every worker (each flushes its hosts' pools and says goodbye with `code`) and
+    /// waits.
+    fn stop(&mut self, code: ErrorCode) -> Vec<Worker> {
         self.stopping = true;
         for w in &self.workers {
-            let _ = w.cmds.send(Cmd::Stop);
+            let _ = w.cmds.send(Cmd::Stop(code));
         }
         std::mem::take(&mut self.workers)
     }
@@ -321,11 +334,13 @@ impl Cluster {
 
 impl Introspect for Cluster {
     fn answer_line(&self, line: &str) -> Answer {
+        if line.parse() == Ok(splitnet_control::Request::Upgrade) {
+            return upgrade::answer(self.upgrades.as_ref());
+        }
         if line.parse() == Ok(splitnet_control::Request::Reload) {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let asked = self.reloads.as_ref().is_some_and(|r| r.send(tx).is_ok());
             return Box::pin(async move {
-                use splitnet_control::Reply;
                 let reply = match (asked, rx.await) {
                     (true, Ok(Ok(what))) => Reply::Reloaded(what),
                     (true, Ok(Err(why))) => Reply::Error(format!("reload refused: {why}")),
@@ -358,29 +373,6 @@ fn reload_from(cluster: &RefCell<Cluster>, config: &std::path::Path) -> Result<S
     done
 }
 
-/// How long the IOC waits for its fabric address to be free: an instance killed a moment
-/// ago may still hold it while the kernel tears its sockets down.
-const LISTEN_RETRY: Duration = Duration::from_secs(5);
-
-/// Binds `fabric.listen`; while the address is in use, tries again every 100 ms for up to
-/// [`LISTEN_RETRY`], saying so once.
-async fn bind_listen(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
-    let until = Instant::now() + LISTEN_RETRY;
-    let mut said = false;
-    loop {
-        match TcpListener::bind(addr).await {
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < until => {
-                if !said {
-                    warn!(%addr, "fabric.listen is still in use (an instance that just exited?); trying again for up to {LISTEN_RETRY:?}");
-                    said = true;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            r => return r,
-        }
-    }
-}
-
 /// Runs until SIGTERM/SIGINT; SIGHUP reads `[auth]` of the file at `config` again.
 pub async fn run(
     cfg: IocConfig,
@@ -388,6 +380,10 @@ pub async fn run(
     control_socket: Option<PathBuf>,
 ) -> Result<(), StartError> {
     let key = private_key(&cfg)?;
+    // The listening sockets an earlier process left with the service manager, or handed
+    // over in an upgrade.
+    let mut kept = Inherited::take();
+    let mut kept_ops = kept.split_off(&[service::KEPT_METRICS, service::KEPT_CONTROL]);
     let name = cfg.lan.interface.clone();
     let lan_err = |source| StartError::Lan {
         name: name.clone(),
@@ -412,23 +408,37 @@ pub async fn run(
     };
     let nic_up = netdev::is_running(&name).unwrap_or(false);
     let listen = cfg.fabric.listen;
-    let listener = bind_listen(listen)
-        .await
-        .map_err(|source| StartError::Listen {
-            addr: listen,
-            source,
-        })?;
+    let rdma = cfg.fabric.rdma;
+    let listener =
+        fabric_listener(&mut kept, listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: listen,
+                source,
+            })?;
     let local = match &cfg.fabric.listen_local {
         Some(path) => Some(
-            listen_local(path, cfg.fabric.listen_local_group.as_deref()).map_err(|source| {
-                StartError::ListenLocal {
+            local_listener(&mut kept, path, cfg.fabric.listen_local_group.as_deref()).map_err(
+                |source| StartError::ListenLocal {
                     path: path.clone(),
                     source,
-                }
-            })?,
+                },
+            )?,
         ),
-        None => None,
+        None => {
+            let _ = fdstore::forget(KEPT_LOCAL);
+            None
+        }
     };
+    // Kept for a configuration of before (or not ours): closed, and the manager's copy too.
+    for name in kept.names() {
+        info!(
+            name,
+            "a descriptor the service manager kept is not used: dropped"
+        );
+        let _ = fdstore::forget(name);
+    }
+    drop(kept);
     let metrics_addr = cfg.metrics.listen;
     // Run by hand as root: from here on only the NIC (CAP_NET_ADMIN) and the hosts' own
     // packet sockets (CAP_NET_RAW) need a capability, and with RDMA pinning registered memory
@@ -476,14 +486,21 @@ pub async fn run(
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    service::serve_operators(cluster.clone(), metrics_addr, control_socket).await?;
+    let operators =
+        service::serve_operators(cluster.clone(), metrics_addr, control_socket, &mut kept_ops)
+            .await?;
+    drop(kept_ops);
     notify::ready(&format!("listening on {listen}, LAN {name}"));
     let nic = NicFollow::new(&name, NicLink { up: nic_up, mtu }, fixed_mtu);
     let link_task = tokio::task::spawn_local(link_monitor(cluster.clone(), name, nic));
     let acceptor = Acceptor::new(cluster.clone());
     let (reload_tx, mut reloads) = mpsc::unbounded_channel();
     cluster.borrow_mut().reloads = Some(reload_tx);
+    let (upgrade_tx, mut upgrades) = mpsc::unbounded_channel::<UpgradeAsked>();
+    cluster.borrow_mut().upgrades = Some(upgrade_tx);
     let mut local_refusals = LogLimit::new(REFUSAL_LOG_INTERVAL);
+    // An upgrade whose new main process the service manager did not confirm.
+    let mut unconfirmed = None;
     loop {
         tokio::select! {
             a = listener.accept() => match a.and_then(|(s, peer)| Ok((s.into_std()?, peer))) {
@@ -506,23 +523,75 @@ pub async fn run(
             Some(asked) = reloads.recv() => {
                 let _ = asked.send(reload_from(&cluster, &config));
             }
+            // Nothing is accepted meanwhile: connections wait on the socket, for whichever
+            // process serves after it. A SIGTERM meanwhile ends the new process and stops.
+            Some(asked) = upgrades.recv() => {
+                let outcome = if rdma {
+                    Some(upgrade::Outcome::Refused(upgrade::Refusal::Other(
+                        "not with fabric.rdma (the RDMA connection manager's listener cannot be shared): restart instead".into(),
+                    )))
+                } else {
+                    let local_fd = local.as_ref().map(|(l, _, _)| l.as_fd());
+                    tokio::select! {
+                        o = upgrade::hand_over(listener.as_fd(), local_fd, &operators) => Some(o),
+                        _ = term.recv() => None,
+                    }
+                };
+                let Some(outcome) = outcome else {
+                    let _ = asked.send(Reply::Error("upgrade: cancelled by SIGTERM; the new process ended, this one stops".into()));
+                    break;
+                };
+                match outcome {
+                    upgrade::Outcome::Done(done) => {
+                        let _ = asked.send(Reply::Upgraded(done));
+                        break;
+                    }
+                    upgrade::Outcome::Unconfirmed(why) => {
+                        let _ = asked.send(Reply::Error(format!("upgrade: {why}")));
+                        unconfirmed = Some(why);
+                        break;
+                    }
+                    upgrade::Outcome::Refused(why) => {
+                        let _ = asked.send(why.reply());
+                    }
+                }
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
     }
     link_task.abort();
-    if let Some((_, path, _)) = &local {
-        let _ = std::fs::remove_file(path);
+    // With the service manager keeping the listening sockets, a restart's process takes
+    // them up and the hosts' connections made meanwhile wait on them: the hosts are told
+    // so, and the local socket's file stays for them (a stop removes the runtime directory).
+    // After an upgrade the new process holds them already.
+    let handed_over = handover::has_handed_over();
+    if handed_over {
+        operators.stop().await;
     }
+    let restarting = handed_over || fdstore::keeping();
+    if let Some((_, path, _)) = &local {
+        if !restarting {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    // Nothing once handed over: this is not the service's main process any more.
     notify::stopping();
-    info!("shutting down");
-    let workers = cluster.borrow_mut().stop();
+    info!(restarting, "shutting down");
+    let code = match restarting {
+        true => ErrorCode::Restarting,
+        false => ErrorCode::ShuttingDown,
+    };
+    let workers = cluster.borrow_mut().stop(code);
     let joined = tokio::task::spawn_blocking(move || workers.into_iter().for_each(Worker::join));
     if joined.await.is_err() {
         warn!("the workers could not be waited for");
     }
     info!("stopped");
-    Ok(())
+    match unconfirmed {
+        Some(why) => Err(StartError::Upgrade(why)),
+        None => Ok(()),
+    }
 }
 
 /// This IOC's private key ([`splitnet_config::key::private_key_path`]): required with
@@ -551,113 +620,6 @@ fn private_key(cfg: &IocConfig) -> Result<Option<Key>, StartError> {
         Admission::Keys => info!(hosts = cfg.auth.hosts.len(), "admitting the hosts of [[auth.hosts]] by key"),
     }
     Ok(key.map(|k| k.0))
-}
-
-/// Who may connect to the local fabric socket: root, the IOC's own user, and the members of
-/// `fabric.listen_local_group`. The socket file's mode (0660, that group) makes the kernel
-/// refuse the others at `connect(2)`; the peer's credentials are checked again at accept,
-/// so a mode loosened by hand admits no one more.
-#[derive(Debug, Clone, Copy)]
-pub struct LocalAccess {
-    /// The IOC's own user.
-    pub owner: u32,
-    /// The group whose members may connect.
-    pub group: Option<u32>,
-}
-
-impl LocalAccess {
-    /// Whether a peer of user `uid`, primary group `gid` and supplementary `groups` may be a
-    /// host here.
-    pub fn allows(&self, uid: u32, gid: u32, groups: &[u32]) -> bool {
-        uid == 0 || uid == self.owner || self.group.is_some_and(|g| gid == g || groups.contains(&g))
-    }
-}
-
-/// The id of group `name`: a number as it is, else its line in /etc/group.
-fn group_id(name: &str) -> io::Result<u32> {
-    if let Ok(n) = name.parse() {
-        return Ok(n);
-    }
-    group_in(name, &std::fs::read_to_string("/etc/group")?)
-}
-
-/// The id of group `name` in `table`, in the format of /etc/group.
-fn group_in(name: &str, table: &str) -> io::Result<u32> {
-    table
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split(':');
-            let (n, _, id) = (f.next()?, f.next()?, f.next()?);
-            (n == name).then(|| id.parse().ok()).flatten()
-        })
-        .next()
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("no group {name:?} in /etc/group"),
-            )
-        })
-}
-
-/// Binds the local fabric socket at `path` (a socket left by an earlier run is replaced),
-/// for hosts on this machine: mode 0660, given to `group` when set (see [`LocalAccess`]).
-fn listen_local(
-    path: &std::path::Path,
-    group: Option<&str>,
-) -> io::Result<(tokio::net::UnixListener, PathBuf, LocalAccess)> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "a file that is not a socket is in the way",
-            ))
-        }
-        Err(_) => {}
-    }
-    let l = tokio::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    let group = group.map(group_id).transpose()?;
-    if let Some(g) = group {
-        std::os::unix::fs::chown(path, None, Some(g))?;
-    }
-    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(path)?);
-    info!(path = %path.display(), ?group, "local fabric socket (mode 0660)");
-    Ok((l, path.to_path_buf(), LocalAccess { owner, group }))
-}
-
-/// A connection on the local fabric socket.
-enum Local {
-    /// A peer [`LocalAccess`] allows: its socket, its name in the logs (the socket's path and
-    /// the peer's process), its user id.
-    Admitted(Stream, String, u32),
-    /// A peer it refuses (closed as it is dropped): its name and user id.
-    Refused(String, u32),
-}
-
-/// The next connection on the local fabric socket (never, without one).
-async fn accept_local(
-    local: Option<&(tokio::net::UnixListener, PathBuf, LocalAccess)>,
-) -> io::Result<Local> {
-    let Some((l, path, access)) = local else {
-        return std::future::pending().await;
-    };
-    let (s, _) = l.accept().await?;
-    let cred = s.peer_cred()?;
-    let peer = match cred.pid() {
-        Some(pid) => format!("unix:{} (pid {pid})", path.display()),
-        None => format!("unix:{}", path.display()),
-    };
-    let s = s.into_std()?;
-    let groups = splitnet_netif::peer_groups(std::os::fd::AsFd::as_fd(&s))?;
-    Ok(match access.allows(cred.uid(), cred.gid(), &groups) {
-        true => Local::Admitted(Stream::Unix(s), peer, cred.uid()),
-        false => Local::Refused(peer, cred.uid()),
-    })
 }
 
 /// Where a connection comes from, for the bound on one source's handshakes in flight: its
@@ -830,6 +792,7 @@ async fn link_monitor(cluster: Rc<RefCell<Cluster>>, name: String, mut nic: NicF
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::listeners::{group_id, group_in, LocalAccess};
 
     /// A cluster of `workers` that never answer, as the main thread holds them.
     fn cluster_of(workers: Vec<Worker>) -> Cluster {
@@ -853,6 +816,7 @@ mod tests {
             report_timeout: Duration::from_millis(200),
             refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
             reloads: None,
+            upgrades: None,
         }
     }
 

@@ -43,8 +43,9 @@ pub enum Cmd {
     /// A reload's `[auth]`: applied to every session at once
     /// ([`WorkerState::apply_policy`]).
     Auth(Arc<IocAuth>),
-    /// Flush every host's pools, say goodbye, stop.
-    Stop,
+    /// Flush every host's pools, say goodbye with this code (ShuttingDown, or Restarting
+    /// when the listening sockets outlive the process), stop.
+    Stop(ErrorCode),
 }
 
 /// Opens the worker's NIC inside its event loop: the NIC, and the readiness of each of its
@@ -178,7 +179,11 @@ async fn run(
         tasks.push(tokio::task::spawn_local(lan(ioc.clone(), queue, ready)));
     }
     let _ = started.send(Ok(()));
-    while let Some(cmd) = cmds.recv().await {
+    // The main thread gone without a word: a clean stop all the same.
+    let goodbye = loop {
+        let Some(cmd) = cmds.recv().await else {
+            break ErrorCode::ShuttingDown;
+        };
         match cmd {
             Cmd::Connection(mut incoming) => {
                 // Its policy is of the reloads applied so far: a later one makes it stale.
@@ -196,13 +201,13 @@ async fn run(
                 st.cfg.auth = (*auth).clone();
                 st.apply_policy();
             }
-            Cmd::Stop => break,
+            Cmd::Stop(code) => break code,
         }
-    }
+    };
     for t in tasks {
         t.abort();
     }
-    shutdown(&ioc).await;
+    shutdown(&ioc, goodbye).await;
 }
 
 /// Moves frames from the NIC's receive queue `queue` to the hosts.
@@ -295,8 +300,8 @@ fn link_change(st: &mut WorkerState, now: NicLink) {
     st.kick_hosts();
 }
 
-/// SIGTERM: flush every host's pools (both directions), say goodbye, stop.
-async fn shutdown(ioc: &Rc<RefCell<WorkerState>>) {
+/// SIGTERM: flush every host's pools (both directions), say goodbye with `code`, stop.
+async fn shutdown(ioc: &Rc<RefCell<WorkerState>>, code: ErrorCode) {
     {
         let mut st = ioc.borrow_mut();
         st.stopping = true;
@@ -331,11 +336,15 @@ async fn shutdown(ioc: &Rc<RefCell<WorkerState>>) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let mut st = ioc.borrow_mut();
+    // Every session hears the Goodbye before any is removed: removing a host's first queue
+    // ends its further queues without one, and a host must hear Restarting on each.
+    for h in st.hosts.values_mut() {
+        if let Some(link) = h.link.as_mut() {
+            link.goodbye(code);
+        }
+    }
     let sessions: Vec<u64> = st.hosts.keys().copied().collect();
     for s in sessions {
-        if let Some(link) = st.hosts.get_mut(&s).and_then(|h| h.link.as_mut()) {
-            link.goodbye(ErrorCode::ShuttingDown);
-        }
         st.remove_host(s, "IOC shutting down", None);
     }
 }

@@ -15,7 +15,8 @@ const MAX_REQUEST: usize = 64;
 /// Time a client has to send its request and read the answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A bound control socket; the file is removed when it is dropped.
+/// A bound control socket; the file is removed when it is dropped, unless the socket was
+/// handed to a successor ([`crate::handover`]).
 #[derive(Debug)]
 pub struct ControlSocket {
     listener: UnixListener,
@@ -72,12 +73,51 @@ impl ControlSocket {
         })
     }
 
-    /// Answers requests with `answer(line)` until the task is dropped. Only root and the
-    /// daemon's own user are answered (the file mode says so too; this holds even if the
-    /// mode is changed).
-    pub async fn serve(self, answer: impl Fn(&str) -> crate::Answer) {
+    /// The control socket a predecessor passed ([`crate::handover`]), listening on `path`:
+    /// `None` when it listens elsewhere or its file is gone (a new one is bound then).
+    pub fn adopt(listener: std::os::unix::net::UnixListener, path: &Path) -> Option<ControlSocket> {
+        let same = listener
+            .local_addr()
+            .is_ok_and(|a| a.as_pathname() == Some(path));
+        let m = std::fs::symlink_metadata(path).ok()?;
+        if !same || !m.file_type().is_socket() {
+            return None;
+        }
+        listener.set_nonblocking(true).ok()?;
+        Some(ControlSocket {
+            listener: UnixListener::from_std(listener).ok()?,
+            path: path.to_owned(),
+            owner: m.uid(),
+        })
+    }
+
+    /// The listening socket, for a successor.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.listener.as_fd()
+    }
+
+    /// Answers requests with `answer(line)` until the task is dropped, or until `stop` is
+    /// sent (the request in hand answered first; a `stop` dropped unsent stops nothing).
+    /// Only root and the daemon's own user are answered (the file mode says so too; this
+    /// holds even if the mode is changed).
+    pub async fn serve(
+        self,
+        answer: impl Fn(&str) -> crate::Answer,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let mut stop = std::pin::pin!(async move {
+            if stop.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        });
         loop {
-            let mut sock = match self.listener.accept().await {
+            let accepted = tokio::select! {
+                biased;
+                () = &mut stop => return,
+                a = self.listener.accept() => a,
+            };
+            let mut sock = match accepted {
                 Ok((s, _)) => s,
                 Err(e) => {
                     warn!("control socket: accept: {e}");
@@ -90,14 +130,19 @@ impl ControlSocket {
             if !allowed {
                 debug!(?uid, "control socket: refused a client that is not root");
             }
+            // The client has CLIENT_TIMEOUT to send its line and read the answer; the
+            // answer's own wait is the daemon's to bound (an upgrade waits for a new process).
+            let line = tokio::time::timeout(CLIENT_TIMEOUT, read_line(&mut sock))
+                .await
+                .unwrap_or(Err("no request in time"));
+            let reply = match line {
+                Ok(_) if !allowed => {
+                    "{\"error\":\"permission denied: the control socket is root only\"}".into()
+                }
+                Ok(line) => answer(&line).await,
+                Err(e) => format!("{{\"error\":\"{e}\"}}"),
+            };
             let _ = tokio::time::timeout(CLIENT_TIMEOUT, async {
-                let reply = match read_line(&mut sock).await {
-                    Ok(_) if !allowed => {
-                        "{\"error\":\"permission denied: the control socket is root only\"}".into()
-                    }
-                    Ok(line) => answer(&line).await,
-                    Err(e) => format!("{{\"error\":\"{e}\"}}"),
-                };
                 let _ = sock.write_all(reply.as_bytes()).await;
                 let _ = sock.write_all(b"\n").await;
                 // End our side, then discard what the client still sends (a refused long
@@ -120,6 +165,9 @@ impl ControlSocket {
 
 impl Drop for ControlSocket {
     fn drop(&mut self) {
+        if crate::handover::has_handed_over() {
+            return;
+        }
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -183,9 +231,14 @@ mod tests {
                 let sock = ControlSocket::bind(&path).await.unwrap();
                 let mode = std::fs::metadata(&path).unwrap().permissions().mode();
                 assert_eq!(mode & 0o777, 0o600);
-                let server = tokio::task::spawn_local(sock.serve(|line| -> crate::Answer {
-                    Box::pin(std::future::ready(format!("{{\"echo\":\"{line}\"}}")))
-                }));
+                // A stop dropped unsent stops nothing: the server answers on below.
+                let (_, never) = tokio::sync::oneshot::channel();
+                let server = tokio::task::spawn_local(sock.serve(
+                    |line| -> crate::Answer {
+                        Box::pin(std::future::ready(format!("{{\"echo\":\"{line}\"}}")))
+                    },
+                    never,
+                ));
                 assert_eq!(
                     exchange(&path, b"status\n").await,
                     "{\"echo\":\"status\"}\n"
@@ -243,5 +296,53 @@ mod tests {
         drop(ControlSocket::bind(&path).await.unwrap());
         assert_eq!(mode(&dir), 0o700);
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_stop_answers_the_request_in_hand_first() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async {
+            let dir =
+                std::env::temp_dir().join(format!("splitnet-ctl-stop-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("c.sock");
+            let sock = ControlSocket::bind(&path).await.unwrap();
+            // The answer waits until `release` is sent: the stop comes while it waits.
+            let (release, held) = tokio::sync::oneshot::channel::<()>();
+            let held = std::cell::RefCell::new(Some(held));
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            let server = tokio::task::spawn_local(sock.serve(
+                move |line| -> crate::Answer {
+                    let line = line.to_owned();
+                    let held = held.borrow_mut().take();
+                    Box::pin(async move {
+                        if let Some(h) = held {
+                            let _ = h.await;
+                        }
+                        format!("{{\"echo\":\"{line}\"}}")
+                    })
+                },
+                stopped,
+            ));
+            let client = tokio::task::spawn_local({
+                let path = path.clone();
+                async move { exchange(&path, b"upgrade\n").await }
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stop.send(()).unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            release.send(()).unwrap();
+            assert_eq!(client.await.unwrap(), "{\"echo\":\"upgrade\"}\n");
+            tokio::time::timeout(Duration::from_secs(5), server)
+                .await
+                .expect("the stopped server ends")
+                .unwrap();
+            assert!(!path.exists(), "dropped with its file");
+            std::fs::remove_dir_all(&dir).unwrap();
+        });
     }
 }

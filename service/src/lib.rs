@@ -3,12 +3,15 @@
 //! and the current-thread runtime they run on; the metrics endpoint ([`metrics`]), the
 //! control socket `splitnetctl` talks to ([`control`]), rate limits for log lines a peer can
 //! provoke ([`loglimit`]), the capabilities a daemon run by hand as root gives up
-//! ([`privilege`]), and its memory limit against what its configuration may use
-//! ([`memory`]).
+//! ([`privilege`]), its memory limit against what its configuration may use
+//! ([`memory`]), the listening sockets it keeps across a restart ([`fdstore`]) and hands
+//! to its successor in an upgrade ([`handover`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod control;
+pub mod fdstore;
+pub mod handover;
 pub mod loglimit;
 pub mod memory;
 pub mod metrics;
@@ -16,6 +19,9 @@ pub mod notify;
 pub mod privilege;
 
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 /// Sends log lines to stderr (journald under systemd) at `level`, unless `RUST_LOG` says
 /// otherwise; colours only on a terminal.
@@ -72,30 +78,96 @@ pub enum EndpointError {
     },
 }
 
-/// Opens the metrics listener and the control socket (each when configured) and serves
-/// them from `state` on tasks of the current `LocalSet`, for as long as it runs.
+/// The name a metrics listener is handed to a successor under ([`handover`]).
+pub const KEPT_METRICS: &str = "metrics";
+/// The name a control socket is handed to a successor under.
+pub const KEPT_CONTROL: &str = "control";
+
+/// The operator endpoints a daemon serves ([`serve_operators`]).
+#[derive(Debug, Default)]
+pub struct Operators {
+    /// The metrics listener (a copy of its descriptor) and its task.
+    metrics: Option<(OwnedFd, JoinHandle<()>)>,
+    /// The control socket, its task, and what ends that task between requests.
+    control: Option<(OwnedFd, JoinHandle<()>, oneshot::Sender<()>)>,
+}
+
+impl Operators {
+    /// The listening sockets, by the names a successor takes them under.
+    pub fn sockets(&self) -> impl Iterator<Item = (&'static str, BorrowedFd<'_>)> {
+        let metrics = self
+            .metrics
+            .iter()
+            .map(|(fd, _)| (KEPT_METRICS, fd.as_fd()));
+        let control = self
+            .control
+            .iter()
+            .map(|(fd, ..)| (KEPT_CONTROL, fd.as_fd()));
+        metrics.chain(control)
+    }
+
+    /// Stops answering (a successor answers now): the metrics at once, the control socket
+    /// once the request in hand is answered (the one that asked for the upgrade).
+    pub async fn stop(self) {
+        if let Some((_, task)) = self.metrics {
+            task.abort();
+        }
+        if let Some((_, task, stop)) = self.control {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+    }
+}
+
+/// Serves the metrics endpoint at `metrics_addr` and the control socket at `control_path`
+/// (each if given) on the current thread's local task set, taking up the listening sockets
+/// a predecessor handed over ([`KEPT_METRICS`], [`KEPT_CONTROL`] in `kept`) when they are
+/// still for that address and path.
 pub async fn serve_operators<T: Introspect + 'static>(
     state: std::rc::Rc<std::cell::RefCell<T>>,
     metrics_addr: Option<std::net::SocketAddr>,
     control_path: Option<std::path::PathBuf>,
-) -> Result<(), EndpointError> {
+    kept: &mut fdstore::Inherited,
+) -> Result<Operators, EndpointError> {
+    let mut ops = Operators::default();
+    let passed_metrics = kept.remove(KEPT_METRICS).map(std::net::TcpListener::from);
+    let passed_control = kept
+        .remove(KEPT_CONTROL)
+        .map(std::os::unix::net::UnixListener::from);
     if let Some(addr) = metrics_addr {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
+        let l = match passed_metrics.filter(|l| l.local_addr().is_ok_and(|a| a == addr)) {
+            Some(l) => l
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpListener::from_std(l)),
+            None => tokio::net::TcpListener::bind(addr).await,
+        }
+        .map_err(|source| EndpointError::Metrics { addr, source })?;
+        let fd = l
+            .as_fd()
+            .try_clone_to_owned()
             .map_err(|source| EndpointError::Metrics { addr, source })?;
         tracing::info!(%addr, "metrics at http://{addr}/metrics");
         let st = state.clone();
-        tokio::task::spawn_local(metrics::serve(l, move || st.borrow().render_metrics()));
+        let task =
+            tokio::task::spawn_local(metrics::serve(l, move || st.borrow().render_metrics()));
+        ops.metrics = Some((fd, task));
     }
     if let Some(path) = control_path {
-        let sock = control::ControlSocket::bind(&path)
-            .await
-            .map_err(|source| EndpointError::Control {
-                path: path.clone(),
-                source,
-            })?;
+        let err = |source| EndpointError::Control {
+            path: path.clone(),
+            source,
+        };
+        let sock = match passed_control.and_then(|l| control::ControlSocket::adopt(l, &path)) {
+            Some(sock) => sock,
+            None => control::ControlSocket::bind(&path).await.map_err(err)?,
+        };
+        let fd = sock.as_fd().try_clone_to_owned().map_err(err)?;
         tracing::info!(path = %path.display(), "control socket (splitnetctl)");
-        tokio::task::spawn_local(sock.serve(move |line| state.borrow().answer_line(line)));
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::task::spawn_local(
+            sock.serve(move |line| state.borrow().answer_line(line), stopped),
+        );
+        ops.control = Some((fd, task, stop));
     }
-    Ok(())
+    Ok(ops)
 }

@@ -3,22 +3,32 @@
 
 use std::time::{Duration, Instant};
 
-/// READY=1 with a status line.
+/// READY=1 with a status line; in a successor ([`crate::handover`]), "ready" to the
+/// predecessor instead, which tells the service manager that this is its main process now
+/// (a message from this one before that would be refused).
 pub fn ready(status: &str) {
+    if crate::handover::ready() {
+        return;
+    }
     let _ = sd_notify::notify(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(status),
     ]);
 }
 
-/// STATUS= line.
+/// STATUS= line (nothing while the service manager would not take it from this process:
+/// [`crate::handover::is_main`]).
 pub fn status(status: &str) {
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(status)]);
+    if crate::handover::is_main() {
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(status)]);
+    }
 }
 
-/// STOPPING=1.
+/// STOPPING=1 (nothing from a process that is not the main one).
 pub fn stopping() {
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    if crate::handover::is_main() {
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    }
 }
 
 /// The service watchdog (`WatchdogSec=`). The data path calls [`Watchdog::kick`] on every
@@ -52,7 +62,7 @@ impl Watchdog {
     /// Sends WATCHDOG=1 if half the watchdog interval passed since the last one.
     pub fn kick(&mut self, now: Instant) {
         if let Some(every) = self.every {
-            if now.duration_since(self.last) >= every {
+            if now.duration_since(self.last) >= every && crate::handover::is_main() {
                 self.last = now;
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
             }

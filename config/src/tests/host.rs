@@ -11,6 +11,7 @@ fn defaults() {
     assert_eq!(h.fabric.keepalive_interval(), Duration::from_millis(200));
     assert_eq!(h.fabric.keepalive_timeout(), Duration::from_millis(750));
     assert_eq!(h.fabric.reconnect_min(), Duration::from_millis(100));
+    assert_eq!(h.fabric.restart_grace(), Duration::from_secs(2));
     assert_eq!(h.fabric.reconnect_max(), Duration::from_millis(500));
     assert_eq!(h.fabric.node_id, None);
     assert_eq!(h.interface.name, "sd0");
@@ -26,7 +27,7 @@ fn defaults() {
 fn every_key_is_read() {
     let h = host(
         "keepalive_interval_ms = 10\nkeepalive_timeout_ms = 21\nreconnect_min_ms = 10\n\
-         reconnect_max_ms = 10\nnode_id = 42\n\
+         reconnect_max_ms = 10\nrestart_grace_ms = 0\nnode_id = 42\n\
          [interface]\nname = \"a-b_c.9\"\nmac = \"02:AB:cd:00:00:01\"\noffload = false\nqueues = 1\n\
          persist = false\n[log]\nlevel = \"trace\"",
     )
@@ -35,6 +36,7 @@ fn every_key_is_read() {
     assert_eq!(h.fabric.keepalive_timeout_ms, 21);
     assert_eq!(h.fabric.reconnect_min_ms, 10);
     assert_eq!(h.fabric.reconnect_max_ms, 10);
+    assert_eq!(h.fabric.restart_grace_ms, 0);
     assert_eq!(h.fabric.node_id, Some(42));
     assert_eq!(h.interface.name, "a-b_c.9");
     assert_eq!(h.interface.mac, Some(MacAddr([0x02, 0xab, 0xcd, 0, 0, 1])));
@@ -154,6 +156,7 @@ fn reconnect_bounds() {
         "fabric.reconnect_max_ms",
     );
     assert!(r.contains("299"), "{r}");
+    invalid(host("restart_grace_ms = 60001"), "fabric.restart_grace_ms");
     invalid(host("reconnect_max_ms = 600001"), "fabric.reconnect_max_ms");
     host("reconnect_min_ms = 60000\nreconnect_max_ms = 600000").unwrap();
 }

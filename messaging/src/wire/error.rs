@@ -33,6 +33,9 @@ pub enum ErrorCode {
     Busy,
     /// The handshake did not prove an admitted key (docs/protocol.md 5.1).
     Unauthenticated,
+    /// The sender stops and is back soon at the same address, whose listening socket stays
+    /// open meanwhile (a clean disconnect: reconnect at once, keep the link up).
+    Restarting,
     /// A code this implementation does not know (kept so it can be logged).
     Other(u16),
 }
@@ -55,6 +58,7 @@ impl ErrorCode {
             ErrorCode::Timeout => 11,
             ErrorCode::Busy => 12,
             ErrorCode::Unauthenticated => 13,
+            ErrorCode::Restarting => 14,
             ErrorCode::Other(v) => v,
         }
     }
@@ -76,6 +80,7 @@ impl ErrorCode {
             11 => ErrorCode::Timeout,
             12 => ErrorCode::Busy,
             13 => ErrorCode::Unauthenticated,
+            14 => ErrorCode::Restarting,
             v => ErrorCode::Other(v),
         }
     }
