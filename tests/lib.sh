@@ -455,6 +455,46 @@ eventually() {
     "$@"
 }
 
+# start_ioc_kept [BINARY]: ioc-driver (or BINARY) under tests/fdstore.py, which stands in
+# for systemd's descriptor store (pid in KEEPER, its events in $T/store/events); waits until
+# it is ready.
+start_ioc_kept() {
+    mkdir -p "$T/store"; : >"$T/store/events"
+    python3 "$ROOT/tests/fdstore.py" "$T/store" -- ip netns exec sd-ioc "${1:-$BIN/ioc-driver}" --config "$IOC_CONF" \
+        --control-socket "$T/ioc.sock" >>"$T/ioc.log" 2>&1 &
+    KEEPER=$!
+    PIDS+=("$KEEPER")
+    eventually 5 grep -q "^ready" "$T/store/events" || fail "ioc-driver under fdstore.py not ready: $(cat "$T/store/events")"
+}
+
+# across WHAT CMD...: runs CMD (a restart or an upgrade) while the LAN pings sd0 every 10 ms
+# and the host sends a paced transfer to the LAN; checks the transfer and the replies; sets
+# GAP_MS.
+across() {
+    local what=$1 dups sent got
+    shift
+    rm -f "$T/recv.out"
+    ip netns exec sd-lan python3 "$ROOT/tests/transfer.py" recv 5201 "$T/recv.out" &
+    PIDS+=($!); local rx=$!
+    wait_listen sd-lan 5201
+    ip netns exec sd-host python3 "$ROOT/tests/transfer.py" send 10.50.0.2 5201 6 48 >"$T/sent.out" &
+    PIDS+=($!); local tx=$!
+    ip netns exec sd-lan ping -D -i 0.01 -w 7 -W 1 10.50.0.1 >"$T/ping.out" 2>&1 &
+    PIDS+=($!); local pinger=$!
+    sleep 2
+    "$@"
+    wait "$tx" || fail "$what: the transfer from the host failed: $(cat "$T/sent.out")"
+    wait "$rx" || fail "$what: the LAN's receiver failed"
+    wait "$pinger"
+    sent=$(cat "$T/sent.out"); got=$(cat "$T/recv.out")
+    assert_eq "$got" "$sent" "$what: bytes and SHA-256 received, against those sent"
+    dups=$(grep -c 'DUP!' "$T/ping.out")
+    assert_eq "$dups" 0 "$what: duplicated ping replies"
+    GAP_MS=$(awk -F'[][]' '/bytes from/ { t = $2; if (p && t - p > g) g = t - p; p = t }
+        END { printf "%d", g * 1000 }' "$T/ping.out")
+    log "$what: transfer of ${sent%% *} bytes intact, no duplicate reply, longest gap between replies ${GAP_MS} ms"
+}
+
 # pcap_count FILE MAC: the frames of a pcapng capture (dumpcap's) addressed to MAC.
 pcap_count() {
     python3 - "$1" "$2" <<'PY'

@@ -27,7 +27,8 @@ ip netns exec sd-ioc python3 -c "import socket, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(('10.200.0.2', 7400)); s.listen(); time.sleep(1.5)" & holder=$!
 PIDS+=("$holder")
-sleep 0.3
+# Held before the IOC starts (a fixed wait lost the race on a loaded machine).
+wait_listen sd-ioc 7400
 start_ioc
 wait "$holder"
 sleep 0.5

@@ -7,7 +7,8 @@ topo_up 1
 for who in ioc host; do
     python3 "$ROOT/tests/notify_listener.py" "$T/$who.sock" >"$T/$who.notify" 2>&1 & PIDS+=($!)
 done
-sleep 0.3
+# A message sent before the listener binds is lost: wait for both sockets.
+for who in ioc host; do eventually 10 test -S "$T/$who.sock" || fail "the $who notify listener did not bind"; done
 # As systemd does: WATCHDOG_PID names the daemon's own pid (exec keeps the shell's).
 ip netns exec sd-ioc env NOTIFY_SOCKET="$T/ioc.sock" WATCHDOG_USEC=1000000 \
     sh -c 'WATCHDOG_PID=$$ exec "$0" --config "$1" --control-socket "$2"' "$BIN/ioc-driver" "$IOC_CONF" "$T/ioc.ctl" >>"$T/ioc.log" 2>&1 &
@@ -17,7 +18,9 @@ ip netns exec sd-host env NOTIFY_SOCKET="$T/host.sock" WATCHDOG_USEC=1000000 \
     CREDENTIALS_DIRECTORY=$T/cred/host1 sh -c 'WATCHDOG_PID=$$ exec "$0" --config "$1" --control-socket "$2"' "$BIN/host-driver" "$HOST_CONF" "$T/host1.ctl" >>"$T/host1.log" 2>&1 &
 HP=$!; PIDS+=("$HP")
 sleep 0.5
-grep -q "^READY=1" "$T/ioc.notify" || fail "ioc-driver sent no READY=1"
+# READY=1 comes once the listeners and the control socket are up: on a loaded machine that
+# can take longer than the host's start above.
+eventually 10 grep -q "^READY=1" "$T/ioc.notify" || fail "ioc-driver sent no READY=1: $(head -n 3 "$T/ioc.notify")"
 for _ in $(seq 50); do ip -n sd-host link show sd0 >/dev/null 2>&1 && break; sleep 0.1; done
 ip -n sd-host link set sd0 up
 wait_carrier sd-host up 10

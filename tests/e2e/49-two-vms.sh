@@ -75,23 +75,13 @@ fi
 
 need_root; need_tool python3 ss; need_daemons
 SELF=$(realpath "$0")
-start=$SECONDS
-vm_setup || fail "VM set-up: $VM_ERROR"
-log "VMs: kernel $VM_KVER, set-up $((SECONDS - start)) s (cache: $VM_CACHE)"
-# The daemons as they are now: a rebuild during the run does not change them.
-mkdir -p "$T/bin"
-cp "$BIN/ioc-driver" "$BIN/host-driver" "$BIN/splitnetctl" "$T/bin/" || fail "cannot copy the daemons from $BIN"
+vm_prepare
 vm_configs "$T/conf"
 # tests/lib.sh's fail shows the tail of every $T/*.log: the daemons' logs in the VMs too.
 ln -s vm-ioc/out/ioc-driver.log "$T/ioc.log"
 ln -s vm-host/out/host-driver.log "$T/host.log"
 
-vm_pair ioc host || fail "$VM_ERROR"
-start=$SECONDS
-vm_start ioc "$SELF" guest ioc "$T/conf" "$T/bin" || fail "$VM_ERROR"
-vm_start host "$SELF" guest host "$T/conf" "$T/bin" || fail "$VM_ERROR"
-vm_wait_all ioc host || fail "$VM_ERROR"
-log "both VMs done in $((SECONDS - start)) s (ioc ${VM_ELAPSED[ioc]} s, host ${VM_ELAPSED[host]} s)"
+vm_run_pair "$SELF" "$T/conf"
 
 for vm in ioc host; do
     assert_match "$(vm_result_get $vm fq_codel)" '^qdisc fq_codel 1: root ' "$vm VM: eth0's root qdisc"

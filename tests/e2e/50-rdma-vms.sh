@@ -126,13 +126,15 @@ guest_host() {
     "$bin/splitnetctl" -s /run/host.sock --json stats >"$VM_OUT/host-stats.json" ||
         vm_die "splitnetctl stats (host-driver) failed"
     vm_step "a rogue host (host 2's key) writes without a credit, past its pool, with wrong and stale keys; host 1 pings meanwhile"
-    ping -c 100 -i 0.1 -W 2 10.50.0.2 >"$VM_OUT/ping-during-rogue.txt" 2>&1 &
+    # Every reply must come, however late: TCG stalls a VM for seconds at times (one run lost
+    # 19 of 100 to a 2 s wait), and a timing decides nothing here. The slowest is recorded.
+    ping -c 100 -i 0.1 -W 10 -w 60 10.50.0.2 >"$VM_OUT/ping-during-rogue.txt" 2>&1 &
     out=$!
     "$bin/rogue" rdma 10.201.0.1:7400 "$conf/host2.key" "$(cat "$conf/ioc.pub")" 2 \
         >"$VM_OUT/rogue.txt" 2>&1
     vm_result rogue_rc "$?"
     wait "$out"
-    vm_result ping_during_rogue "$(grep 'packets transmitted' "$VM_OUT/ping-during-rogue.txt")"
+    vm_result ping_during_rogue "$(grep -E 'packets transmitted|^rtt' "$VM_OUT/ping-during-rogue.txt")"
     vm_step "the IOC is killed and started again"
     vm_signal kill-ioc
     vm_await ioc-restarted 120 || vm_die "the IOC did not come back within 120 s"
@@ -188,18 +190,14 @@ qp_total() { qp_stats "$1" "$2" "${3:-data}" | awk '{ s += $1 } END { print s + 
 
 need_root; need_tool python3 ss iperf3; need_daemons
 SELF=$(realpath "$0")
-start=$SECONDS
 # rdma-core from this machine's / (the VMs see it): librdmacm1 (the connection manager) and
 # ibverbs-providers (librxe, Soft-RoCE's user-space driver: without it libibverbs finds no
 # device and librdmacm no connection manager), installed like QEMU when missing.
-vm_setup librdmacm1 ibverbs-providers || fail "VM set-up: $VM_ERROR"
+vm_prepare librdmacm1 ibverbs-providers
 compgen -G '/usr/lib/*/librdmacm.so.1' >/dev/null ||
     fail "no RDMA connection manager library (/usr/lib/*/librdmacm.so.1): install librdmacm1"
 compgen -G '/usr/lib/*/libibverbs/librxe-rdmav*.so' >/dev/null ||
     fail "no Soft-RoCE provider for libibverbs (/usr/lib/*/libibverbs/librxe-rdmav*.so): install ibverbs-providers"
-log "VMs: kernel $VM_KVER, set-up $((SECONDS - start)) s (cache: $VM_CACHE)"
-mkdir -p "$T/bin"
-cp "$BIN/ioc-driver" "$BIN/host-driver" "$BIN/splitnetctl" "$T/bin/" || fail "cannot copy the daemons from $BIN"
 # The integration test's binary, as `cargo test` built it (built now if it is not).
 . "$ROOT/tests/cargo.sh"
 need_cargo || fail "cargo is needed to find the verbs integration test"
@@ -232,12 +230,7 @@ cp "$T/cred/host2/splitnet.key" "$T/conf/host2.key" && printf '%s\n' "$IOC_PUB" 
 ln -s vm-ioc/out/ioc-driver.log "$T/ioc.log"
 ln -s vm-host/out/host-driver.log "$T/host.log"
 
-vm_pair ioc host || fail "$VM_ERROR"
-start=$SECONDS
-vm_start ioc "$SELF" guest ioc "$T/conf" "$T/bin" || fail "$VM_ERROR"
-vm_start host "$SELF" guest host "$T/conf" "$T/bin" || fail "$VM_ERROR"
-vm_wait_all ioc host || fail "$VM_ERROR"
-log "both VMs done in $((SECONDS - start)) s (ioc ${VM_ELAPSED[ioc]} s, host ${VM_ELAPSED[host]} s)"
+vm_run_pair "$SELF" "$T/conf"
 
 for vm in ioc host; do
     assert_match "$(vm_result_get $vm rxe)" '^link rxe0/1 state ACTIVE .*netdev eth0' "$vm VM: rxe0"
@@ -309,6 +302,8 @@ for what in "past its pool's end" 'with a wrong key' "with the previous session'
     'into a pool it flushed, with its old key'; do
     assert_grep "$rogue" "^rdma write $what: .*refused by the adapter" "a write $what is refused by the IOC's adapter"
 done
+log "the IOC's reasons for ending sessions:"
+grep -o 'host removed: .*' "$ioc_log" | sed 's/^/    /'
 assert_ge "$(grep -c 'host removed: .*RDMA receive failed: remote access error' "$ioc_log")" 6 "the IOC ended the sessions its adapter refused writes of"
 assert_match "$(vm_result_get host ping_during_rogue)" '^100 packets transmitted, 100 received' "host 1's pings during the rogue's attacks"
 assert_eq "$(grep -c 'fabric lost' "$host_log")" 1 "host 1's session ended only when the IOC was killed"

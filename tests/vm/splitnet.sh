@@ -17,12 +17,17 @@ guest_main() {
     exit
 }
 
-# guest_common ADDR: eth0 up with ADDR/24; fq_codel, 802.1Q and bonding exist; Soft-RoCE rxe0
-# on eth0. Records what it found, for the host's assertions.
-guest_common() {
+# guest_fabric ADDR: eth0, the wire between the VMs, up with ADDR/24.
+guest_fabric() {
     vm_step "eth0 up with $1/24"
     vm_run ip addr add "$1/24" dev eth0
     vm_run ip link set eth0 up
+}
+
+# guest_common ADDR: eth0 up with ADDR/24 (guest_fabric); fq_codel, 802.1Q and bonding exist;
+# Soft-RoCE rxe0 on eth0. Records what it found, for the host's assertions.
+guest_common() {
+    guest_fabric "$1"
     vm_step "fq_codel as eth0's root qdisc"
     vm_run tc qdisc replace dev eth0 root handle 1: fq_codel
     vm_result fq_codel "$(tc qdisc show dev eth0 root)"
@@ -164,6 +169,31 @@ guest_rxe_counters() {
 
 # ---------------------------------------------------------------------------------------------
 # On this machine
+
+# vm_prepare [PACKAGE...]: the harness set up (tests/vm/lib.sh's vm_setup, with PACKAGEs of
+# this machine's the VMs need), said with the kernel and the time it took; then the daemons
+# as they are now, copied into $T/bin for the VMs (a rebuild during the run does not change
+# them).
+vm_prepare() {
+    local start=$SECONDS
+    vm_setup "$@" || fail "VM set-up: $VM_ERROR"
+    log "VMs: kernel $VM_KVER, set-up $((SECONDS - start)) s (cache: $VM_CACHE)"
+    mkdir -p "$T/bin"
+    cp "$BIN/ioc-driver" "$BIN/host-driver" "$BIN/splitnetctl" "$T/bin/" ||
+        fail "cannot copy the daemons from $BIN"
+}
+
+# vm_run_pair SCRIPT CONF: the VMs "ioc" and "host" joined by a wire, each running SCRIPT's
+# guest part of its role with the configurations in CONF and the daemons of vm_prepare;
+# returns once both are done, and says how long they took.
+vm_run_pair() {
+    local start=$SECONDS
+    vm_pair ioc host || fail "$VM_ERROR"
+    vm_start ioc "$1" guest ioc "$2" "$T/bin" || fail "$VM_ERROR"
+    vm_start host "$1" guest host "$2" "$T/bin" || fail "$VM_ERROR"
+    vm_wait_all ioc host || fail "$VM_ERROR"
+    log "both VMs done in $((SECONDS - start)) s (ioc ${VM_ELAPSED[ioc]} s, host ${VM_ELAPSED[host]} s)"
+}
 
 # vm_configs DIR: the daemons' configurations for the VMs, DIR/ioc.toml and DIR/host.toml:
 # tests/lib.sh's IOC_CONF and HOST_CONF (systemd/ioc.toml and systemd/host.toml, with the keys
