@@ -6,10 +6,11 @@
 //! bookkeeping included), its fabric sockets at the kernel's largest buffers, or over shared
 //! memory its rings and the IOC's arena it writes into (taken as large as its own pools, as
 //! with the shipped configurations: the IOC's arena is sized by the IOC's), or over RDMA its
-//! control socket and the queue pair's pinned staging and receives, and its send buffers; and
+//! control socket and the queue pair's pinned staging and receives, and its send buffers
+//! (small ones too); and
 //! the daemon itself.
 
-use crate::datapath::SEND_BUFFERS;
+use crate::datapath::{SEND_BUFFERS, SMALL_BUFFERS, SMALL_BUFFER_BYTES};
 use splitnet_config::{FabricAddr, HostConfig};
 use splitnet_messaging::adapter::shm::setup::{Setup, RING_DATA};
 use splitnet_messaging::wire;
@@ -29,7 +30,8 @@ pub fn budget(cfg: &HostConfig, tcp: u64) -> Budget {
         (false, FabricAddr::Rdma(_)) => tcp / 2 + splitnet_fabric::verbs::PINNED,
         (false, _) => tcp,
     };
-    let queue = pools + transport + (SEND_BUFFERS * wire::MAX_SEND_DATA) as u64;
+    let send = SEND_BUFFERS * wire::MAX_SEND_DATA + SMALL_BUFFERS * SMALL_BUFFER_BYTES;
+    let queue = pools + transport + send as u64;
     let queues = u64::from(cfg.interface.queues);
     Budget {
         bytes: queues * queue + BASE,

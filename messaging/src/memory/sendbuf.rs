@@ -74,16 +74,23 @@ pub struct CacheStats {
     pub reuses: u64,
 }
 
-/// A bounded cache of registered send buffers of one size.
+/// A bounded cache of registered send buffers of one size, and optionally of small ones.
 ///
 /// At most `max` buffers exist at once; when all are in use [`SendBufCache::get`] returns
-/// `None` and the caller applies backpressure to its source.
+/// `None` and the caller applies backpressure to its source. Small buffers
+/// ([`SendBufCache::with_small`]) take a copy of a small frame read into a full-size one
+/// ([`SendBufCache::shrink`]), which goes straight back to be read into again: a backlog of
+/// small frames then holds small buffers, not full-size ones.
 #[derive(Debug)]
 pub struct SendBufCache {
     free: Vec<SendBuf>,
     size: usize,
     max: usize,
     live: usize,
+    small: Vec<SendBuf>,
+    small_size: usize,
+    small_max: usize,
+    small_live: usize,
     stats: CacheStats,
 }
 
@@ -95,8 +102,48 @@ impl SendBufCache {
             size,
             max,
             live: 0,
+            small: Vec::new(),
+            small_size: 0,
+            small_max: 0,
+            small_live: 0,
             stats: CacheStats::default(),
         }
+    }
+
+    /// The same cache with up to `max` small buffers of `size` bytes besides (none when
+    /// `size` is not below the full size).
+    pub fn with_small(mut self, size: usize, max: usize) -> SendBufCache {
+        if size < self.size {
+            self.small_size = size;
+            self.small_max = max;
+        }
+        self
+    }
+
+    /// `buf`'s frame in a small buffer when it fits one and one is free or may be made,
+    /// `buf` itself back in the cache; otherwise `buf` unchanged.
+    pub fn shrink(&mut self, buf: SendBuf) -> SendBuf {
+        if buf.len() > self.small_size || buf.capacity() == self.small_size {
+            return buf;
+        }
+        let mut small = match self.small.pop() {
+            Some(b) => {
+                self.stats.reuses += 1;
+                b
+            }
+            None if self.small_live < self.small_max => {
+                self.small_live += 1;
+                self.stats.registrations += 1;
+                SendBuf {
+                    data: vec![0u8; self.small_size].into_boxed_slice(),
+                    len: 0,
+                }
+            }
+            None => return buf,
+        };
+        small.fill_from(buf.as_slice());
+        self.put(buf);
+        small
     }
 
     /// A buffer: a cached one if any, a newly registered one while under the limit.
@@ -122,6 +169,13 @@ impl SendBufCache {
     pub fn put(&mut self, buf: SendBuf) {
         if buf.capacity() == self.size && self.free.len() < self.max {
             self.free.push(buf);
+        } else if buf.capacity() == self.small_size && self.small_max > 0 {
+            if self.small.len() < self.small_max {
+                self.small.push(buf);
+            } else {
+                self.small_live = self.small_live.saturating_sub(1);
+                self.stats.deregistrations += 1;
+            }
         } else {
             self.live = self.live.saturating_sub(1);
             self.stats.deregistrations += 1;
@@ -131,6 +185,15 @@ impl SendBufCache {
     /// Changes the buffer size: cached buffers are deregistered now, buffers in use when
     /// they come back.
     pub fn resize(&mut self, size: usize) {
+        if size <= self.small_size {
+            // Small buffers only hold what is smaller than the full size.
+            let n = self.small.len();
+            self.small.clear();
+            self.small_live -= n;
+            self.stats.deregistrations += n as u64;
+            self.small_size = 0;
+            self.small_max = 0;
+        }
         if size != self.size {
             self.size = size;
             let n = self.free.len();
@@ -145,9 +208,9 @@ impl SendBufCache {
         !self.free.is_empty() || self.live < self.max
     }
 
-    /// Buffers currently handed out.
+    /// Buffers currently handed out, small ones included.
     pub fn in_use(&self) -> usize {
-        self.live - self.free.len()
+        self.live - self.free.len() + self.small_live - self.small.len()
     }
 
     /// Most buffers alive at once.
@@ -188,6 +251,59 @@ mod tests {
         assert_eq!(c.stats().registrations, 2);
         assert_eq!(c.stats().reuses, 10);
         assert_eq!(c.in_use(), 0);
+    }
+
+    #[test]
+    fn a_small_frame_moves_to_a_small_buffer_and_frees_its_full_size_one() {
+        let mut c = SendBufCache::new(128, 1).with_small(16, 2);
+        let mut shrunk = Vec::new();
+        for i in 0..2u8 {
+            let mut b = c.get().expect("the one full-size buffer is free again");
+            assert!(b.fill_from(&[i; 10]));
+            let s = c.shrink(b);
+            assert_eq!((s.capacity(), s.as_slice()), (16, &[i; 10][..]));
+            shrunk.push(s);
+        }
+        assert_eq!(c.in_use(), 2, "the two small ones");
+        // No small buffer left: the frame stays where it is.
+        let mut b = c.get().unwrap();
+        assert!(b.fill_from(&[7; 10]));
+        let kept = c.shrink(b);
+        assert_eq!((kept.capacity(), kept.len()), (128, 10));
+        assert!(c.get().is_none(), "the full-size one is in use");
+        // Too large for a small buffer: unchanged.
+        c.put(shrunk.pop().unwrap());
+        let mut big = kept;
+        assert!(big.fill_from(&[1; 17]));
+        let big = c.shrink(big);
+        assert_eq!((big.capacity(), big.len()), (128, 17));
+        c.put(big);
+        c.put(shrunk.pop().unwrap());
+        assert_eq!(c.in_use(), 0);
+        assert_eq!(
+            c.stats().registrations,
+            3,
+            "one full-size buffer, two small"
+        );
+    }
+
+    #[test]
+    fn resize_to_the_small_size_or_below_ends_the_small_buffers() {
+        let mut c = SendBufCache::new(128, 1).with_small(16, 2);
+        let mut b = c.get().unwrap();
+        b.fill_from(&[1; 4]);
+        let s = c.shrink(b);
+        c.put(s);
+        c.resize(16);
+        assert_eq!(c.in_use(), 0);
+        let mut b = c.get().unwrap();
+        b.fill_from(&[1; 4]);
+        assert_eq!(
+            c.shrink(b).capacity(),
+            16,
+            "a full-size buffer of the new size"
+        );
+        assert!(SendBufCache::new(16, 1).with_small(16, 4).small_max == 0);
     }
 
     #[test]
