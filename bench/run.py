@@ -2,10 +2,11 @@
 """splitnet against its peers, in one invocation, on the reference topology.
 
 Measures direct veth (the limit), kernel VXLAN + bridge, OpenVPN tap (cipher none) + bridge,
-and splitnet: iperf3 TCP each way (best of N runs), ping RTT (every 5 ms: average and p99;
-every 0.2 s; every 10 ms during an iperf3 upload and during a download), TCP request/response
-latency (sockperf ping-pong, 64-byte messages: one-way average and p99), CPU seconds and
-TCP retransmits per GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), one
+and splitnet: each daemon's idle CPU, iperf3 TCP each way (best of N runs), ping RTT (every
+5 ms; every 0.2 s; every 10 ms beside an iperf3 upload and beside a download, each at full
+speed and paced to 2 Gb/s), TCP request/response latency (sockperf ping-pong, 64-byte
+messages: one-way), every latency as average and p99, CPU seconds and TCP retransmits per
+GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), one
 host with 1 and 2 TAP queues under 4 TCP flows, and the slow-consumer figure (a host that
 stops reading while the LAN floods it: the other host's throughput before and during). Prints a table of absolute figures and
 ratios, writes bench/out/results.json and bench/out/chart.svg.
@@ -308,13 +309,16 @@ def sockperf(secs):
     return avg, p99
 
 
-def ping_under_load(secs, reverse):
-    """Ping every 10 ms while one iperf3 flow runs (upload, or download with `reverse`):
-    how long interactive traffic waits behind bulk. Returns (avg us, p99 us, bulk Gb/s)."""
+def ping_under_load(secs, reverse, rate=None):
+    """Ping every 10 ms while one iperf3 flow runs (upload, or download with `reverse`), at
+    full speed or paced to `rate` (iperf3 -b, "2G"): how long interactive traffic waits
+    behind bulk. Returns (avg us, p99 us, bulk Gb/s)."""
     srv = bg("ip netns exec sd-lan iperf3 -s -1 -p 5399", "/tmp/sd-bench-load-srv.log")
     time.sleep(0.4)
+    pace = f"-b {rate}" if rate else ""
     bulk = subprocess.Popen(
-        f"ip netns exec sd-host iperf3 -c 10.50.0.2 -p 5399 -t {secs + 2} -J {'-R' if reverse else ''}",
+        f"ip netns exec sd-host iperf3 -c 10.50.0.2 -p 5399 -t {secs + 2} {pace} -J"
+        f" {'-R' if reverse else ''}",
         shell=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     time.sleep(1)
     avg, p99 = ping(count=secs * 100, interval=0.01)
@@ -330,9 +334,51 @@ def ping_under_load(secs, reverse):
     return avg, p99, gbps
 
 
+# Daemons whose CPU an idle link costs, per mode (by process name).
+DAEMONS = {"openvpn": ("openvpn",)}
+
+
+def daemons_of(mode):
+    return ("ioc-driver", "host-driver") if mode.startswith("splitnet") else DAEMONS.get(mode, ())
+
+
+def cpu_ticks(name):
+    """User and system clock ticks so far of every process called `name`."""
+    total = 0
+    for pid in sh(f"pgrep -x {name}", check=False).split():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                # Fields after the command (which may hold spaces): utime and stime are the
+                # 12th and 13th.
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (FileNotFoundError, IndexError, ValueError):
+            pass
+    return total
+
+
+def idle_cpu(mode, secs=5):
+    """Per daemon of `mode`, the share of one core (%) it used over `secs` seconds with no
+    traffic: what an idle link costs (its timers, keepalives and polls)."""
+    names = daemons_of(mode)
+    before = {n: cpu_ticks(n) for n in names}
+    time.sleep(secs)
+    tick = os.sysconf("SC_CLK_TCK")
+    return {n: round(100 * (cpu_ticks(n) - before[n]) / tick / secs, 2) for n in names}
+
+
+# The ping probes beside a transfer: (key, reverse, rate). "up"/"down" at full speed, "up2g"/
+# "down2g" paced to 2 Gb/s (a moderate load: the wait behind bulk rather than for a core).
+LOAD_PROBES = (("upload", False, None), ("download", True, None), ("upload_2g", False, "2G"),
+               ("download_2g", True, "2G"))
+
+
 def measure(name, setup, secs, runs):
     setup()
     r = {"mode": name}
+    # Before any traffic: settled after its start, nothing to do but stay alive.
+    time.sleep(1)
+    r["idle_cpu_pct"] = idle_cpu(name)
     for d, rev in (("tx", False), ("rx", True)):
         best, cpu_per_gb, retrans_per_gb = 0.0, None, None
         for _ in range(runs):
@@ -345,25 +391,31 @@ def measure(name, setup, secs, runs):
         r[f"{d}_retrans_per_gb"] = round(retrans_per_gb, 1) if retrans_per_gb is not None else None
     avg, p99 = ping()
     r["ping_avg_us"] = round(avg) if avg else None
-    r["ping_p99_us"] = round(p99) if p99 else None
-    avg, _ = ping(count=25, interval=0.2)
+    r["ping_avg_p99_us"] = round(p99) if p99 else None
+    avg, p99 = ping(count=25, interval=0.2)
     r["ping_idle_us"] = round(avg) if avg else None
+    r["ping_idle_p99_us"] = round(p99) if p99 else None
     avg, p99 = sockperf(secs)
     r["rr_oneway_us"] = round(avg, 1) if avg else None
     r["rr_oneway_p99_us"] = round(p99, 1) if p99 else None
-    for d, rev in (("up", False), ("down", True)):
-        avg, p99, gbps = ping_under_load(secs, rev)
-        r[f"ping_{d}load_us"] = round(avg) if avg else None
-        r[f"ping_{d}load_p99_us"] = round(p99) if p99 else None
-        r[f"{d}load_gbps"] = round(gbps, 2) if gbps else None
+    for k, rev, rate in LOAD_PROBES:
+        avg, p99, gbps = ping_under_load(secs, rev, rate)
+        r[f"ping_{k}_us"] = round(avg) if avg else None
+        r[f"ping_{k}_p99_us"] = round(p99) if p99 else None
+        r[f"{k}_gbps"] = round(gbps, 2) if gbps else None
     if name.startswith("splitnet"):
         r["rss_kib"] = {p: rss(p) for p in ("ioc-driver", "host-driver")}
     cleanup()
     print(f"  {name:<14} tx {r['tx_gbps']:>6} Gb/s  rx {r['rx_gbps']:>6} Gb/s  "
-          f"ping {r['ping_avg_us']} us (p99 {r['ping_p99_us']}), every 0.2 s {r['ping_idle_us']} us, "
-          f"under upload {r['ping_upload_us']} us, under download {r['ping_download_us']} us, "
+          f"ping {r['ping_avg_us']} us (p99 {r['ping_avg_p99_us']}), every 0.2 s {r['ping_idle_us']} us "
+          f"(p99 {r['ping_idle_p99_us']}), beside an upload {r['ping_upload_us']} us "
+          f"(p99 {r['ping_upload_p99_us']}), a download {r['ping_download_us']} us "
+          f"(p99 {r['ping_download_p99_us']}), a 2 Gb/s upload {r['ping_upload_2g_us']} us "
+          f"(p99 {r['ping_upload_2g_p99_us']}), a 2 Gb/s download {r['ping_download_2g_us']} us "
+          f"(p99 {r['ping_download_2g_p99_us']}), "
           f"TCP request/response one-way {r['rr_oneway_us']} us (p99 {r['rr_oneway_p99_us']}), "
-          f"retransmits per GB {r['tx_retrans_per_gb']} up, {r['rx_retrans_per_gb']} down",
+          f"retransmits per GB {r['tx_retrans_per_gb']} up, {r['rx_retrans_per_gb']} down, "
+          f"idle CPU % of a core {r['idle_cpu_pct']}",
           flush=True)
     return r
 
@@ -624,15 +676,22 @@ def main():
         cleanup()
     by = {r["mode"]: r for r in results}
     print()
-    print(f"{'mode':<14} {'tx Gb/s':>8} {'rx Gb/s':>8} {'ping us':>8} {'p99 us':>7} {'idle us':>8} "
-          f"{'upload us':>10} {'download us':>12} {'rr 1-way us':>11} {'cpu s/GB tx':>11} {'cpu s/GB rx':>11}"
-          f" {'retx/GB tx':>10} {'retx/GB rx':>10}")
+    # Latencies as "average/p99" in us.
+    lat = [("ping_avg", "ping 5ms"), ("ping_idle", "every 0.2s"), ("ping_upload", "up"),
+           ("ping_download", "down"), ("ping_upload_2g", "up 2G"), ("ping_download_2g", "down 2G"),
+           ("rr_oneway", "rr 1-way")]
+    print(f"{'mode':<14} {'tx Gb/s':>8} {'rx Gb/s':>8} "
+          + " ".join(f"{h:>11}" for _, h in lat)
+          + f" {'cpu s/GB tx':>11} {'cpu s/GB rx':>11} {'retx/GB tx':>10} {'retx/GB rx':>10}"
+          f" {'idle cpu %':>10}")
+    print(f"{'':<14} {'':>8} {'':>8} " + " ".join(f"{'avg/p99 us':>11}" for _ in lat))
     for r in results:
-        print(f"{r['mode']:<14} {r['tx_gbps']:>8} {r['rx_gbps']:>8} {str(r['ping_avg_us']):>8} "
-              f"{str(r['ping_p99_us']):>7} {str(r['ping_idle_us']):>8} {str(r['ping_upload_us']):>10} "
-              f"{str(r['ping_download_us']):>12} {str(r['rr_oneway_us']):>11} "
-              f"{str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}"
-              f" {str(r['tx_retrans_per_gb']):>10} {str(r['rx_retrans_per_gb']):>10}")
+        pair = lambda k: f"{r.get(k + '_us')}/{r.get(k + '_p99_us')}"
+        idle = "+".join(str(v) for v in r["idle_cpu_pct"].values()) or "-"
+        print(f"{r['mode']:<14} {r['tx_gbps']:>8} {r['rx_gbps']:>8} "
+              + " ".join(f"{pair(k):>11}" for k, _ in lat)
+              + f" {str(r['tx_cpu_s_per_gb']):>11} {str(r['rx_cpu_s_per_gb']):>11}"
+              f" {str(r['tx_retrans_per_gb']):>10} {str(r['rx_retrans_per_gb']):>10} {idle:>10}")
     ratios = {}
     # splitnet over TCP (two machines); on one machine over shared memory ("shm_") and over
     # the IOC's local socket ("unix_").
@@ -645,10 +704,12 @@ def main():
                 continue
             ratios[f"{pre}tx_vs_{peer}"] = round(s["tx_gbps"] / p["tx_gbps"], 2)
             ratios[f"{pre}rx_vs_{peer}"] = round(s["rx_gbps"] / p["rx_gbps"], 2)
-            for k in ("ping_avg_us", "ping_idle_us", "ping_upload_us", "ping_download_us",
-                      "rr_oneway_us"):
-                if p.get(k) and s.get(k):
-                    ratios[f"{pre}{k[:-3]}_vs_{peer}"] = round(s[k] / p[k], 2)
+            for k in ("ping_avg", "ping_idle", "ping_upload", "ping_download", "ping_upload_2g",
+                      "ping_download_2g", "rr_oneway"):
+                for sfx in ("_us", "_p99_us"):
+                    if p.get(k + sfx) and s.get(k + sfx):
+                        name = k + ("_p99" if sfx == "_p99_us" else "")
+                        ratios[f"{pre}{name}_vs_{peer}"] = round(s[k + sfx] / p[k + sfx], 2)
             for d in ("tx", "rx"):
                 k = f"{d}_cpu_s_per_gb"
                 if p.get(k) and s.get(k):
