@@ -334,12 +334,11 @@ def ping_under_load(secs, reverse, rate=None):
     return avg, p99, gbps
 
 
-# Daemons whose CPU an idle link costs, per mode (by process name).
-DAEMONS = {"openvpn": ("openvpn",)}
-
-
 def daemons_of(mode):
-    return ("ioc-driver", "host-driver") if mode.startswith("splitnet") else DAEMONS.get(mode, ())
+    """The processes that carry `mode`'s traffic, by name (none: the kernel alone)."""
+    if mode.startswith("splitnet"):
+        return ("ioc-driver", "host-driver")
+    return ("openvpn",) if mode == "openvpn" else ()
 
 
 def cpu_ticks(name):
