@@ -88,6 +88,54 @@ pub struct HostFabric {
     /// Stable identity of this host; `None` (key absent or 0) derives one at run time.
     #[serde(default)]
     pub node_id: Option<u64>,
+    /// Further IOCs on the same LAN, each kept as a warm standby session (handshake done,
+    /// pools advertised, no frames) that takes over when the active IOC is lost; tried in
+    /// this order, after `ioc` (the primary). Needs `auth.ioc_public_key` (the primary's),
+    /// and this host's entry on every IOC needs the same `mac`.
+    #[serde(default)]
+    pub standby: Vec<StandbyIoc>,
+    /// With a standby: the Keepalive interval asked of every IOC (ms, 10..=1000); an IOC
+    /// that sends nothing for `liveness_interval_ms * liveness_misses` counts as gone.
+    #[serde(default = "default_liveness_interval")]
+    pub liveness_interval_ms: u64,
+    /// With a standby: Keepalive intervals missed before the active IOC counts as gone
+    /// (2..=20).
+    #[serde(default = "default_liveness_misses")]
+    pub liveness_misses: u32,
+    /// With a standby: go back to the primary (`ioc`) once it has been a ready standby for
+    /// this long (s, 1..=86400); absent, the default: never (stay until the active fails).
+    #[serde(default)]
+    pub failback_after_s: Option<u64>,
+    /// After a move to another IOC: how many times sd0's addresses are announced to the
+    /// LAN through it (gratuitous ARP, unsolicited neighbour advertisements), 1..=10.
+    #[serde(default = "default_announce_count")]
+    pub announce_count: u32,
+    /// Time between those announcements (ms, 10..=10000).
+    #[serde(default = "default_announce_interval")]
+    pub announce_interval_ms: u64,
+}
+
+/// One standby IOC of `fabric.standby`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandbyIoc {
+    /// Its address, as `fabric.ioc`.
+    pub ioc: FabricAddr,
+    /// Its public key: the handshake proves it, as `auth.ioc_public_key` the primary's.
+    pub public_key: Key,
+}
+
+fn default_liveness_interval() -> u64 {
+    25
+}
+fn default_liveness_misses() -> u32 {
+    4
+}
+fn default_announce_count() -> u32 {
+    3
+}
+fn default_announce_interval() -> u64 {
+    100
 }
 
 fn yes() -> bool {
@@ -139,6 +187,19 @@ impl HostFabric {
     pub fn spin_max(&self) -> Duration {
         Duration::from_micros(self.spin_max_us)
     }
+    /// The Keepalive interval asked of every IOC when there is a standby.
+    pub fn liveness_interval(&self) -> Duration {
+        Duration::from_millis(self.liveness_interval_ms)
+    }
+    /// How long the primary must have been a ready standby before the host goes back to
+    /// it (`None`: never).
+    pub fn failback_after(&self) -> Option<Duration> {
+        self.failback_after_s.map(Duration::from_secs)
+    }
+    /// Time between announcements after a move.
+    pub fn announce_interval(&self) -> Duration {
+        Duration::from_millis(self.announce_interval_ms)
+    }
 }
 
 /// The `[interface]` section of host.toml.
@@ -178,6 +239,64 @@ impl HostConfig {
         self.fabric.node_id = self.fabric.node_id.filter(|&id| id != 0);
     }
 
+    /// Checks `fabric.standby` and the settings that go with it.
+    fn validate_standby(&self) -> Result<(), Invalid> {
+        let f = &self.fabric;
+        range(
+            "fabric.liveness_interval_ms",
+            f.liveness_interval_ms,
+            10,
+            1000,
+        )?;
+        range("fabric.liveness_misses", f.liveness_misses.into(), 2, 20)?;
+        if let Some(s) = f.failback_after_s {
+            range("fabric.failback_after_s", s, 1, 86_400)?;
+        }
+        range("fabric.announce_count", f.announce_count.into(), 1, 10)?;
+        range(
+            "fabric.announce_interval_ms",
+            f.announce_interval_ms,
+            10,
+            10_000,
+        )?;
+        if f.standby.is_empty() {
+            return Ok(());
+        }
+        if f.standby.len() > 4 {
+            return Err(Invalid::new(
+                "fabric.standby",
+                format!("{} standby IOCs; at most 4", f.standby.len()),
+            ));
+        }
+        if self.auth.ioc_public_key.is_none() {
+            return Err(Invalid::new(
+                "fabric.standby",
+                "needs auth.ioc_public_key: a standby session is asked for in the authenticated handshake, each IOC proving its key",
+            ));
+        }
+        for (i, s) in f.standby.iter().enumerate() {
+            if let FabricAddr::Tcp(a) | FabricAddr::Rdma(a) = s.ioc {
+                if a.port() == 0 || a.ip().is_unspecified() {
+                    return Err(Invalid::new(
+                        "fabric.standby",
+                        format!("{a} is not a connectable address"),
+                    ));
+                }
+            }
+            let before = std::iter::once(&f.ioc).chain(f.standby[..i].iter().map(|s| &s.ioc));
+            if before.into_iter().any(|a| *a == s.ioc) {
+                return Err(Invalid::new(
+                    "fabric.standby",
+                    format!(
+                        "{} is named twice (an IOC is the primary or one standby)",
+                        s.ioc
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn validate(&self) -> Result<(), Invalid> {
         let f = &self.fabric;
         keepalive(f.keepalive_interval_ms, f.keepalive_timeout_ms)?;
@@ -210,6 +329,7 @@ impl HostConfig {
                 "needs auth.ioc_public_key: the keys of the handshake seal the data channel",
             ));
         }
+        self.validate_standby()?;
         ifname("interface.name", &self.interface.name)?;
         if let Some(mac) = self.interface.mac {
             unicast("interface.mac", mac)?;

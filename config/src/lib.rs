@@ -15,7 +15,7 @@ mod tests;
 
 pub use common::{Control, FabricAddr, Log, MacAddr, Metrics, PoolConfig, Pools};
 pub use error::ConfigError;
-pub use host::{HostAuth, HostConfig, HostFabric, Interface};
+pub use host::{HostAuth, HostConfig, HostFabric, Interface, StandbyIoc};
 pub use ioc::{
     Admission, AdmittedHost, IocAuth, IocConfig, IocFabric, Lan, Promiscuous, SetMacPolicy,
     MAX_HOST_QUEUES, MAX_TRUNK_VLANS,

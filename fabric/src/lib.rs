@@ -326,6 +326,10 @@ pub struct HostKeys {
     /// Ask that the data channel's bytes travel sealed when it is on its socket
     /// ([`sealed_stream`]); the IOC must agree.
     pub seal_data: bool,
+    /// Further flags asked on the data channel's AuthHello ([`HelloReply::STANDBY`],
+    /// [`HelloReply::LIVENESS`] with its interval); what the IOC agreed comes back in the
+    /// returned [`HelloReply::flags`].
+    pub flags: u32,
 }
 
 /// The connecting side: opens both channels of `queue`'s session with `dial` (see
@@ -349,15 +353,20 @@ where
 {
     let max = wire::MAX_MESSAGE_LEN as u32;
     let dial = &dial;
-    let open = |channel_no: u8, session: u64| async move {
+    let open = |channel_no: u8, session: u64, data: bool| async move {
         let s = tokio::time::timeout(timeout, dial())
             .await
             .map_err(|_| FabricError::Timeout(timeout))??;
         let mut ch = channel(s, wire::MAX_MESSAGE_LEN)?;
         let hello = handshake::hello(Role::Host, channel_no, queue, session, node_id, max);
         // Sealing is asked for a data channel that stays on its socket.
-        let seal = keys.is_some_and(|k| k.seal_data) && channel_no == 1;
-        let flags = if seal { HelloReply::SEALED_DATA } else { 0 };
+        let seal = keys.is_some_and(|k| k.seal_data) && channel_no == 1 && data;
+        // What the session asks for goes on its data channel's AuthHello.
+        let flags = match keys.filter(|_| data) {
+            Some(k) if seal => HelloReply::SEALED_DATA | k.flags,
+            Some(k) => k.flags,
+            None => 0,
+        };
         let initiator = match keys {
             Some(k) => {
                 let mut i = auth::Initiator::new(&k.private, &k.ioc)?;
@@ -407,14 +416,14 @@ where
         #[cfg(feature = "verbs")]
         DataPath::Verbs { .. } => (verbs::VERBS_CONTROL_CHANNEL, verbs::VERBS_CHANNEL),
     };
-    let (ctrl, r, sealer, ctrl_no) = match open(ctrl_no, first).await {
+    let (ctrl, r, sealer, ctrl_no) = match open(ctrl_no, first, false).await {
         // An IOC that predates control channels in shared memory takes channel 3 for a data
         // channel naming no session: the control channel then stays on its socket.
         Err(FabricError::Handshake(HandshakeError::Refused {
             status: ErrorCode::UnknownSession,
             ..
         })) if ctrl_no != wire::CONTROL_CHANNEL => {
-            let (c, r, sealer) = open(wire::CONTROL_CHANNEL, first).await?;
+            let (c, r, sealer) = open(wire::CONTROL_CHANNEL, first, false).await?;
             (c, r, sealer, wire::CONTROL_CHANNEL)
         }
         r => r.map(|(c, r, sealer)| (c, r, sealer, ctrl_no))?,
@@ -434,7 +443,7 @@ where
         Some(s) if ctrl_no != shm::SHM_CONTROL_CHANNEL => FabricChannel::sealed(ctrl, s),
         _ => ctrl,
     };
-    let (data, r2, data_sealer) = open(data_no, r.session).await?;
+    let (data, r2, data_sealer) = open(data_no, r.session, true).await?;
     if r2.session != r.session || r2.version != r.version {
         goodbye(data, ErrorCode::Malformed, timeout).await;
         goodbye_on(ctrl, ErrorCode::Malformed, timeout).await;
@@ -457,7 +466,15 @@ where
             FabricChannel::Verbs(Box::new(t.await?))
         }
     };
-    Ok((ctrl, data, r))
+    // What the IOC agreed of the session's flags, from its data channel's answer.
+    Ok((
+        ctrl,
+        data,
+        HelloReply {
+            flags: r2.flags,
+            ..r
+        },
+    ))
 }
 
 /// Largest pool arena a peer may announce over verbs (the IOC's is bounded by its

@@ -297,6 +297,7 @@ fn exchange_frames(listener: Listener, path_kind: DataPath, auth: Auth, frames: 
         private: fabric::auth::generate().unwrap(),
         ioc: fabric::auth::public_key(&ioc_key),
         seal_data: auth == Auth::SealedData,
+        flags: 0,
     });
     let host_public = keys.as_ref().map(|k| fabric::auth::public_key(&k.private));
     let tcp = match &listener {
@@ -532,6 +533,7 @@ fn a_host_refuses_a_data_channel_left_clear_when_it_asked_for_it_sealed() {
         private: fabric::auth::generate().unwrap(),
         ioc: fabric::auth::public_key(&ioc_key),
         seal_data: true,
+        flags: 0,
     };
     let server = std::thread::spawn(move || {
         rt().block_on(async {
@@ -589,4 +591,67 @@ fn a_host_refuses_a_data_channel_left_clear_when_it_asked_for_it_sealed() {
             })
         ))
     ));
+}
+
+/// A host's session flags (a standby, a liveness interval) are asked on its data channel's
+/// AuthHello only, and what the IOC agreed comes back in the reply `connect` returns
+/// (docs/protocol.md 6.4, 8).
+#[test]
+fn session_flags_are_asked_on_the_data_channel_and_the_agreed_ones_returned() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let ioc_key = fabric::auth::generate().unwrap();
+    let asked_flags = wire::HelloReply::with_liveness(wire::HelloReply::STANDBY, 25);
+    let keys = fabric::HostKeys {
+        private: fabric::auth::generate().unwrap(),
+        ioc: fabric::auth::public_key(&ioc_key),
+        seal_data: false,
+        flags: asked_flags,
+    };
+    // Agrees to the standby and keeps a longer interval than asked.
+    let agreed = wire::HelloReply::with_liveness(wire::HelloReply::STANDBY, 40);
+    let server = std::thread::spawn(move || {
+        rt().block_on(async {
+            let mut asked = Vec::new();
+            let mut chans = Vec::new();
+            for i in 0..2 {
+                let s: fabric::Stream = l.accept().unwrap().0.into();
+                let a = fabric::accept_hello(s, TIMEOUT, Some(&ioc_key))
+                    .await
+                    .unwrap();
+                let (mut c, mut proof) = (a.ch, a.auth);
+                asked.push(proof.as_ref().unwrap().flags);
+                let flags = if i == 1 { agreed } else { 0 };
+                fabric::post_reply_agreeing(
+                    &mut c,
+                    proof.as_deref_mut(),
+                    a.version,
+                    ErrorCode::Ok,
+                    1,
+                    flags,
+                )
+                .unwrap();
+                fabric::flush(&mut c, TIMEOUT).await.unwrap();
+                chans.push(c);
+            }
+            asked
+        })
+    });
+    let r = rt().block_on(fabric::connect(
+        || fabric::dial_tcp(addr),
+        DataPath::Stream,
+        42,
+        wire::Queue::SINGLE,
+        0,
+        TIMEOUT,
+        Some(&keys),
+    ));
+    let (_, _, reply) = r.expect("connected");
+    assert_eq!(reply.flags, agreed);
+    assert_eq!(wire::HelloReply::liveness_ms(reply.flags), Some(40));
+    assert_eq!(
+        server.join().unwrap(),
+        [0, asked_flags],
+        "asked on the data channel only"
+    );
 }

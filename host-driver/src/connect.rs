@@ -35,6 +35,7 @@ pub fn keys(auth: &HostAuth) -> Result<Option<HostKeys>, String> {
         private: private.0,
         ioc: ioc.0,
         seal_data: auth.encrypt_data,
+        flags: 0,
     }))
 }
 

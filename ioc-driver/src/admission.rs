@@ -78,6 +78,8 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
         policy,
         clear_data: false,
         generation,
+        standby: false,
+        liveness: None,
     };
     let note = |status: ErrorCode, why: &str| {
         let mut st = ioc.borrow_mut();
@@ -220,6 +222,27 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     let Some(mut w) = joined else {
         refuse!(ch, ErrorCode::UnknownSession, "unknown session");
     };
+    // What its AuthHello asked of the session (docs/protocol.md 6.4, 8).
+    let asked = proof.as_ref().map_or(0, |r| r.flags);
+    w.who.standby = asked & HelloReply::STANDBY != 0;
+    if w.who.standby && !w.who.queue.is_first() {
+        refuse!(
+            ch,
+            ErrorCode::Refused,
+            "a standby session asked for a further queue (a standby opens its first only)"
+        );
+    }
+    if w.who.standby && w.who.policy.mac.is_none() {
+        refuse!(
+            ch,
+            ErrorCode::Refused,
+            "a standby session asked for a host whose [[auth.hosts]] entry has no `mac` (a host with a standby IOC keeps its MAC on every IOC)"
+        );
+    }
+    let keepalive_ms = ioc.borrow().cfg.fabric.keepalive_interval_ms;
+    let liveness =
+        HelloReply::liveness_ms(asked).map(|ms| crate::state::liveness_interval(ms, keepalive_ms));
+    w.who.liveness = liveness.map(|ms| Duration::from_millis(ms.into()));
     // In the clear over TCP or RDMA: what `auth.encrypt_data` refuses.
     w.who.clear_data = !seal && !shm;
     // Proven: a newer first queue of a key replaces its older sessions before it takes
@@ -277,7 +300,13 @@ pub async fn admit(ioc: Rc<RefCell<WorkerState>>, incoming: Incoming) {
     // The reply goes first on the data channel, ahead of anything posted to the host later.
     // The data channel's messages travel in the clear (docs/protocol.md 5.1) unless its
     // host asked for them sealed: its handshake proved the key and named the session.
-    let flags = if seal { HelloReply::SEALED_DATA } else { 0 };
+    let mut flags = if seal { HelloReply::SEALED_DATA } else { 0 };
+    if w.who.standby {
+        flags |= HelloReply::STANDBY;
+    }
+    if let Some(ms) = liveness {
+        flags = HelloReply::with_liveness(flags, ms);
+    }
     let replied = fabric::post_reply_agreeing(
         &mut ch,
         proof.as_deref_mut(),

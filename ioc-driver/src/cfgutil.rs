@@ -35,6 +35,16 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
         }
         return;
     }
+    if code == CfgCode::Activate {
+        let status = match data.is_empty() {
+            true => st.activate(session),
+            false => ErrorCode::Malformed,
+        };
+        if let Some(link) = st.hosts.get_mut(&session).and_then(|h| h.link.as_mut()) {
+            link.session_mut().cfg_reply(txn, code, status, &[]);
+        }
+        return;
+    }
     if code == CfgCode::GetStats {
         st.count_own_queue_drops();
     }
@@ -65,7 +75,9 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
     let Some(host) = st.hosts.get_mut(&session) else {
         return;
     };
-    if !host.queue.is_first() && code != CfgCode::GetStats {
+    // A further queue asks only for its counters; a standby changes nothing it would
+    // claim or make the NIC do until it is activated.
+    if (!host.queue.is_first() && code != CfgCode::GetStats) || (host.standby && costly) {
         if let Some(link) = host.link.as_mut() {
             link.session_mut()
                 .cfg_reply(txn, code, ErrorCode::Refused, &[]);
@@ -158,7 +170,7 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
             Ok(_) => ErrorCode::Unsupported,
             Err(_) => ErrorCode::Malformed,
         },
-        CfgCode::LinkChange | CfgCode::Other(_) => ErrorCode::Unsupported,
+        CfgCode::LinkChange | CfgCode::Activate | CfgCode::Other(_) => ErrorCode::Unsupported,
     };
     let (mac, mtu, features) = (host.mac, host.mtu, host.features);
     if let Some(link) = host.link.as_mut() {

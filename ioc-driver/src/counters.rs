@@ -89,11 +89,13 @@ pub struct Drops {
     /// From the host: a frame its VLAN policy refuses (a tag from an untagged or access
     /// host, a VLAN a trunk host does not list, an untagged frame from a trunk host).
     pub vlan: u64,
+    /// From the host: a frame on a standby session (which carries none until activated).
+    pub standby: u64,
 }
 
 impl Drops {
     /// Every cause with its count, named as operators see them.
-    pub fn named(&self) -> [(&'static str, u64); 13] {
+    pub fn named(&self) -> [(&'static str, u64); 14] {
         [
             ("rx_ring_full", self.ring_full),
             ("rx_quota", self.quota),
@@ -108,6 +110,7 @@ impl Drops {
             ("tx_nic", self.nic),
             ("tx_storm_control", self.storm),
             ("tx_vlan", self.vlan),
+            ("tx_standby", self.standby),
         ]
     }
 }
@@ -127,6 +130,7 @@ impl std::ops::AddAssign for Drops {
         self.nic += o.nic;
         self.storm += o.storm;
         self.vlan += o.vlan;
+        self.standby += o.standby;
     }
 }
 
@@ -149,6 +153,8 @@ pub enum TxDrop {
     Storm,
     /// A frame its VLAN policy refuses.
     Vlan,
+    /// A frame on a standby session.
+    Standby,
 }
 
 /// Why a frame for a host is dropped.

@@ -76,7 +76,8 @@ pub fn targets(
     let vlan = vnet::vlan_of(frame);
     hosts
         .values()
-        .filter(|h| h.queue.is_first() && h.policy.vlan.egress(vlan).is_some() && want(h))
+        .filter(|h| h.queue.is_first() && !h.standby)
+        .filter(|h| h.policy.vlan.egress(vlan).is_some() && want(h))
         .map(|h| h.steer(frame, keys))
         .collect()
 }

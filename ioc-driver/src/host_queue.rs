@@ -140,6 +140,9 @@ pub struct HostQueue {
     /// Its share of its worker: frames are read from its data channel by deficit round robin
     /// among the worker's hosts ([`DRR_QUANTUM`] per host and round, split among its queues).
     pub drr: Deficit,
+    /// A standby session (docs/protocol.md 6.4): admitted, but it holds no MAC, gets no
+    /// frame and may send none until its host activates it.
+    pub standby: bool,
 }
 
 impl HostQueue {
@@ -212,6 +215,7 @@ impl HostQueue {
             storm: None,
             ce_marked: 0,
             drr: Deficit::new(DRR_QUANTUM / u32::from(queue.count.max(1))),
+            standby: false,
         }
     }
 
@@ -275,6 +279,7 @@ impl HostQueue {
             TxDrop::Nic => d.nic += 1,
             TxDrop::Storm => d.storm += 1,
             TxDrop::Vlan => d.vlan += 1,
+            TxDrop::Standby => d.standby += 1,
         }
     }
 
@@ -290,6 +295,12 @@ impl HostQueue {
         offered: u64,
         extra_macs: &[[u8; 6]],
     ) -> Result<Ingress, (TxDrop, String)> {
+        if self.standby {
+            return Err((
+                TxDrop::Standby,
+                "a frame on a standby session, which carries none until activated".into(),
+            ));
+        }
         let h = vnet::check_head(head, len).map_err(|e| (TxDrop::BadOffload, e.to_string()))?;
         let src = vnet::src_mac(head);
         if src != self.mac && !extra_macs.contains(&src) && !self.bridged.contains(&src) {

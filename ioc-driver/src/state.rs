@@ -75,6 +75,28 @@ pub struct Who {
     /// The worker's [`WorkerState::auth_generation`] when its connection arrived: a reload
     /// since makes `policy` stale.
     pub generation: u64,
+    /// Its handshake agreed a standby session ([`HelloReply::STANDBY`]): it claims nothing
+    /// until activated ([`WorkerState::activate`]).
+    ///
+    /// [`HelloReply::STANDBY`]: splitnet_messaging::wire::HelloReply::STANDBY
+    pub standby: bool,
+    /// The Keepalive interval its handshake agreed ([`liveness_interval`]), instead of
+    /// `fabric.keepalive_interval_ms`.
+    pub liveness: Option<std::time::Duration>,
+}
+
+/// Shortest Keepalive interval a host may agree: below it, an idle IOC of many hosts would
+/// spend its time on Keepalives.
+pub const LIVENESS_MIN_MS: u16 = 10;
+
+/// The Keepalive interval the IOC keeps for a host that asked for `asked_ms`: within
+/// [`LIVENESS_MIN_MS`] and the IOC's own `keepalive_ms` (it never sends less often than it
+/// does to every host).
+pub fn liveness_interval(asked_ms: u16, keepalive_ms: u64) -> u16 {
+    let max = u16::try_from(keepalive_ms)
+        .unwrap_or(u16::MAX)
+        .max(LIVENESS_MIN_MS);
+    asked_ms.clamp(LIVENESS_MIN_MS, max)
 }
 
 #[cfg(test)]
@@ -89,6 +111,8 @@ impl Who {
             policy: Policy::open(),
             clear_data: false,
             generation: 0,
+            standby: false,
+            liveness: None,
         }
     }
 }
@@ -171,6 +195,8 @@ pub struct WorkerState {
     pub started: Instant,
     /// Hosts admitted since start.
     pub connects: u64,
+    /// Standby sessions activated since start.
+    pub activations: u64,
     /// Counters of the hosts that left.
     pub past: Stats,
     /// Multicast groups joined on the NIC: the union of every host's.
@@ -255,6 +281,7 @@ impl WorkerState {
             buffers_freed: Rc::new(Notify::new()),
             started: Instant::now(),
             connects: 0,
+            activations: 0,
             past: Stats::default(),
             nic_groups: BTreeSet::new(),
             nic_unicast: BTreeSet::new(),
@@ -346,7 +373,7 @@ impl WorkerState {
     /// session of this worker holding one without the right gives it up; one another worker
     /// serves stays there, logged, and is tried again later ([`WorkerState::claim_missing`]).
     fn claim_bridged(&mut self, session: u64) {
-        let Some(h) = self.hosts.get(&session) else {
+        let Some(h) = self.hosts.get(&session).filter(|h| !h.standby) else {
             return;
         };
         let (key, name) = (h.key, h.policy.name.clone().unwrap_or_default());
@@ -510,6 +537,7 @@ impl WorkerState {
                 h.node_id == who.node_id
                     && h.key == who.key
                     && h.queue.is_first()
+                    && !h.standby
                     && h.queue.count == queue.count
                     && !h
                         .queues
@@ -538,7 +566,8 @@ impl WorkerState {
             false => Some(who.policy.clone()),
             true => Policy::of(auth, who.key.as_ref())
                 .filter(|p| u16::from(queue.count) <= p.queues)
-                .filter(|_| !(who.clear_data && auth.encrypt_data)),
+                .filter(|_| !(who.clear_data && auth.encrypt_data))
+                .filter(|p| !who.standby || p.mac.is_some()),
         };
         match now {
             Some(p) if queue.is_first() => who.policy = p,
@@ -556,7 +585,12 @@ impl WorkerState {
             if let Some(key) = who.key {
                 self.replace_older(&key, &name, &peer);
             }
-            let mac = self.claim_mac(node_id, who.key.as_ref(), &who.policy);
+            // A standby claims nothing: its MAC is its entry's (admission made sure it has
+            // one), taken when it is activated.
+            let mac = match (who.standby, who.policy.mac) {
+                (true, Some(mac)) => mac,
+                _ => self.claim_mac(node_id, who.key.as_ref(), &who.policy),
+            };
             (session, mac, self.mtu, 0)
         } else {
             match self.first_queue(&who) {
@@ -585,7 +619,7 @@ impl WorkerState {
             );
         }
         let keepalive = Keepalive::new(
-            f.keepalive_interval(),
+            who.liveness.unwrap_or(f.keepalive_interval()),
             f.keepalive_timeout(),
             Instant::now(),
         );
@@ -608,7 +642,9 @@ impl WorkerState {
         host.features = features;
         let pps = u64::from(self.cfg.lan.storm_control_pps);
         host.storm = (pps > 0).then(|| RateLimit::new(pps, 2 * pps, Instant::now()));
-        if queue.is_first() {
+        let standby = who.standby && queue.is_first();
+        host.standby = standby;
+        if queue.is_first() && !standby {
             self.by_mac.insert(mac, session);
         }
         let wake = host.wake.clone();
@@ -618,8 +654,10 @@ impl WorkerState {
         } else {
             self.share_bridged(first);
         }
-        self.sync_nic_filter();
-        self.open_own_queue(session);
+        if !standby {
+            self.sync_nic_filter();
+            self.open_own_queue(session);
+        }
         self.publish_load();
         self.connects += 1;
         info!(
@@ -632,6 +670,7 @@ impl WorkerState {
             mac = %fmt_mac(&mac),
             hosts = self.hosts.len(),
             pool_regions = self.reg.stats().regions,
+            standby,
             "host connected"
         );
         notify::status(&format!(
@@ -641,6 +680,41 @@ impl WorkerState {
         ));
         self.kick_hosts();
         Some(wake)
+    }
+
+    /// Makes standby session `session` (a first queue) its host's active one, as the host
+    /// asked (CfgUtil Activate): its MAC and its policy's bridged MACs are claimed in the
+    /// forwarding table and the NIC's filter, and it gets its own LAN queue where it can.
+    /// Ok for a session already active; Refused for a further queue, or when the MAC is in
+    /// use by another host of this IOC that may keep it.
+    pub fn activate(&mut self, session: u64) -> ErrorCode {
+        let Some(h) = self.hosts.get(&session).filter(|h| h.queue.is_first()) else {
+            return ErrorCode::Refused;
+        };
+        if !h.standby {
+            return ErrorCode::Ok;
+        }
+        let (mac, key, name) = (h.mac, h.key, h.policy.name.clone().unwrap_or_default());
+        self.evict_squatter(mac, key.as_ref(), &name);
+        if self.by_mac.contains_key(&mac)
+            || self
+                .shard
+                .claim_mac(&*self.nic, std::iter::once(mac))
+                .is_none()
+        {
+            warn!(session, name, mac = %fmt_mac(&mac), "a standby host asked to be activated, and its MAC is another host's here: refused");
+            return ErrorCode::Refused;
+        }
+        self.by_mac.insert(mac, session);
+        if let Some(h) = self.hosts.get_mut(&session) {
+            h.standby = false;
+        }
+        self.claim_bridged(session);
+        self.sync_nic_filter();
+        self.open_own_queue(session);
+        self.activations += 1;
+        info!(session, name, mac = %fmt_mac(&mac), "standby host activated: its MACs are claimed here");
+        ErrorCode::Ok
     }
 
     /// Ends the sessions of host `key` (named `name` in its entry) that a newer first queue
@@ -908,7 +982,7 @@ impl WorkerState {
         let want: BTreeSet<[u8; 6]> = self
             .hosts
             .values()
-            .filter(|h| h.queue.is_first() && h.mac != [0; 6])
+            .filter(|h| h.queue.is_first() && !h.standby && h.mac != [0; 6])
             .flat_map(|h| std::iter::once(h.mac).chain(h.bridged.iter().copied()))
             .collect();
         let nic = &*self.nic;

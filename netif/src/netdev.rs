@@ -1,7 +1,9 @@
 //! Interface ioctls: index, MTU, MAC address and flags, by name.
 
 use super::cvt;
+use std::ffi::CStr;
 use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// Longest interface name (without the terminating NUL).
@@ -161,9 +163,120 @@ pub fn parse_dev_mcast(text: &str, name: &str) -> Vec<[u8; 6]> {
     groups
 }
 
+/// The IPv4 and IPv6 addresses assigned to `name`, link-local and tentative ones included,
+/// in the order `getifaddrs(3)` lists them. An interface that exists with no address gives
+/// empty lists; one that does not exist is a `NotFound` error (the list names every
+/// interface, with an `AF_PACKET` entry, whether it has addresses or not).
+pub fn addresses(name: &str) -> io::Result<(Vec<Ipv4Addr>, Vec<Ipv6Addr>)> {
+    ifreq(name)?;
+    let list = IfAddrs::new()?;
+    let (mut v4, mut v6, mut seen) = (Vec::new(), Vec::new(), false);
+    for entry in list
+        .iter()
+        .filter(|e| entry_name(e) == Some(name.as_bytes()))
+    {
+        seen = true;
+        match entry_addr(entry) {
+            Some(EntryAddr::V4(a)) => v4.push(a),
+            Some(EntryAddr::V6(a)) => v6.push(a),
+            None => {}
+        }
+    }
+    if !seen {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no interface {name:?}"),
+        ));
+    }
+    Ok((v4, v6))
+}
+
+/// The list `getifaddrs(3)` returns, freed when dropped (also on an early return).
+struct IfAddrs(*mut libc::ifaddrs);
+
+impl IfAddrs {
+    fn new() -> io::Result<IfAddrs> {
+        let mut head = std::ptr::null_mut();
+        // SAFETY: getifaddrs writes the head of a list it allocated into `head`, which is
+        // owned from here on and freed by `Drop`; on failure it writes nothing to free.
+        cvt(unsafe { libc::getifaddrs(&mut head) })?;
+        Ok(IfAddrs(head))
+    }
+
+    /// The entries, borrowed from the list, so none outlives it.
+    fn iter(&self) -> impl Iterator<Item = &libc::ifaddrs> {
+        // SAFETY: the head and every `ifa_next` are null or point at an entry of the list,
+        // valid until `freeifaddrs`, which only `Drop` calls, after this borrow ends.
+        std::iter::successors(unsafe { self.0.as_ref() }, |e| unsafe {
+            e.ifa_next.as_ref()
+        })
+    }
+}
+
+impl Drop for IfAddrs {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the list came from getifaddrs and is freed once, here.
+            unsafe { libc::freeifaddrs(self.0) };
+        }
+    }
+}
+
+/// An entry's interface name.
+fn entry_name(e: &libc::ifaddrs) -> Option<&[u8]> {
+    if e.ifa_name.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null `ifa_name` is a NUL-terminated string that lives as long as the
+    // entry.
+    Some(unsafe { CStr::from_ptr(e.ifa_name) }.to_bytes())
+}
+
+/// An IP address of an entry.
+enum EntryAddr {
+    V4(Ipv4Addr),
+    V6(Ipv6Addr),
+}
+
+/// An entry's address, if it is IPv4 or IPv6.
+fn entry_addr(e: &libc::ifaddrs) -> Option<EntryAddr> {
+    // SAFETY: a non-null `ifa_addr` points at a socket address that lives as long as the
+    // entry; every one starts with its family.
+    let family = unsafe { e.ifa_addr.as_ref() }?.sa_family;
+    match i32::from(family) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a whole `sockaddr_in`; read unaligned, as the
+            // list's layout does not promise its alignment.
+            let sin = unsafe { e.ifa_addr.cast::<libc::sockaddr_in>().read_unaligned() };
+            Some(EntryAddr::V4(Ipv4Addr::from(
+                sin.sin_addr.s_addr.to_ne_bytes(),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a whole `sockaddr_in6`; read unaligned, as
+            // above.
+            let sin6 = unsafe { e.ifa_addr.cast::<libc::sockaddr_in6>().read_unaligned() };
+            Some(EntryAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_dev_mcast;
+    use super::{addresses, parse_dev_mcast};
+    use std::io;
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn the_loopback_has_its_address_and_a_missing_interface_is_not_found() {
+        let (v4, _) = addresses("lo").unwrap();
+        assert!(v4.contains(&Ipv4Addr::LOCALHOST), "{v4:?}");
+        let e = addresses("nosuchif0").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let e = addresses("").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
 
     #[test]
     fn dev_mcast_lines_of_one_interface_are_parsed_and_the_rest_skipped() {

@@ -290,3 +290,70 @@ fn encrypting_the_data_channel_needs_the_iocs_key() {
     let why = invalid(host_text(&rdma), "auth.encrypt_data");
     assert!(why.contains("RDMA"), "{why}");
 }
+
+const KEY: &str = "U0QzgGvlzWUEpnsepcHjRzxBZ/1eH8rZyHMjEYOA4BI=";
+
+#[test]
+fn standby_iocs_are_read_in_order_with_their_keys() {
+    let h = host("").unwrap();
+    assert!(h.fabric.standby.is_empty());
+    assert_eq!(h.fabric.liveness_interval(), Duration::from_millis(25));
+    assert_eq!(h.fabric.liveness_misses, 4);
+    assert_eq!(h.fabric.failback_after(), None);
+    assert_eq!(h.fabric.announce_count, 3);
+    assert_eq!(h.fabric.announce_interval(), Duration::from_millis(100));
+    let h = host(&format!(
+        "standby = [{{ ioc = \"10.0.0.2:7400\", public_key = \"{KEY}\" }}, {{ ioc = \"unix:/run/b.sock\", public_key = \"{KEY}\" }}]\n\
+         liveness_interval_ms = 20\nliveness_misses = 3\nfailback_after_s = 30\nannounce_count = 5\nannounce_interval_ms = 50\n\
+         [auth]\nioc_public_key = \"{KEY}\""
+    ))
+    .unwrap();
+    let f = &h.fabric;
+    assert_eq!(f.standby.len(), 2);
+    assert_eq!(f.standby[0].ioc.to_string(), "10.0.0.2:7400");
+    assert_eq!(f.standby[1].ioc.to_string(), "unix:/run/b.sock");
+    assert_eq!(f.standby[0].public_key.to_string(), KEY);
+    assert_eq!((f.liveness_interval_ms, f.liveness_misses), (20, 3));
+    assert_eq!(f.failback_after(), Some(Duration::from_secs(30)));
+    assert_eq!((f.announce_count, f.announce_interval_ms), (5, 50));
+}
+
+#[test]
+fn standby_rules() {
+    let one = format!("standby = [{{ ioc = \"10.0.0.2:7400\", public_key = \"{KEY}\" }}]\n");
+    let auth = format!("[auth]\nioc_public_key = \"{KEY}\"");
+    // A standby session is asked for in the authenticated handshake only.
+    let why = invalid(host(&one), "fabric.standby");
+    assert!(why.contains("auth.ioc_public_key"), "{why}");
+    let twice =
+        format!("standby = [{{ ioc = \"10.0.0.1:7400\", public_key = \"{KEY}\" }}]\n{auth}");
+    assert!(invalid(host(&twice), "fabric.standby").contains("named twice"));
+    let unspecified =
+        format!("standby = [{{ ioc = \"0.0.0.0:7400\", public_key = \"{KEY}\" }}]\n{auth}");
+    invalid(host(&unspecified), "fabric.standby");
+    let five = (2..7)
+        .map(|i| format!("{{ ioc = \"10.0.0.{i}:7400\", public_key = \"{KEY}\" }}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert!(invalid(
+        host(&format!("standby = [{five}]\n{auth}")),
+        "fabric.standby"
+    )
+    .contains("at most 4"));
+    parse_error(
+        host(&format!(
+            "standby = [{{ ioc = \"10.0.0.2:7400\" }}]\n{auth}"
+        )),
+        &["public_key"],
+    );
+    for (key, bad) in [
+        ("fabric.liveness_interval_ms", "liveness_interval_ms = 5"),
+        ("fabric.liveness_misses", "liveness_misses = 1"),
+        ("fabric.failback_after_s", "failback_after_s = 0"),
+        ("fabric.announce_count", "announce_count = 0"),
+        ("fabric.announce_interval_ms", "announce_interval_ms = 5"),
+    ] {
+        invalid(host(&format!("{one}{bad}\n{auth}")), key);
+    }
+    assert!(host(&format!("{one}{auth}")).is_ok());
+}

@@ -32,6 +32,7 @@ async fn connect(addr: SocketAddr, keys: &Keys, node_id: u64) -> Result<Session,
         private: keys.host,
         ioc: keys.ioc,
         seal_data: false,
+        flags: 0,
     };
     let path = DataPath::Verbs {
         pool_bytes: 8 << 20,

@@ -25,6 +25,7 @@ use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 mod policy;
+mod standby;
 mod vlan;
 
 fn config(extra: &str) -> splitnet_config::IocConfig {

@@ -6,11 +6,16 @@ use crate::gate::Policy;
 use splitnet_config::key::Key as TextKey;
 use splitnet_config::{Admission, AdmittedHost, IocAuth, MacAddr};
 
-const VM1: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
+pub(super) const VM1: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
 const VM2: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 2];
 
 /// An entry for the host of key `[n; 32]`.
-fn entry(n: u8, mac: Option<[u8; 6]>, extra: &[[u8; 6]], promiscuous: bool) -> AdmittedHost {
+pub(super) fn entry(
+    n: u8,
+    mac: Option<[u8; 6]>,
+    extra: &[[u8; 6]],
+    promiscuous: bool,
+) -> AdmittedHost {
     AdmittedHost {
         name: format!("host{n}"),
         public_key: TextKey([n; 32]),
@@ -23,7 +28,7 @@ fn entry(n: u8, mac: Option<[u8; 6]>, extra: &[[u8; 6]], promiscuous: bool) -> A
     }
 }
 
-fn auth(hosts: Vec<AdmittedHost>) -> IocAuth {
+pub(super) fn auth(hosts: Vec<AdmittedHost>) -> IocAuth {
     IocAuth {
         admission: Admission::Keys,
         hosts,
@@ -32,7 +37,7 @@ fn auth(hosts: Vec<AdmittedHost>) -> IocAuth {
 }
 
 /// An IOC whose `[auth]` is `a`.
-fn ioc_of(a: IocAuth) -> (WorkerState, FakeNic) {
+pub(super) fn ioc_of(a: IocAuth) -> (WorkerState, FakeNic) {
     let (mut ioc, nic) = ioc_with("");
     ioc.cfg.auth = a;
     ioc.apply_policy();
@@ -41,7 +46,7 @@ fn ioc_of(a: IocAuth) -> (WorkerState, FakeNic) {
 
 /// Who the host of key `[n; 32]` is once its handshake proved the key, as admission
 /// gives it.
-fn keyed(ioc: &WorkerState, n: u8) -> Who {
+pub(super) fn keyed(ioc: &WorkerState, n: u8) -> Who {
     let mut who = Who::node(u64::from(n) << 56);
     who.key = Some([n; 32]);
     who.policy = Policy::of(&ioc.cfg.auth, who.key.as_ref()).expect("admitted");
@@ -49,7 +54,7 @@ fn keyed(ioc: &WorkerState, n: u8) -> Who {
     who
 }
 
-fn connect_key(ioc: &mut WorkerState, n: u8) -> (u64, Peer) {
+pub(super) fn connect_key(ioc: &mut WorkerState, n: u8) -> (u64, Peer) {
     let who = keyed(ioc, n);
     connect_with(ioc, who, false, host_config(128))
 }

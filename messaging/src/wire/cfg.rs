@@ -28,6 +28,9 @@ pub enum CfgCode {
     SetFeatures,
     /// IOC to host notification: link state and MTU changed (request: [`LinkChange`]).
     LinkChange,
+    /// Host to IOC: a standby session becomes the host's active one (no data; reply Ok or
+    /// Refused). Only on a session whose handshake agreed [`super::HelloReply::STANDBY`].
+    Activate,
     /// A code this implementation does not know (answered with `Unsupported`).
     Other(u16),
 }
@@ -47,6 +50,7 @@ impl CfgCode {
             CfgCode::GetFeatures => 9,
             CfgCode::SetFeatures => 10,
             CfgCode::LinkChange => 11,
+            CfgCode::Activate => 12,
             CfgCode::Other(v) => v,
         }
     }
@@ -65,6 +69,7 @@ impl CfgCode {
             9 => CfgCode::GetFeatures,
             10 => CfgCode::SetFeatures,
             11 => CfgCode::LinkChange,
+            12 => CfgCode::Activate,
             v => CfgCode::Other(v),
         }
     }

@@ -90,6 +90,29 @@ impl HelloReply {
     /// Flag of an AuthHello and its HelloReply: the data channel's byte stream is sealed
     /// (docs/protocol.md 5.1), asked for by the host, agreed to by the IOC.
     pub const SEALED_DATA: u32 = 1;
+    /// Flag of a data channel's AuthHello and its HelloReply: the session opens as a
+    /// standby (docs/protocol.md 6.4): admitted, its pools advertised, but it claims no MAC
+    /// and carries no frame until the host sends [`super::CfgCode::Activate`].
+    pub const STANDBY: u32 = 1 << 1;
+    /// Flag of a data channel's AuthHello and its HelloReply: the IOC sends a Keepalive
+    /// whenever it has sent nothing for the interval in [`HelloReply::liveness_ms`]
+    /// (docs/protocol.md 8): asked with the host's interval, answered with the one kept.
+    pub const LIVENESS: u32 = 1 << 2;
+    /// The flags that carry no value (bits 0..16); bits 16..32 carry the liveness interval.
+    pub const FLAG_BITS: u32 = 0xffff;
+
+    /// `flags` asking for (or agreeing to) a liveness interval of `ms` milliseconds
+    /// (at most 65,535).
+    pub fn with_liveness(flags: u32, ms: u16) -> u32 {
+        (flags & Self::FLAG_BITS) | Self::LIVENESS | (u32::from(ms) << 16)
+    }
+
+    /// The liveness interval `flags` ask for or agree to, in milliseconds; `None` without
+    /// [`HelloReply::LIVENESS`] or with an interval of 0.
+    pub fn liveness_ms(flags: u32) -> Option<u16> {
+        let ms = (flags >> 16) as u16;
+        (flags & Self::LIVENESS != 0 && ms > 0).then_some(ms)
+    }
 }
 
 /// The sender is closing the connection.

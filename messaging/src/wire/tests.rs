@@ -402,3 +402,23 @@ fn feature_bits_are_named_in_order_and_unknown_bits_ignored() {
     let all = features::NAMES.iter().fold(0, |a, (b, _)| a | b);
     assert_eq!(features::names(all).len(), 6);
 }
+
+#[test]
+fn liveness_interval_travels_in_the_upper_flag_bits() {
+    let f = HelloReply::with_liveness(HelloReply::SEALED_DATA | HelloReply::STANDBY, 25);
+    assert_eq!(f & HelloReply::FLAG_BITS, 0b111);
+    assert_eq!(HelloReply::liveness_ms(f), Some(25));
+    // Without the flag, or with an interval of 0, none is asked.
+    assert_eq!(HelloReply::liveness_ms(25 << 16), None);
+    assert_eq!(HelloReply::liveness_ms(HelloReply::LIVENESS), None);
+    assert_eq!(CfgCode::from_u16(12), CfgCode::Activate);
+}
+
+proptest! {
+    #[test]
+    fn liveness_flags_keep_the_other_bits(flags in any::<u32>(), ms in 1u16..) {
+        let f = HelloReply::with_liveness(flags, ms);
+        prop_assert_eq!(HelloReply::liveness_ms(f), Some(ms));
+        prop_assert_eq!(f & HelloReply::FLAG_BITS, (flags & HelloReply::FLAG_BITS) | HelloReply::LIVENESS);
+    }
+}
