@@ -468,8 +468,8 @@ start_ioc_kept() {
 }
 
 # across WHAT CMD...: runs CMD (a restart or an upgrade) while the LAN pings sd0 every 10 ms
-# and the host sends a paced transfer to the LAN; checks the transfer and the replies; sets
-# GAP_MS.
+# and the host sends a paced transfer to the LAN (ACROSS_S seconds, default 6); checks the
+# transfer and the replies; sets GAP_MS.
 across() {
     local what=$1 dups sent got
     shift
@@ -477,9 +477,10 @@ across() {
     ip netns exec sd-lan python3 "$ROOT/tests/transfer.py" recv 5201 "$T/recv.out" &
     PIDS+=($!); local rx=$!
     wait_listen sd-lan 5201
-    ip netns exec sd-host python3 "$ROOT/tests/transfer.py" send 10.50.0.2 5201 6 48 >"$T/sent.out" &
+    local secs=${ACROSS_S:-6}
+    ip netns exec sd-host python3 "$ROOT/tests/transfer.py" send 10.50.0.2 5201 "$secs" $((secs * 8)) >"$T/sent.out" &
     PIDS+=($!); local tx=$!
-    ip netns exec sd-lan ping -D -i 0.01 -w 7 -W 1 10.50.0.1 >"$T/ping.out" 2>&1 &
+    ip netns exec sd-lan ping -D -i 0.01 -w $((secs + 1)) -W 1 10.50.0.1 >"$T/ping.out" 2>&1 &
     PIDS+=($!); local pinger=$!
     sleep 2
     "$@"

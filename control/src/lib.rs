@@ -95,6 +95,8 @@ mod tests {
                 connects: 1,
                 hosts: None,
                 max_hosts: None,
+                iocs: Vec::new(),
+                moves: Vec::new(),
             },
             interface: Interface {
                 name: "sd0".into(),

@@ -83,6 +83,22 @@ fn status(s: &Status) -> String {
         let _ = write!(o, ", hosts {h}/{m}");
     }
     let _ = writeln!(o, ", connects {}", f.connects);
+    for r in &f.iocs {
+        let _ = writeln!(o, "  ioc {:<28} {}", r.address, r.role);
+    }
+    for m in &f.moves {
+        let took = m
+            .took_ms
+            .map_or("not completed".to_string(), |t| format!("{t} ms"));
+        let _ = writeln!(
+            o,
+            "  moved {} -> {} ({}), {took}, {} ago",
+            m.from,
+            m.to,
+            m.cause,
+            duration(m.ago_s)
+        );
+    }
     let _ = writeln!(
         o,
         "interface:  {} {} mtu {} carrier {} promisc {} multicast {}",
@@ -190,6 +206,11 @@ fn hosts(h: &Hosts) -> String {
             e.counters.tx.dropped + e.counters.rx.dropped,
             format!("{}/{}", e.buffers, e.buffer_quota)
         );
+        if e.standby {
+            o.push_str(
+                "         standby: claims no MAC, carries no frame until its host activates it\n",
+            );
+        }
         if !e.drops.is_empty() {
             drops(&mut o, &e.drops);
         }
@@ -448,6 +469,7 @@ mod tests {
             ce_marked: 0,
             drops: BTreeMap::new(),
             bridged: vec![],
+            standby: false,
         };
         let h = Hosts {
             hosts: vec![

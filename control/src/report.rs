@@ -164,6 +164,37 @@ pub struct Fabric {
     pub hosts: Option<u32>,
     /// Hosts served at most (IOC).
     pub max_hosts: Option<u32>,
+    /// A host with standbys (`fabric.standby`): every IOC, in order, and its role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub iocs: Vec<IocRole>,
+    /// A host with standbys: its latest moves between IOCs, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<IocMove>,
+}
+
+/// One IOC of a host with standbys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IocRole {
+    /// Its fabric address.
+    pub address: String,
+    /// `active`, `standby` (ready to take over), `standby, not ready` (answering, or its
+    /// NIC down) or `down` (no session; tried again with backoff).
+    pub role: String,
+}
+
+/// One move of a host from one IOC to another.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IocMove {
+    /// The IOC it left.
+    pub from: String,
+    /// The IOC it moved to.
+    pub to: String,
+    /// `closed`, `silent`, `nic_down` or `failback`.
+    pub cause: String,
+    /// From the loss seen to the new IOC's Activate Ok (ms; absent: not completed).
+    pub took_ms: Option<u64>,
+    /// Seconds ago.
+    pub ago_s: u64,
 }
 
 /// A network interface and its settings.
@@ -336,6 +367,10 @@ pub struct HostEntry {
     /// may send from them, and frames to them reach it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bridged: Vec<String>,
+    /// A standby session (docs/protocol.md 6.5): it claims no MAC and carries no frame
+    /// until its host activates it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby: bool,
 }
 
 /// Frame counters of one direction.

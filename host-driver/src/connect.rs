@@ -8,9 +8,11 @@ use splitnet_messaging::wire::{HelloReply, Queue};
 use std::time::Duration;
 use tracing::{info, warn};
 
-/// Who this host is to the IOC.
+/// Who this host is to one IOC, and where that IOC is.
 #[derive(Debug, Clone)]
 pub struct Identity {
+    /// The IOC's address (`fabric.ioc`, or one of `fabric.standby`).
+    pub ioc: FabricAddr,
     /// Its node id (an IOC that admits by key derives the identity from the key instead).
     pub node_id: u64,
     /// Its keys, when the handshake is authenticated (`auth.ioc_public_key` is set).
@@ -39,6 +41,37 @@ pub fn keys(auth: &HostAuth) -> Result<Option<HostKeys>, String> {
     }))
 }
 
+/// This host to each of its IOCs: the primary (`fabric.ioc`, with `id`'s keys) first, then
+/// every standby of `fabric.standby` with its own public key. With a standby, every session
+/// asks for the liveness interval (docs/protocol.md 6.4).
+pub fn endpoints(cfg: &HostFabric, id: &Identity) -> Vec<Identity> {
+    let liveness = match cfg.standby.is_empty() {
+        true => 0,
+        false => {
+            let ms = u16::try_from(cfg.liveness_interval_ms).unwrap_or(u16::MAX);
+            HelloReply::with_liveness(0, ms)
+        }
+    };
+    let with = |ioc: &FabricAddr, key: Option<[u8; 32]>| {
+        let mut e = id.clone();
+        e.ioc = ioc.clone();
+        if let Some(k) = e.keys.as_mut() {
+            k.flags = liveness;
+            if let Some(key) = key {
+                k.ioc = key;
+            }
+        }
+        e
+    };
+    std::iter::once(with(&cfg.ioc, None))
+        .chain(
+            cfg.standby
+                .iter()
+                .map(|s| with(&s.ioc, Some(s.public_key.0))),
+        )
+        .collect()
+}
+
 /// A stable identity for this host: its machine id and interface name, unless configured.
 pub fn default_node_id(ifname: &str) -> u64 {
     let machine = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
@@ -64,8 +97,9 @@ fn netns_inode() -> u64 {
         .unwrap_or(0)
 }
 
-/// Opens both channels of `queue`'s session to the IOC at `ioc` (TCP, or its local Unix
-/// socket) and completes the handshake (see [`fabric::connect`]).
+/// Opens both channels of `queue`'s session to the IOC of `id` (TCP, or its local Unix
+/// socket) and completes the handshake (see [`fabric::connect`]); a `standby` session asks
+/// for STANDBY (docs/protocol.md 6.5).
 pub async fn connect(
     cfg: &HostFabric,
     pool_bytes: u64,
@@ -73,9 +107,17 @@ pub async fn connect(
     queue: Queue,
     first: u64,
     timeout: Duration,
+    standby: bool,
 ) -> Result<(FabricChannel, FabricChannel, HelloReply), fabric::FabricError> {
-    let (node_id, keys) = (id.node_id, id.keys.as_ref());
-    match &cfg.ioc {
+    let node_id = id.node_id;
+    let asked = id.keys.clone().map(|mut k| {
+        if standby {
+            k.flags |= HelloReply::STANDBY;
+        }
+        k
+    });
+    let keys = asked.as_ref();
+    match &id.ioc {
         FabricAddr::Tcp(a) => {
             let dial = || fabric::dial_tcp(*a);
             fabric::connect(dial, DataPath::Stream, node_id, queue, first, timeout, keys).await

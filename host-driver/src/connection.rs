@@ -15,8 +15,9 @@ use splitnet_messaging::adapter::shm::Spin;
 use splitnet_messaging::endpoint::{Keepalive, Lane, LinkEvent, Liveness, Session};
 use splitnet_messaging::memory::{DomainId, Registry};
 use splitnet_messaging::sched::LimitConfig;
-use splitnet_messaging::wire::{ErrorCode, Message, Queue};
+use splitnet_messaging::wire::{self, CfgCode, ErrorCode, HelloReply, Message, Queue};
 use splitnet_netif::tap::Tap;
+use splitnet_netif::{announce, netdev};
 use splitnet_service::notify;
 use std::io;
 use std::time::{Duration, Instant};
@@ -36,6 +37,43 @@ pub enum End {
     /// The IOC said it is restarting (Goodbye Restarting): reconnect at once, the carrier
     /// kept for a while ([`crate::reconnect`]).
     Restarting,
+    /// The IOC's NIC is down while a standby's is up ([`Conn::move_on_nic_down`]): move.
+    NicDown,
+    /// A promoted standby's IOC answered Activate Ok at this instant: the session is the
+    /// host's active one; run it again.
+    Activated(Instant),
+    /// The host goes back to the primary IOC (`fabric.failback_after_s`).
+    Failback,
+}
+
+/// Why a standby session stopped ([`Conn::run_standby`]).
+pub enum StandbyEnd {
+    /// It is ready to take over (`true`: it answered, its MAC is sd0's, its NIC is up), or
+    /// no longer: run it again.
+    Ready(bool),
+    /// It cannot serve as this host's standby (its MAC is not sd0's): said why.
+    Refused(String),
+    /// Its session ended.
+    Lost(String),
+}
+
+/// What a queue's session is to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// It carries sd0's frames.
+    Active,
+    /// A warm standby: no frame, sd0 untouched.
+    Standby,
+    /// Promoted: Activate sent, frames held until the IOC answers.
+    Activating,
+}
+
+/// sd0's addresses announced through a new IOC after a move: how many rounds remain and
+/// when the next is due.
+struct Announce {
+    left: u32,
+    next: Instant,
+    interval: Duration,
 }
 
 impl End {
@@ -111,6 +149,19 @@ pub struct Conn<'a> {
     report: Reporter,
     /// Over shared memory: how long to poll before sleeping (`None`: never poll).
     spin: Option<Spin>,
+    role: Role,
+    /// A standby's IOC: its MAC matches sd0's (`None`: not answered yet), its NIC is up.
+    standby_mac: Option<bool>,
+    standby_nic: bool,
+    /// End the session when the IOC's NIC goes down: a standby's is up.
+    move_on_nic_down: bool,
+    /// The IOC reported its NIC's state (GetLink or LinkChange).
+    nic_reported: bool,
+    /// Offloads configured (`interface.offload`), set on sd0 when a standby is promoted.
+    offload: bool,
+    /// Rounds of sd0's addresses after a move, and the configured count and interval.
+    announce: Option<Announce>,
+    announce_cfg: (u32, Duration),
 }
 
 impl<'a> Conn<'a> {
@@ -132,6 +183,26 @@ impl<'a> Conn<'a> {
             true => feature_bits(&tap.enable_offloads(cfg.interface.offload)?),
             false => 0,
         };
+        let mut c = Conn::open(cfg, queue, tap, tap_ready, ctrl, data, report, features)?;
+        if queue.is_first() {
+            c.settings.request_initial(c.tl.link.session_mut());
+        }
+        Ok(c)
+    }
+
+    /// The session of `queue` on the channels, sd0's `features` told to the IOC; nothing
+    /// asked yet.
+    #[allow(clippy::too_many_arguments)]
+    fn open(
+        cfg: &HostConfig,
+        queue: Queue,
+        tap: &'a Tap,
+        tap_ready: &'a fabric::Ready,
+        ctrl: FabricChannel,
+        data: FabricChannel,
+        report: Reporter,
+        features: u64,
+    ) -> io::Result<Conn<'a>> {
         let sc = cfg.pools.session_config();
         let mut reg = Registry::new(cfg.pools.max_granted_bytes);
         // Over shared memory the IOC places its frames straight into the pools.
@@ -143,7 +214,7 @@ impl<'a> Conn<'a> {
         session
             .start(&mut reg)
             .map_err(|e| io::Error::other(format!("cannot register pools: {e}")))?;
-        let mut tl = RegisteredLink::new(session, ctrl, data)?;
+        let tl = RegisteredLink::new(session, ctrl, data)?;
         // Over a byte stream what is in flight waits in the socket ahead of every later
         // frame: a smaller limit than over the shared-memory ring (see LimitConfig::stream).
         let limit = match tl.link.places_writes() {
@@ -152,9 +223,6 @@ impl<'a> Conn<'a> {
         };
         let spin = spin::configured(cfg, &tl.ready);
         let settings = Settings::new(cfg, features);
-        if queue.is_first() {
-            settings.request_initial(tl.link.session_mut());
-        }
         let watch = Watch::new(&cfg.interface.name, queue.is_first());
         let watch_ready = watch.socket().and_then(|w| fabric::Ready::reading(w).ok());
         Ok(Conn {
@@ -177,7 +245,93 @@ impl<'a> Conn<'a> {
             rx_drops: Drops::default(),
             report,
             spin,
+            role: Role::Active,
+            standby_mac: None,
+            standby_nic: false,
+            move_on_nic_down: false,
+            nic_reported: false,
+            offload: cfg.interface.offload,
+            announce: None,
+            announce_cfg: (cfg.fabric.announce_count, cfg.fabric.announce_interval()),
         })
+    }
+
+    /// A standby session to another IOC on the handshaken channels (STANDBY agreed): its
+    /// pools advertised, sd0 untouched; it asks only for the MAC and the link state.
+    pub fn standby(
+        cfg: &HostConfig,
+        tap: &'a Tap,
+        tap_ready: &'a fabric::Ready,
+        ctrl: FabricChannel,
+        data: FabricChannel,
+        report: Reporter,
+    ) -> io::Result<Conn<'a>> {
+        let queue = Queue {
+            index: 0,
+            count: cfg.interface.queues as u8,
+        };
+        let mut c = Conn::open(cfg, queue, tap, tap_ready, ctrl, data, report, 0)?;
+        c.role = Role::Standby;
+        c.watch = Watch::new(&cfg.interface.name, false);
+        c.watch_ready = None;
+        let s = c.tl.link.session_mut();
+        s.cfg_request(CfgCode::GetMac, &[]);
+        s.cfg_request(CfgCode::GetLink, &[]);
+        Ok(c)
+    }
+
+    /// The IOC's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Reports as the session of IOC `peer` to `report` (a promoted standby takes the
+    /// snapshot over).
+    pub fn serve_as(&mut self, peer: String, report: Reporter) {
+        self.peer = peer;
+        self.report = report;
+    }
+
+    /// Keeps the liveness interval the IOC agreed in `flags` (docs/protocol.md 6.4): the IOC
+    /// counts as gone after `misses` of them without a word.
+    pub fn agree_liveness(&mut self, flags: u32, misses: u32, keepalive: Duration) {
+        let Some(ms) = HelloReply::liveness_ms(flags) else {
+            return;
+        };
+        let timeout = Duration::from_millis(u64::from(ms)) * misses;
+        let interval = keepalive.min(timeout / 2);
+        self.keepalive = Keepalive::new(interval, timeout, Instant::now());
+    }
+
+    /// Whether this standby may take over: it answered, its MAC is sd0's, its NIC is up.
+    pub fn standby_ready(&self) -> bool {
+        self.standby_mac == Some(true) && self.standby_nic
+    }
+
+    /// End the active session when its IOC's NIC goes down (a standby's is up): `on`.
+    pub fn move_on_nic_down(&mut self, on: bool) {
+        self.move_on_nic_down = on;
+    }
+
+    /// Makes this standby the host's active session: Activate is sent, and once the IOC
+    /// answers Ok the frames flow, sd0's settings are asked for as on a new connection
+    /// (its MAC and MTU kept) and its addresses announced. The carrier stays on meanwhile.
+    pub fn promote(&mut self) -> io::Result<()> {
+        let features = feature_bits(&self.tap.enable_offloads(self.offload)?);
+        self.settings.features = features;
+        self.settings.keep_mtu = true;
+        self.role = Role::Activating;
+        self.carrier = Carrier::new(true);
+        self.watch = Watch::new(&self.settings.name, true);
+        self.watch_ready = self
+            .watch
+            .socket()
+            .and_then(|w| fabric::Ready::reading(w).ok());
+        self.tl
+            .link
+            .session_mut()
+            .cfg_request(CfgCode::Activate, &[]);
+        Ok(())
     }
 
     /// sd0's carrier was kept on through a restarting IOC: it stays until the new session
@@ -192,8 +346,8 @@ impl<'a> Conn<'a> {
         self.settings.keep_mtu = keep;
     }
 
-    /// Moves frames until `stop` fires (a signal: the pools are flushed first) or the
-    /// connection is lost. The first queue also keeps sd0's settings and carrier, sends
+    /// Moves frames until `stop` fires (a signal: [`End::Shutdown`], after which the caller
+    /// flushes the pools with [`Conn::shutdown`]) or the connection is lost. The first queue also keeps sd0's settings and carrier, sends
     /// READY=1 once (`ready_sent`) and the STATUS= line; every queue kicks `watchdog`.
     pub async fn run(
         &mut self,
@@ -204,6 +358,9 @@ impl<'a> Conn<'a> {
         let mut events = Vec::new();
         let mut status = StatusLine::new(self.tl.link.stats());
         let first = self.queue.is_first();
+        if self.move_on_nic_down && self.nic_reported && !self.settings.ioc_nic_up {
+            return End::NicDown;
+        }
         loop {
             if let Err(e) = self.tl.link.flush() {
                 return End::Lost(e.to_string());
@@ -212,9 +369,13 @@ impl<'a> Conn<'a> {
             if first {
                 self.carrier.update(&self.settings, self.tap, ready_sent);
             }
-            let tap_wanted = tap_wanted(self.carrier.is_on() || !first, self.out.can_read());
+            // A promoted standby sends nothing until its IOC holds the host's MACs.
+            let sending = self.role == Role::Active && (self.carrier.is_on() || !first);
+            let tap_wanted = tap_wanted(sending, self.out.can_read());
             let pending = self.tl.link.pending() > 0;
-            let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
+            let due = self.announce.as_ref().map(|a| a.next);
+            let deadline = self.keepalive.deadline().min(due.unwrap_or(far_future()));
+            let deadline = tokio::time::Instant::from_std(deadline);
             // Shared memory: ask for the doorbell; records may be waiting already. Before
             // sleeping, poll a while (adaptively) for what would wake us.
             let mut sleep = self.tl.link.prepare_sleep(Lane::Data);
@@ -236,7 +397,7 @@ impl<'a> Conn<'a> {
             let mut woke_for_input = false;
             let step: Result<(), String> = tokio::select! {
                 r = stop.wait() => match r {
-                    Reason::Signal => return self.shutdown().await,
+                    Reason::Signal => return End::Shutdown,
                     Reason::QueueEnded(Ended::Restarting) => return End::Restarting,
                     Reason::QueueEnded(Ended::Lost) => return End::Lost("another queue's connection ended".into()),
                 },
@@ -258,7 +419,7 @@ impl<'a> Conn<'a> {
                             woke_for_input |= lane == Lane::Data;
                         }
                         rx_seen = true;
-                        datapath::poll_lane(link, &mut self.reg, self.tap, &mut self.rx_drops, lane, g, &mut events)
+                        datapath::poll_lane(link, &mut self.reg, Some(self.tap), &mut self.rx_drops, lane, g, &mut events)
                     }
                     Err(e) => Err(e.to_string()),
                 },
@@ -300,7 +461,7 @@ impl<'a> Conn<'a> {
                 let _ = datapath::poll_lane(
                     &mut self.tl.link,
                     &mut self.reg,
-                    self.tap,
+                    Some(self.tap),
                     &mut self.rx_drops,
                     Lane::Control,
                     None,
@@ -323,6 +484,7 @@ impl<'a> Conn<'a> {
                     return end;
                 }
             }
+            self.announce_due(now);
             self.tl.link.session_mut().flush_credits(&mut self.reg);
             // What this wake-up moved (a frame read from the TAP, the frames credits let go,
             // credits returned) goes out before the housekeeping below, which reads /proc:
@@ -358,8 +520,34 @@ impl<'a> Conn<'a> {
         match ev {
             LinkEvent::Credits => self.out.on_credits(&mut self.tl.link),
             LinkEvent::CfgReply {
+                code: CfgCode::Activate,
+                status,
+                ..
+            } => {
+                if status != ErrorCode::Ok {
+                    return Some(End::Lost(format!(
+                        "the standby IOC refused to take the host over ({status:?})"
+                    )));
+                }
+                let now = Instant::now();
+                info!(ioc = %self.peer, "standby IOC activated: it holds the host's MACs, frames flow");
+                self.role = Role::Active;
+                self.settings.request_initial(self.tl.link.session_mut());
+                let (count, interval) = self.announce_cfg;
+                self.announce = Some(Announce {
+                    left: count,
+                    next: now,
+                    interval,
+                });
+                self.announce_due(now);
+                return Some(End::Activated(now));
+            }
+            LinkEvent::CfgReply {
                 code, status, data, ..
             } => {
+                if code == CfgCode::GetLink && status == ErrorCode::Ok {
+                    self.nic_reported = true;
+                }
                 let session = self.tl.link.session_mut();
                 if let Some(c) = self
                     .settings
@@ -372,6 +560,9 @@ impl<'a> Conn<'a> {
                 let first = self.queue.is_first();
                 let session = self.tl.link.session_mut();
                 self.settings.on_request(session, first, txn, code, &data);
+                if code == CfgCode::LinkChange && first {
+                    self.nic_reported = true;
+                }
             }
             LinkEvent::Goodbye(code) => return Some(End::goodbye(code)),
             LinkEvent::PoolGet(o) => debug!(?o, "pool request from the IOC"),
@@ -381,11 +572,156 @@ impl<'a> Conn<'a> {
                 debug!(len, "refused a SendData frame one of our pools could hold");
             }
         }
+        if self.move_on_nic_down && self.nic_reported && !self.settings.ioc_nic_up {
+            return Some(End::NicDown);
+        }
         None
     }
 
-    /// SIGTERM: flush pools with the IOC (both directions), say goodbye, stop.
-    async fn shutdown(&mut self) -> End {
+    /// Announces sd0's addresses through this IOC when a round is due (after a move): a
+    /// gratuitous ARP per IPv4 address, an unsolicited neighbour advertisement per IPv6
+    /// one, from sd0's MAC, as bonding does on a failover.
+    fn announce_due(&mut self, now: Instant) {
+        let Some(a) = self.announce.as_mut().filter(|a| a.next <= now) else {
+            return;
+        };
+        a.left -= 1;
+        a.next = now + a.interval;
+        if a.left == 0 {
+            self.announce = None;
+        }
+        let name = &self.settings.name;
+        let (mac, (v4, v6)) = match (netdev::mac(name), netdev::addresses(name)) {
+            (Ok(m), Ok(a)) => (m, a),
+            (Err(e), _) | (_, Err(e)) => {
+                warn!("cannot read the addresses of {name} to announce them: {e}");
+                return;
+            }
+        };
+        let frames = v4
+            .iter()
+            .map(|ip| announce::gratuitous_arp(mac, *ip))
+            .chain(v6.iter().map(|ip| announce::unsolicited_na(mac, *ip)));
+        let mut sent = 0;
+        for f in frames {
+            sent += usize::from(self.out.inject(&f, &mut self.tl.link));
+        }
+        debug!(
+            sent,
+            ipv4 = v4.len(),
+            ipv6 = v6.len(),
+            "announced {name}'s addresses"
+        );
+    }
+
+    /// Keeps a standby session warm until it ends or its readiness changes: its pools
+    /// advertised, Keepalives both ways, its MAC checked against sd0's and its NIC's state
+    /// followed; any frame it would deliver dropped (`rx_standby`), sd0 never touched.
+    pub async fn run_standby(&mut self) -> StandbyEnd {
+        let mut events = Vec::new();
+        let was_ready = self.standby_ready();
+        loop {
+            if let Err(e) = self.tl.link.flush() {
+                return StandbyEnd::Lost(e.to_string());
+            }
+            self.tl.link.reclaim(self.out.buffers());
+            let pending = self.tl.link.pending() > 0;
+            let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
+            let sleeps = [Lane::Control, Lane::Data].map(|l| self.tl.link.prepare_sleep(l));
+            let RegisteredLink { ready, link } = &mut self.tl;
+            let writable = ready.writable(Lane::Control) || ready.writable(Lane::Data);
+            let step = tokio::select! {
+                r = ready.input(sleeps) => match r {
+                    Ok((lane, g)) => {
+                        if g.is_some() {
+                            link.wake(lane);
+                        }
+                        self.keepalive.on_rx(Instant::now());
+                        datapath::poll_lane(link, &mut self.reg, None, &mut self.rx_drops, lane, g, &mut events)
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+                g = ready.ctrl.writable(), if pending && writable => match g {
+                    Ok(mut g) => match link.flush() {
+                        Ok(true) => Ok(()),
+                        Ok(false) => { g.clear_ready(); Ok(()) }
+                        Err(e) => Err(e.to_string()),
+                    },
+                    Err(e) => Err(e.to_string()),
+                },
+                _ = tokio::time::sleep_until(deadline) => Ok(()),
+            };
+            if let Err(why) = step {
+                return StandbyEnd::Lost(why);
+            }
+            for ev in events.drain(..) {
+                match ev {
+                    LinkEvent::Goodbye(code) => {
+                        return StandbyEnd::Lost(format!("IOC closed the connection ({code:?})"))
+                    }
+                    LinkEvent::CfgReply {
+                        code: CfgCode::GetMac,
+                        status: ErrorCode::Ok,
+                        data,
+                        ..
+                    } => {
+                        let theirs = wire::parse_mac(&data).ok();
+                        let ours = netdev::mac(&self.settings.name).ok();
+                        if theirs.is_none() || theirs != ours {
+                            return StandbyEnd::Refused(format!(
+                                "it gives this host the MAC {}, and {} has {}: the host's [[auth.hosts]] entry needs the same `mac` on every IOC",
+                                theirs.map_or("(none)".into(), |m| wire::fmt_mac(&m)),
+                                self.settings.name,
+                                ours.map_or("(none)".into(), |m| wire::fmt_mac(&m)),
+                            ));
+                        }
+                        self.standby_mac = Some(true);
+                    }
+                    LinkEvent::CfgReply {
+                        code: CfgCode::GetLink,
+                        status: ErrorCode::Ok,
+                        data,
+                        ..
+                    } => self.standby_nic = wire::parse_u8(&data) == Ok(1),
+                    LinkEvent::CfgRequest { txn, code, data } => {
+                        let status = match (code, wire::LinkChange::parse(&data)) {
+                            (CfgCode::LinkChange, Ok(c)) => {
+                                self.standby_nic = c.up;
+                                ErrorCode::Ok
+                            }
+                            (CfgCode::LinkChange, Err(_)) => ErrorCode::Malformed,
+                            _ => ErrorCode::Unsupported,
+                        };
+                        self.tl.link.session_mut().cfg_reply(txn, code, status, &[]);
+                    }
+                    LinkEvent::CfgReply { code, status, .. } if status != ErrorCode::Ok => {
+                        return StandbyEnd::Refused(format!("it refused {code:?} ({status:?})"));
+                    }
+                    _ => {}
+                }
+            }
+            self.tl.link.session_mut().flush_credits(&mut self.reg);
+            self.refresh_counters();
+            match self.keepalive.poll(Instant::now()) {
+                Liveness::Idle => {}
+                Liveness::SendKeepalive => self
+                    .tl
+                    .link
+                    .session_mut()
+                    .send(Lane::Control, &Message::Keepalive),
+                Liveness::Expired => {
+                    return StandbyEnd::Lost("IOC silent beyond the agreed liveness".into())
+                }
+            }
+            if self.standby_ready() != was_ready {
+                return StandbyEnd::Ready(self.standby_ready());
+            }
+        }
+    }
+
+    /// After [`End::Shutdown`] (SIGTERM): flush pools with the IOC (both directions), say
+    /// goodbye, stop.
+    pub async fn shutdown(&mut self) {
         if self.queue.is_first() {
             notify::stopping();
             info!("shutting down: flushing pools with the IOC");
@@ -411,7 +747,7 @@ impl<'a> Conn<'a> {
             if datapath::poll_lane(
                 link,
                 &mut self.reg,
-                self.tap,
+                Some(self.tap),
                 &mut self.rx_drops,
                 lane,
                 g,
@@ -430,7 +766,11 @@ impl<'a> Conn<'a> {
         } else {
             warn!("pool flush incomplete within {FLUSH_TIMEOUT:?}");
         }
-        End::Shutdown
+    }
+
+    /// Ends the session with a Goodbye (`code`), for a host that leaves this IOC.
+    pub fn goodbye(&mut self, code: ErrorCode) {
+        self.tl.link.goodbye(code);
     }
 
     /// Its counters to where it reports: the snapshot (first queue, with the further
@@ -458,6 +798,11 @@ impl<'a> Conn<'a> {
         }
         self.refresh_counters();
     }
+}
+
+/// An instant no timer reaches.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400)
 }
 
 /// Waits until the kernel's reports are readable; forever when they are not followed.

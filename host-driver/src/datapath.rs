@@ -169,6 +169,26 @@ impl Outbound {
         drained
     }
 
+    /// Sends `frame` (an Ethernet frame this driver made: an announcement after a move to
+    /// another IOC) as if sd0 had sent it, behind a virtio-net header asking for nothing.
+    /// False when no send buffer is free for it (it is not sent).
+    pub fn inject(&mut self, frame: &[u8], link: &mut Link<FabricChannel>) -> bool {
+        let len = vnet::VNET_HDR_LEN + frame.len();
+        let Some(mut buf) = self.cache.get() else {
+            return false;
+        };
+        let Some(space) = buf.space().get_mut(..len) else {
+            self.cache.put(buf);
+            return false;
+        };
+        space[..vnet::VNET_HDR_LEN].fill(0);
+        space[vnet::VNET_HDR_LEN..].copy_from_slice(frame);
+        buf.set_len(len);
+        self.queue(buf);
+        self.send_queued(link);
+        true
+    }
+
     /// Takes a frame read from the TAP into the flow queue: in a small buffer when it fits
     /// one, marked Congestion Experienced when its flow has a standing queue, and what the
     /// flow queue drops for it counted.
@@ -284,7 +304,7 @@ impl Outbound {
 pub fn poll_lane(
     link: &mut Link<FabricChannel>,
     reg: &mut Registry,
-    tap: &Tap,
+    tap: Option<&Tap>,
     drops: &mut Drops,
     lane: Lane,
     guard: Option<Guard<'_>>,
@@ -300,6 +320,12 @@ pub fn poll_lane(
                 let n = frame.head(&mut head);
                 vnet::check_head(&head[..n], frame.len())
             }
+        };
+        let Some(tap) = tap else {
+            // A standby session carries no frame (docs/protocol.md 6.5): never a duplicate
+            // of one the active IOC delivers.
+            drops.rx_standby += 1;
+            return;
         };
         let sent = match (checked, frame) {
             (Err(e), _) => {

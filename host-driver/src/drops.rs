@@ -19,11 +19,13 @@ pub struct Drops {
     /// To the IOC: read from the TAP and never delivered, the connection having ended
     /// (waiting in the flow queue, held back for credit, or posted and not yet written).
     pub tx_lost_at_close: u64,
+    /// From a standby IOC, which must send none (docs/protocol.md 6.5).
+    pub rx_standby: u64,
 }
 
 impl Drops {
     /// Every cause with its count, named as operators see them.
-    pub fn named(&self) -> [(&'static str, u64); 6] {
+    pub fn named(&self) -> [(&'static str, u64); 7] {
         [
             ("rx_bad_header", self.rx_bad_header),
             ("rx_tap_write", self.rx_tap_write),
@@ -31,12 +33,13 @@ impl Drops {
             ("tx_flow_queue", self.tx_flow_queue),
             ("tx_tap_read", self.tx_tap_read),
             ("tx_lost_at_close", self.tx_lost_at_close),
+            ("rx_standby", self.rx_standby),
         ]
     }
 
     /// Frames from the IOC dropped.
     pub fn rx(&self) -> u64 {
-        self.rx_bad_header + self.rx_tap_write + self.rx_refused_inline
+        self.rx_bad_header + self.rx_tap_write + self.rx_refused_inline + self.rx_standby
     }
 
     /// Frames to the IOC dropped.
@@ -53,6 +56,7 @@ impl std::ops::AddAssign for Drops {
         self.tx_flow_queue += o.tx_flow_queue;
         self.tx_tap_read += o.tx_tap_read;
         self.tx_lost_at_close += o.tx_lost_at_close;
+        self.rx_standby += o.rx_standby;
     }
 }
 
@@ -78,11 +82,12 @@ mod tests {
             tx_flow_queue: 8,
             tx_tap_read: 16,
             tx_lost_at_close: 32,
+            rx_standby: 64,
         };
         let sum = one + one;
         let named = sum.named();
-        assert_eq!(named.iter().map(|(_, n)| n).sum::<u64>(), 126);
+        assert_eq!(named.iter().map(|(_, n)| n).sum::<u64>(), 254);
         assert!(named.iter().all(|(_, n)| n.is_power_of_two()), "{named:?}");
-        assert_eq!((sum.rx(), sum.tx()), (14, 112));
+        assert_eq!((sum.rx(), sum.tx()), (142, 112));
     }
 }

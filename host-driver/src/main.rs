@@ -12,6 +12,7 @@ mod connect;
 mod connection;
 mod datapath;
 mod drops;
+mod failover;
 mod interface;
 mod queues;
 mod reconnect;

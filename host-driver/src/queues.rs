@@ -132,6 +132,7 @@ fn queue_thread(
             queue,
             first,
             timeout,
+            false,
         )
         .await
         .map_err(|e| io::Error::other(e.to_string()))?;
@@ -143,11 +144,14 @@ fn queue_thread(
         let end = conn
             .run(&mut stop, &mut true, &mut notify::Watchdog::disabled())
             .await;
+        if matches!(end, End::Shutdown) {
+            conn.shutdown().await;
+        }
         conn.close();
         match end {
             End::Lost(why) => warn!(queue = queue.index, "queue's connection lost: {why}"),
             End::Restarting => return Ok(Ended::Restarting),
-            End::Shutdown => {}
+            End::Shutdown | End::NicDown | End::Activated(_) | End::Failback => {}
         }
         Ok::<_, io::Error>(Ended::Lost)
     };

@@ -2,13 +2,16 @@
 //! (counters on every turn, pools and interface settings every watch period), read by the
 //! metrics endpoint and the control socket without touching the data path.
 
+use crate::connect::Identity;
 use crate::drops::Drops;
+use crate::failover::{Cause, Failover};
 use splitnet_control::report::{
-    Counters, Direction, Fabric, Interface, NicStats, PeerPools, Pools, Reply, Request, Role,
-    Stats, Status, TxLimit,
+    Counters, Direction, Fabric, Interface, IocMove, IocRole, NicStats, PeerPools, Pools, Reply,
+    Request, Role, Stats, Status, TxLimit,
 };
 use splitnet_messaging::endpoint::{LinkStats, Session};
 use splitnet_service::{metrics, Answer, Introspect};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The host driver's state as operators see it.
@@ -47,6 +50,13 @@ pub struct Snapshot {
     pub ioc_counters: Option<Counters>,
     /// The first queue's byte limit and flow queue.
     pub tx_limit: TxLimit,
+    /// With standbys: every IOC and its role.
+    pub iocs: Vec<IocRole>,
+    /// With standbys: the latest moves, when each began.
+    moves: Vec<(IocMove, Instant)>,
+    /// With standbys: moves since start, by cause, and whether the standby is ready.
+    move_counts: Vec<(&'static str, u64)>,
+    standby_ready: bool,
 }
 
 impl Snapshot {
@@ -70,7 +80,51 @@ impl Snapshot {
             pools: None,
             ioc_counters: None,
             tx_limit: TxLimit::default(),
+            iocs: Vec::new(),
+            moves: Vec::new(),
+            move_counts: Vec::new(),
+            standby_ready: false,
         }
+    }
+
+    /// Records the roles of the IOCs `ends` and the moves `fo` made (a host with standbys).
+    pub fn failover(&mut self, fo: &Failover, ends: &[Arc<Identity>]) {
+        if ends.len() < 2 {
+            return;
+        }
+        self.iocs = ends
+            .iter()
+            .enumerate()
+            .map(|(i, e)| IocRole {
+                address: e.ioc.to_string(),
+                role: match () {
+                    _ if fo.active() == Some(i) => "active",
+                    _ if fo.standby() == Some(i) && fo.standby_ready() => "standby",
+                    _ if fo.standby() == Some(i) => "standby, not ready",
+                    _ => "down",
+                }
+                .into(),
+            })
+            .collect();
+        let name = |i: usize| ends.get(i).map(|e| e.ioc.to_string()).unwrap_or_default();
+        self.moves = fo
+            .moves()
+            .map(|m| {
+                let view = IocMove {
+                    from: name(m.from),
+                    to: name(m.to),
+                    cause: m.cause.name().into(),
+                    took_ms: m.took.map(|d| d.as_millis() as u64),
+                    ago_s: 0,
+                };
+                (view, m.at)
+            })
+            .collect();
+        self.move_counts = Cause::ALL
+            .iter()
+            .map(|c| (c.name(), fo.count(*c)))
+            .collect();
+        self.standby_ready = fo.standby_ready();
     }
 
     /// A connection came up.
@@ -152,6 +206,15 @@ impl Snapshot {
                     connects: self.connects,
                     hosts: None,
                     max_hosts: None,
+                    iocs: self.iocs.clone(),
+                    moves: self
+                        .moves
+                        .iter()
+                        .map(|(m, at)| IocMove {
+                            ago_s: at.elapsed().as_secs(),
+                            ..m.clone()
+                        })
+                        .collect(),
                 },
                 interface: self.interface.clone(),
             }),
@@ -226,8 +289,35 @@ impl Snapshot {
             "counter",
             "Connections made to the IOC.",
             self.connects,
-        )
-        .metric(
+        );
+        if !self.iocs.is_empty() {
+            e.metric(
+                "splitnet_host_standby_ready",
+                "gauge",
+                "A standby IOC is ready to take the host over (1).",
+                u64::from(self.standby_ready),
+            );
+            e.family(
+                "splitnet_host_failovers_total",
+                "counter",
+                "Moves to another IOC, by cause.",
+            );
+            for (cause, n) in &self.move_counts {
+                e.sample(
+                    "splitnet_host_failovers_total",
+                    &format!("cause=\"{cause}\""),
+                    *n,
+                );
+            }
+            let last = self.moves.iter().rev().find_map(|(m, _)| m.took_ms);
+            e.metric(
+                "splitnet_host_last_failover_ms",
+                "gauge",
+                "Time the latest completed move took, from the loss seen to the new IOC's Activate Ok (ms).",
+                last.unwrap_or(0),
+            );
+        }
+        e.metric(
             "splitnet_host_tx_frames_total",
             "counter",
             "Frames sent to the IOC (this connection).",

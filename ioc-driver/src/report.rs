@@ -163,6 +163,7 @@ impl WorkerState {
                     ce_marked: h.ce_marked,
                     drops: counted(h.drops.named().into_iter()),
                     bridged: h.bridged.iter().map(fmt_mac).collect(),
+                    standby: h.standby,
                 },
                 stats: h.stats,
                 drops: h.drops,
@@ -280,6 +281,8 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
                 connects: s.connects,
                 hosts: Some(s.hosts.len() as u32),
                 max_hosts: Some(cfg.fabric.max_hosts),
+                iocs: Vec::new(),
+                moves: Vec::new(),
             },
             interface: Interface {
                 name: lan.clone(),
@@ -336,12 +339,18 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 20] = [
+    let totals: [(&str, &str, &str, u64); 21] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
             "Hosts connected.",
             snap.hosts.len() as u64,
+        ),
+        (
+            "splitnet_ioc_standby_hosts",
+            "gauge",
+            "Host sessions connected as standbys (claiming no MAC until activated).",
+            snap.hosts.iter().filter(|h| h.entry.standby).count() as u64,
         ),
         (
             "splitnet_ioc_lan_link_up",
