@@ -423,22 +423,8 @@ impl<'a> Conn<'a> {
                     }
                     Err(e) => Err(e.to_string()),
                 },
-                g = ready.data.writable(), if pending && data_writable => match g {
-                    Ok(mut g) => match link.flush() {
-                        Ok(true) => Ok(()),
-                        Ok(false) => { g.clear_ready(); Ok(()) }
-                        Err(e) => Err(e.to_string()),
-                    },
-                    Err(e) => Err(e.to_string()),
-                },
-                g = ready.ctrl.writable(), if pending && ctrl_writable => match g {
-                    Ok(mut g) => match link.flush() {
-                        Ok(true) => Ok(()),
-                        Ok(false) => { g.clear_ready(); Ok(()) }
-                        Err(e) => Err(e.to_string()),
-                    },
-                    Err(e) => Err(e.to_string()),
-                },
+                g = ready.data.writable(), if pending && data_writable => flush_on_writable(g, link),
+                g = ready.ctrl.writable(), if pending && ctrl_writable => flush_on_writable(g, link),
                 g = reports(self.watch_ready.as_ref()) => {
                     match g {
                         Ok(mut g) => {
@@ -629,7 +615,8 @@ impl<'a> Conn<'a> {
             let deadline = tokio::time::Instant::from_std(self.keepalive.deadline());
             let sleeps = [Lane::Control, Lane::Data].map(|l| self.tl.link.prepare_sleep(l));
             let RegisteredLink { ready, link } = &mut self.tl;
-            let writable = ready.writable(Lane::Control) || ready.writable(Lane::Data);
+            let (ctrl_writable, data_writable) =
+                (ready.writable(Lane::Control), ready.writable(Lane::Data));
             let step = tokio::select! {
                 r = ready.input(sleeps) => match r {
                     Ok((lane, g)) => {
@@ -641,14 +628,8 @@ impl<'a> Conn<'a> {
                     }
                     Err(e) => Err(e.to_string()),
                 },
-                g = ready.ctrl.writable(), if pending && writable => match g {
-                    Ok(mut g) => match link.flush() {
-                        Ok(true) => Ok(()),
-                        Ok(false) => { g.clear_ready(); Ok(()) }
-                        Err(e) => Err(e.to_string()),
-                    },
-                    Err(e) => Err(e.to_string()),
-                },
+                g = ready.data.writable(), if pending && data_writable => flush_on_writable(g, link),
+                g = ready.ctrl.writable(), if pending && ctrl_writable => flush_on_writable(g, link),
                 _ = tokio::time::sleep_until(deadline) => Ok(()),
             };
             if let Err(why) = step {
@@ -797,6 +778,23 @@ impl<'a> Conn<'a> {
             info!(drops = ?self.rx_drops, "frames from the IOC dropped");
         }
         self.refresh_counters();
+    }
+}
+
+/// A socket the link waits to write on became writable: flushes what waits, and clears the
+/// readiness once the socket is full again.
+fn flush_on_writable(
+    g: io::Result<fabric::Guard<'_>>,
+    link: &mut splitnet_messaging::endpoint::Link<FabricChannel>,
+) -> Result<(), String> {
+    let mut g = g.map_err(|e| e.to_string())?;
+    match link.flush() {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            g.clear_ready();
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
     }
 }
 
