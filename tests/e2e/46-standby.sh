@@ -16,7 +16,7 @@
 need_root; need_tool ip ping python3; need_daemons
 MAC=02:5d:00:00:01:01
 
-for ns in sd-ioc2; do [ -e "/run/netns/$ns" ] && fail "namespace $ns already exists"; done
+[ -e /run/netns/sd-ioc2 ] && fail "namespace sd-ioc2 already exists"
 addns sd-host; addns sd-ioc; addns sd-ioc2; addns sd-lan
 run ip -n sd-host link add fabbr type bridge
 run ip -n sd-host addr add 10.200.0.1/24 dev fabbr
@@ -57,8 +57,8 @@ BASE_HOST_CONF=$HOST_CONF
 
 IOC2_PID=
 start_iocs() {
-    [ -n "${1:-}" ] || { IOC_CONF=$T/ioc1.toml start_ioc; }
-    [ -n "${2:-}" ] || start_ioc2
+    IOC_CONF=$T/ioc1.toml start_ioc
+    start_ioc2
 }
 start_ioc2() {
     ip netns exec sd-ioc2 "$BIN/ioc-driver" --config "$T/ioc2.toml" --control-socket "$T/ioc2.sock" \
@@ -107,7 +107,7 @@ eventually 5 ready_is 1 || fail "the standby never became ready: $(role 1)"
 assert_eq "$(role 0)" active "the primary"
 assert_eq "$(ctl_json "$T/ioc2.sock" hosts "d['hosts']['hosts'][0]['standby']")" True "the second IOC's view of host 1"
 ping_ok sd-lan 10.50.0.1 || fail "the LAN cannot reach sd0 before the moves"
-ACROSS_S=20
+export ACROSS_S=20
 
 across "kill -9 of the active IOC" kill -9 "$IOC_PID"
 kill_gap=$GAP_MS
