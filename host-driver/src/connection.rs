@@ -488,16 +488,8 @@ impl<'a> Conn<'a> {
                 status.update(now, self.tl.link.stats(), &self.peer, self.carrier.is_on());
             }
             self.refresh_counters();
-            match self.keepalive.poll(now) {
-                Liveness::Idle => {}
-                Liveness::SendKeepalive => self
-                    .tl
-                    .link
-                    .session_mut()
-                    .send(Lane::Control, &Message::Keepalive),
-                Liveness::Expired => {
-                    return End::Lost("IOC silent beyond the keepalive timeout".into())
-                }
+            if self.keepalive_expired(now) {
+                return End::Lost("IOC silent beyond the keepalive timeout".into());
             }
         }
     }
@@ -562,6 +554,20 @@ impl<'a> Conn<'a> {
             return Some(End::NicDown);
         }
         None
+    }
+
+    /// The keepalive timer's turn at `now`: a Keepalive sent after an interval of silence;
+    /// true when nothing came from the IOC for the timeout.
+    fn keepalive_expired(&mut self, now: Instant) -> bool {
+        match self.keepalive.poll(now) {
+            Liveness::Idle => false,
+            Liveness::SendKeepalive => {
+                let s = self.tl.link.session_mut();
+                s.send(Lane::Control, &Message::Keepalive);
+                false
+            }
+            Liveness::Expired => true,
+        }
     }
 
     /// Announces sd0's addresses through this IOC when a round is due (after a move): a
@@ -683,16 +689,8 @@ impl<'a> Conn<'a> {
             }
             self.tl.link.session_mut().flush_credits(&mut self.reg);
             self.refresh_counters();
-            match self.keepalive.poll(Instant::now()) {
-                Liveness::Idle => {}
-                Liveness::SendKeepalive => self
-                    .tl
-                    .link
-                    .session_mut()
-                    .send(Lane::Control, &Message::Keepalive),
-                Liveness::Expired => {
-                    return StandbyEnd::Lost("IOC silent beyond the agreed liveness".into())
-                }
+            if self.keepalive_expired(Instant::now()) {
+                return StandbyEnd::Lost("IOC silent beyond the agreed liveness".into());
             }
             if self.standby_ready() != was_ready {
                 return StandbyEnd::Ready(self.standby_ready());
