@@ -2,6 +2,7 @@
 //! event loop that moves frames, answers the IOC and keeps the link alive until the
 //! connection ends, and the pool flush on shutdown.
 
+use crate::announcement::{self, Announce};
 use crate::cfgutil::{feature_bits, Settings};
 use crate::datapath::{self, tap_wanted, Outbound};
 use crate::drops::Drops;
@@ -16,8 +17,8 @@ use splitnet_messaging::endpoint::{Keepalive, Lane, LinkEvent, Liveness, Session
 use splitnet_messaging::memory::{DomainId, Registry};
 use splitnet_messaging::sched::LimitConfig;
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode, HelloReply, Message, Queue};
+use splitnet_netif::netdev;
 use splitnet_netif::tap::Tap;
-use splitnet_netif::{announce, netdev};
 use splitnet_service::notify;
 use std::io;
 use std::time::{Duration, Instant};
@@ -66,14 +67,6 @@ enum Role {
     Standby,
     /// Promoted: Activate sent, frames held until the IOC answers.
     Activating,
-}
-
-/// sd0's addresses announced through a new IOC after a move: how many rounds remain and
-/// when the next is due.
-struct Announce {
-    left: u32,
-    next: Instant,
-    interval: Duration,
 }
 
 impl End {
@@ -373,7 +366,7 @@ impl<'a> Conn<'a> {
             let sending = self.role == Role::Active && (self.carrier.is_on() || !first);
             let tap_wanted = tap_wanted(sending, self.out.can_read());
             let pending = self.tl.link.pending() > 0;
-            let due = self.announce.as_ref().map(|a| a.next);
+            let due = self.announce.as_ref().map(Announce::next);
             let deadline = self.keepalive.deadline().min(due.unwrap_or(far_future()));
             let deadline = tokio::time::Instant::from_std(deadline);
             // Shared memory: ask for the doorbell; records may be waiting already. Before
@@ -500,6 +493,7 @@ impl<'a> Conn<'a> {
             LinkEvent::CfgReply {
                 code: CfgCode::Activate,
                 status,
+                data,
                 ..
             } => {
                 if status != ErrorCode::Ok {
@@ -512,11 +506,7 @@ impl<'a> Conn<'a> {
                 self.role = Role::Active;
                 self.settings.request_initial(self.tl.link.session_mut());
                 let (count, interval) = self.announce_cfg;
-                self.announce = Some(Announce {
-                    left: count,
-                    next: now,
-                    interval,
-                });
+                self.announce = Announce::new(count, interval, now, &data);
                 self.announce_due(now);
                 return Some(End::Activated(now));
             }
@@ -570,40 +560,27 @@ impl<'a> Conn<'a> {
         }
     }
 
-    /// Announces sd0's addresses through this IOC when a round is due (after a move): a
-    /// gratuitous ARP per IPv4 address, an unsolicited neighbour advertisement per IPv6
-    /// one, from sd0's MAC, as bonding does on a failover.
+    /// Announces sd0 through this IOC when a round is due (after a move): the frames of
+    /// [`announcement::frames`].
     fn announce_due(&mut self, now: Instant) {
-        let Some(a) = self.announce.as_mut().filter(|a| a.next <= now) else {
+        let Some((bridged, last)) = self.announce.as_mut().and_then(|a| a.due(now)) else {
             return;
         };
-        a.left -= 1;
-        a.next = now + a.interval;
-        if a.left == 0 {
+        let name = &self.settings.name;
+        let frames = announcement::frames(name, bridged);
+        if last {
             self.announce = None;
         }
-        let name = &self.settings.name;
-        let (mac, (v4, v6)) = match (netdev::mac(name), netdev::addresses(name)) {
-            (Ok(m), Ok(a)) => (m, a),
-            (Err(e), _) | (_, Err(e)) => {
-                warn!("cannot read the addresses of {name} to announce them: {e}");
-                return;
+        match frames {
+            Ok(frames) => {
+                let sent: usize = frames
+                    .iter()
+                    .map(|f| usize::from(self.out.inject(f, &mut self.tl.link)))
+                    .sum();
+                debug!(sent, frames = frames.len(), "announced {name}");
             }
-        };
-        let frames = v4
-            .iter()
-            .map(|ip| announce::gratuitous_arp(mac, *ip))
-            .chain(v6.iter().map(|ip| announce::unsolicited_na(mac, *ip)));
-        let mut sent = 0;
-        for f in frames {
-            sent += usize::from(self.out.inject(&f, &mut self.tl.link));
+            Err(e) => warn!("cannot read the addresses of {name} to announce them: {e}"),
         }
-        debug!(
-            sent,
-            ipv4 = v4.len(),
-            ipv6 = v6.len(),
-            "announced {name}'s addresses"
-        );
     }
 
     /// Keeps a standby session warm until it ends or its readiness changes: its pools

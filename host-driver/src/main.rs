@@ -6,6 +6,7 @@
 //! is up, and the driver reconnects by itself, forever, when the IOC goes away.
 #![deny(unsafe_code)]
 
+mod announcement;
 mod budget;
 mod cfgutil;
 mod connect;

@@ -36,12 +36,7 @@ impl Queues {
         id: &Arc<Identity>,
         first: u64,
     ) -> Result<Queues, String> {
-        let (ended, _) = watch::channel(None);
-        let mut q = Queues {
-            threads: Vec::new(),
-            ended: Arc::new(ended),
-            counters: Vec::new(),
-        };
+        let mut q = Queues::none();
         let count = taps.len() as u8 + 1;
         let mut results = Vec::new();
         for (i, tap) in taps.iter().enumerate() {
@@ -70,6 +65,15 @@ impl Queues {
             }
         }
         Ok(q)
+    }
+
+    /// No further queue (yet).
+    pub fn none() -> Queues {
+        Queues {
+            threads: Vec::new(),
+            ended: Arc::new(watch::channel(None).0),
+            counters: Vec::new(),
+        }
     }
 
     /// Set when any queue's connection ended, to how it ended.

@@ -150,28 +150,22 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
     // The IOC to connect to first when none is active, and whether sd0 keeps its carrier.
     let mut next_try = 0;
     let mut promoted: Option<(Conn, usize, u64)> = None;
+    // A promoted standby's session, whose further queues join it once it is active.
+    let mut further: Option<u64>;
     loop {
         watchdog.kick(Instant::now());
         let (mut conn, mut queues, at) = match promoted.take() {
             Some((mut conn, at, session)) => {
-                let queues = match Queues::start(&cfg, &more_taps, &ends[at], session).await {
-                    Ok(q) => q,
-                    Err(e) => {
-                        warn!(
-                            "the standby IOC {} took the host over, and {e}; reconnecting",
-                            ends[at].ioc
-                        );
-                        conn.goodbye(wire::ErrorCode::Refused);
-                        conn.close();
-                        fo.active_ended(Cause::Closed, Instant::now());
-                        continue;
-                    }
-                };
+                // Its further queues join once the IOC answers Activate: a standby's
+                // session takes none (docs/protocol.md 6.5).
+                further = Some(session);
+                let queues = Queues::none();
                 let report = Reporter::first(snap.clone(), queues.counters());
                 conn.serve_as(ends[at].ioc.to_string(), report);
                 (conn, queues, at)
             }
             None => {
+                further = None;
                 let at = next_try % ends.len();
                 let e = &ends[at];
                 notify::status(&format!("connecting to IOC {}", e.ioc));
@@ -272,9 +266,23 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
             drop(stop);
             let now = Instant::now();
             match news {
-                Err(End::Activated(at)) => {
-                    if let Some(m) = fo.activated(at) {
+                Err(End::Activated(when)) => {
+                    if let Some(m) = fo.activated(when) {
                         info!(from = %ends[m.from].ioc, to = %ends[m.to].ioc, cause = %m.cause, took_ms = m.took.map_or(0, |d| d.as_millis() as u64), "moved to the standby IOC");
+                    }
+                    if let Some(session) = further.take().filter(|_| !more_taps.is_empty()) {
+                        match Queues::start(&cfg, &more_taps, &ends[at], session).await {
+                            Ok(q) => {
+                                queues = q;
+                                let report = Reporter::first(snap.clone(), queues.counters());
+                                conn.serve_as(ends[at].ioc.to_string(), report);
+                            }
+                            Err(e) => {
+                                break End::Lost(format!(
+                                    "the standby IOC took the host over, and {e}"
+                                ))
+                            }
+                        }
                     }
                 }
                 Err(end) => break end,

@@ -40,8 +40,16 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
             true => st.activate(session),
             false => ErrorCode::Malformed,
         };
-        if let Some(link) = st.hosts.get_mut(&session).and_then(|h| h.link.as_mut()) {
-            link.session_mut().cfg_reply(txn, code, status, &[]);
+        let Some(h) = st.hosts.get_mut(&session) else {
+            return;
+        };
+        // The bridged MACs held here for the host, for it to announce (protocol.md 3.2).
+        let reply: Vec<u8> = match status {
+            ErrorCode::Ok => h.bridged.iter().flatten().copied().collect(),
+            _ => Vec::new(),
+        };
+        if let Some(link) = h.link.as_mut() {
+            link.session_mut().cfg_reply(txn, code, status, &reply);
         }
         return;
     }

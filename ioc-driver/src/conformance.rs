@@ -322,7 +322,16 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut WorkerState)) -> SocketAddr {
     } else {
         format!("workers = 2\n{extra}")
     };
-    let cfg = ioc_config(&extra);
+    spawn_ioc(ioc_config(&extra), None, prepare)
+}
+
+/// Starts IOC `cfg` with private key `key` (for `auth.admission = "keys"`) as
+/// [`start_ioc_with`] does.
+fn spawn_ioc(
+    cfg: splitnet_config::IocConfig,
+    key: Option<splitnet_fabric::auth::Key>,
+    prepare: fn(&mut WorkerState),
+) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -335,7 +344,7 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut WorkerState)) -> SocketAddr {
             let fake = |_| -> NicFactory {
                 Box::new(|| Ok((Box::new(FakeNic::default()) as Box<dyn Nic>, Vec::new())))
             };
-            let cluster = Cluster::start(cfg, None, 1500, true, None, fake, prepare).unwrap();
+            let cluster = Cluster::start(cfg, key, 1500, true, None, fake, prepare).unwrap();
             let acceptor = Acceptor::new(Rc::new(RefCell::new(cluster)));
             tx.send(listener.local_addr().unwrap()).unwrap();
             loop {
@@ -770,6 +779,74 @@ fn host_connect(
         None,
     ))
     .map(|_| ())
+}
+
+/// Table 7.2, H15: a data channel that asks for STANDBY for a host whose entry has no
+/// `mac`, or for a further queue, is refused with the row's status in its AuthReply; the
+/// same host with a `mac` is admitted as a standby (the IOC agrees to the flag).
+#[test]
+fn h15_standby_without_a_mac_or_for_a_further_queue() {
+    use splitnet_fabric::auth;
+    use splitnet_fabric::FabricError;
+    use splitnet_messaging::endpoint::handshake::HandshakeError;
+    use splitnet_messaging::wire::{HelloReply, Queue};
+    let cells = row("H15");
+    assert_eq!(cells[4], "HelloReply in an AuthReply", "{cells:?}");
+    let ioc_key = auth::generate().unwrap();
+    let (with_mac, without) = (auth::generate().unwrap(), auth::generate().unwrap());
+    let pubkey = |k| splitnet_config::key::Key(auth::public_key(k));
+    let text = format!(
+        "[fabric]\nlisten = \"127.0.0.1:7400\"\nworkers = 2\n[lan]\ninterface = \"lan0\"\n\
+         [auth]\nadmission = \"keys\"\n\
+         [[auth.hosts]]\nname = \"a\"\npublic_key = \"{}\"\nmac = \"02:5d:00:00:00:0a\"\nqueues = 2\n\
+         [[auth.hosts]]\nname = \"b\"\npublic_key = \"{}\"\n",
+        pubkey(&with_mac),
+        pubkey(&without),
+    );
+    let cfg = splitnet_config::parse_ioc(&text, Path::new("test.toml")).unwrap();
+    let addr = spawn_ioc(cfg, Some(ioc_key), |_| {});
+    // Host `private`'s queue `queue` (of a host whose first is `first`) asking `flags`:
+    // the agreed flags and the session, or why not.
+    let open = |private, queue, first, flags| {
+        let keys = splitnet_fabric::HostKeys {
+            private,
+            ioc: auth::public_key(&ioc_key),
+            seal_data: false,
+            flags,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(splitnet_fabric::connect(
+            || splitnet_fabric::dial_tcp(addr),
+            splitnet_fabric::DataPath::Stream,
+            7,
+            queue,
+            first,
+            Duration::from_secs(2),
+            Some(&keys),
+        ))
+        .map(|(ctrl, data, reply)| (reply.flags, reply.session, ctrl, data))
+    };
+    let refused = |r: &Result<_, FabricError>| match r {
+        Err(FabricError::Handshake(HandshakeError::Refused { status, .. })) => {
+            status.to_u16() == code("H15")
+        }
+        _ => false,
+    };
+    let no_mac = open(without, Queue::SINGLE, 0, HelloReply::STANDBY);
+    assert!(refused(&no_mac), "an entry without a mac");
+    // Host a's first queue, active; its second asks to be a standby.
+    let two = |index| Queue { index, count: 2 };
+    let (_, first, _c, _d) = open(with_mac, two(0), 0, 0).expect("a's first queue");
+    let further = open(with_mac, two(1), first, HelloReply::STANDBY);
+    assert!(refused(&further), "a further queue as a standby");
+    let further = open(with_mac, two(1), first, 0);
+    assert!(further.is_ok(), "the same queue, not a standby: joined");
+    let (ok, ..) = open(with_mac, Queue::SINGLE, 0, HelloReply::STANDBY)
+        .expect("a standby with a mac is admitted");
+    assert_ne!(ok & HelloReply::STANDBY, 0, "agreed to the standby");
 }
 
 /// Table 7.2, H9: the host's side of the handshake against a raw IOC that offers a version

@@ -76,7 +76,7 @@ pub fn unsolicited_na(mac: [u8; 6], ip: Ipv6Addr) -> Vec<u8> {
 }
 
 /// An Ethernet header, in a buffer with room for `cap` bytes.
-fn ethernet(dst: [u8; 6], src: [u8; 6], ethertype: u16, cap: usize) -> Vec<u8> {
+pub(crate) fn ethernet(dst: [u8; 6], src: [u8; 6], ethertype: u16, cap: usize) -> Vec<u8> {
     let mut f = Vec::with_capacity(cap);
     f.extend_from_slice(&dst);
     f.extend_from_slice(&src);
@@ -110,7 +110,7 @@ fn arp(
 /// The ICMPv6 checksum of `msg` (its checksum field zero) from `src` to `dst`: the
 /// Internet checksum (RFC 1071) over the IPv6 pseudo-header and `msg` (RFC 4443
 /// section 2.3).
-fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16 {
+pub(crate) fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16 {
     let len = (msg.len() as u32).to_be_bytes();
     let pseudo = [0, 0, 0, IPPROTO_ICMPV6];
     let words = [&src.octets()[..], &dst.octets(), &len, &pseudo, msg]
@@ -121,14 +121,14 @@ fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16 {
 }
 
 /// The sum of `b` as big-endian 16-bit words, an odd last byte padded with zero.
-fn sum_words(b: &[u8]) -> u64 {
+pub(crate) fn sum_words(b: &[u8]) -> u64 {
     b.chunks(2)
         .map(|w| u64::from(u16::from_be_bytes([w[0], w.get(1).copied().unwrap_or(0)])))
         .sum()
 }
 
 /// `sum` folded to 16 bits with end-around carry.
-fn fold(mut sum: u64) -> u16 {
+pub(crate) fn fold(mut sum: u64) -> u16 {
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }

@@ -3,7 +3,8 @@
 //! socket with `PACKET_VNET_HDR`, batched reads and fanout ([`packet`], [`fanout`]), its
 //! classic BPF receive filters ([`bpf`], [`filter`]), and the `SIOC*IF*` ioctls for MTU, MAC
 //! and flags ([`netdev`]), the kernel's reports of interface changes over rtnetlink
-//! ([`link_watch`]), the frames that announce a moved MAC to the LAN ([`announce`]); and the reads and writes between a descriptor and memory shared
+//! ([`link_watch`]), the frames that announce a moved MAC to the LAN ([`announce`]) and its multicast
+//! groups ([`groups`], [`membership`]); and the reads and writes between a descriptor and memory shared
 //! with a peer that the kernel does for us (below).
 //!
 //! `tun-tap` 0.1 cannot set `IFF_VNET_HDR` (it must be given at `TUNSETIFF` time) and
@@ -18,7 +19,9 @@ pub mod announce;
 pub mod bpf;
 pub mod fanout;
 pub mod filter;
+pub mod groups;
 pub mod link_watch;
+pub mod membership;
 pub mod netdev;
 pub mod packet;
 pub mod tap;

@@ -15,6 +15,8 @@
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip ping python3; need_daemons
 MAC=02:5d:00:00:01:01
+VM=02:5d:00:00:01:09
+RAW="python3 $ROOT/tests/rawframes.py"
 
 [ -e /run/netns/sd-ioc2 ] && fail "namespace sd-ioc2 already exists"
 addns sd-host; addns sd-ioc; addns sd-ioc2; addns sd-lan
@@ -38,8 +40,10 @@ for ioc in sd-ioc sd-ioc2; do
     run ip -n sd-lan link set "lan$i" up
 done
 
-# Both IOCs admit host 1 with the same MAC; the second has a key of its own.
-sed "/^name = \"host1\"$/a mac = \"$MAC\"" "$IOC_CONF" >"$T/ioc1.toml"
+# Both IOCs admit host 1 with the same MAC, a machine bridged behind it (VM) and two
+# queues; the second has a key of its own.
+sed -e "/^name = \"host1\"$/a mac = \"$MAC\"\nextra_macs = [\"$VM\"]" -e 's/^queues = 1$/queues = 2/' \
+    "$IOC_CONF" >"$T/ioc1.toml"
 grep -q "^mac = \"$MAC\"" "$T/ioc1.toml" || fail "could not give host1's entry a mac"
 (umask 077 && "$BIN/splitnetctl" genkey >"$T/keys/ioc2.key") || fail "genkey"
 IOC2_PUB=$("$BIN/splitnetctl" pubkey <"$T/keys/ioc2.key")
@@ -99,7 +103,11 @@ kill "$IOC2_PID"; wait "$IOC2_PID" 2>/dev/null
 cp "$T/ioc2-good.toml" "$T/ioc2.toml"
 start_ioc2
 
-# --- The moves.
+# --- The moves, of a host with two queues that has joined a group of each family.
+sed 's/^queues = 1$/queues = 2/' "$HOST_CONF" >"$T/host-2q.toml"
+grep -q '^queues = 2$' "$T/host-2q.toml" || fail "could not give the host two queues"
+HOST_CONF=$T/host-2q.toml
+run ip -n sd-host link del sd0  # made anew with two queues
 start_host 1
 wait_carrier sd-host up 10
 assert_eq "$(link_mac sd-host sd0)" "$MAC" "sd0's MAC from its entry"
@@ -107,10 +115,46 @@ eventually 5 ready_is 1 || fail "the standby never became ready: $(role 1)"
 assert_eq "$(role 0)" active "the primary"
 assert_eq "$(ctl_json "$T/ioc2.sock" hosts "d['hosts']['hosts'][0]['standby']")" True "the second IOC's view of host 1"
 ping_ok sd-lan 10.50.0.1 || fail "the LAN cannot reach sd0 before the moves"
+queues_on() { ctl_json "$1" hosts "sorted(h['queue'] for h in d['hosts']['hosts'] if h['mac'] == '$MAC' and not h.get('standby'))"; }
+both_on_primary() { [ "$(queues_on "$T/ioc.sock")" = "[0, 1]" ]; }
+eventually 5 both_on_primary || fail "host 1's two queues are not on the primary: $(queues_on "$T/ioc.sock")"
+# Memberships the kernel reported through the primary, for the move to report again.
+ip netns exec sd-host python3 -c '
+import socket, struct, time
+v4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+v4.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+              socket.inet_aton("239.1.2.3") + socket.inet_aton("10.50.0.1"))
+v6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_JOIN_GROUP,
+              socket.inet_pton(socket.AF_INET6, "ff0e::5d") + struct.pack("@I", socket.if_nametoindex("sd0")))
+time.sleep(600)' &
+PIDS+=($!)
+mdb_on() { bridge -n sd-lan mdb show dev lanbr | grep -w "$1" | grep -qw "$2"; }
+eventually 5 mdb_on lan1 239.1.2.3 || fail "the LAN's bridge never learnt sd0's IPv4 group: $(bridge -n sd-lan mdb show)"
+eventually 5 mdb_on lan1 ff0e::5d || fail "the LAN's bridge never learnt sd0's IPv6 group: $(bridge -n sd-lan mdb show)"
+mdb_on lan2 239.1.2.3 && fail "the standby's port has the group before any move"
 export ACROSS_S=20
 
+# What reaches the LAN through the second IOC during the first move, from sd0 and its VM.
+ip netns exec sd-lan $RAW recv lan2 "$T/announced.hex" 24 "$MAC,$VM" >"$T/raw.out" &
+PIDS+=($!); raw=$!
+eventually 5 grep -q ready "$T/raw.out" || fail "the capture on lan2 did not start"
 across "kill -9 of the active IOC" kill -9 "$IOC_PID"
 kill_gap=$GAP_MS
+wait "$raw" || fail "the capture on lan2 failed"
+kinds=$($RAW kinds "$T/announced.hex")
+log "announced through the new IOC: $(echo "$kinds" | head -1)"
+# announce_count (3) rounds: a gratuitous ARP for 10.50.0.1, NAs for fd50::1 and sd0's
+# link-local address, a RARP for sd0's MAC and one for the VM, IGMP and MLD reports.
+for want in garp=3 rarp=6 igmp=3 mld=3; do
+    echo "$kinds" | grep -qw "$want" || fail "announcements after the move: want $want, got: $kinds"
+done
+echo "$kinds" | grep -q 'na=[1-9]' || fail "no neighbour advertisement after the move: $kinds"
+assert_eq "$(echo "$kinds" | grep -c "rarp:$VM")" 3 "RARPs for the bridged VM"
+# The LAN's bridge checked the reports (checksums, Router Alert) and learnt the new port.
+mdb_on lan2 239.1.2.3 || fail "the bridge did not learn sd0's IPv4 group on the new port: $(bridge -n sd-lan mdb show)"
+mdb_on lan2 ff0e::5d || fail "the bridge did not learn sd0's IPv6 group on the new port: $(bridge -n sd-lan mdb show)"
+assert_eq "$(queues_on "$T/ioc2.sock")" "[0, 1]" "host 1's queues moved together to the second IOC"
 active_is 1 || fail "not moved to the standby: $(role 1)"
 assert_eq "$(link_mac sd-host sd0)" "$MAC" "sd0's MAC after the move"
 assert_grep "$T/host1.log" 'moved to the standby IOC.*cause=closed' "the move logged with its cause"
@@ -144,6 +188,7 @@ stop_host 1
 
 # --- Failback after 1 s.
 HOST_CONF=$BASE_HOST_CONF; host_conf "$IOC2_PUB" "failback_after_s = 1"
+run ip -n sd-host link del sd0  # made anew with one queue
 start_host 1
 wait_carrier sd-host up 10
 eventually 5 ready_is 1 || fail "no ready standby"

@@ -89,9 +89,22 @@ fn activating_claims_the_hosts_macs_and_the_frames_flow() {
         ErrorCode::Malformed
     );
     assert!(host(&ioc, s).standby, "a malformed request changes nothing");
+    p.events.clear();
+    p.link.session_mut().cfg_request(CfgCode::Activate, &[]);
+    pump(&mut ioc, &mut p, s, true);
+    let reply = p.events.iter().find_map(|e| match e {
+        LinkEvent::CfgReply {
+            code: CfgCode::Activate,
+            status,
+            data,
+            ..
+        } => Some((*status, data.clone())),
+        _ => None,
+    });
     assert_eq!(
-        ask(&mut ioc, &mut p, s, CfgCode::Activate, &[]),
-        ErrorCode::Ok
+        reply,
+        Some((ErrorCode::Ok, VM1.to_vec())),
+        "Ok, naming the bridged MAC now held here for the host to announce"
     );
     assert!(!host(&ioc, s).standby);
     assert_eq!(ioc.activations, 1);
