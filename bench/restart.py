@@ -102,10 +102,8 @@ def one(ioc, how):
     return gap_ms(out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=5)
-    a = ap.parse_args()
+def measure(runs):
+    """Each way's label, gaps (ms) and duplicated replies over `runs` restarts."""
     ways = [("kill", "kill -9, a new one at once"),
             ("term", "SIGTERM, wait, start (no store)"),
             ("kept", "SIGTERM, wait, start, sockets kept"),
@@ -126,7 +124,7 @@ def main():
             run.wait_carrier("sd-host")
             run.sh("ip netns exec sd-lan ping -c 3 -i 0.2 -W 1 10.50.0.1")
             gaps, dups = [], 0
-            for _ in range(a.runs):
+            for _ in range(runs):
                 g, d = one(ioc, how)
                 dups += d
                 if g is None:
@@ -137,6 +135,14 @@ def main():
             run.cleanup()
     finally:
         run.cleanup()
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    a = ap.parse_args()
+    results = measure(a.runs)
     base = statistics.median(results["kill"][1])
     print(f"\nIOC restart gap (ping every 10 ms from the LAN to sd0; {a.runs} runs each)")
     print(f"{'way':<38} {'median ms':>10} {'worst ms':>9} {'x kill -9':>10} {'dups':>5}")
