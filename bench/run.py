@@ -12,7 +12,7 @@ stops reading while the LAN floods it: the other host's throughput before and du
 ratios, writes bench/out/results.json and bench/out/chart.svg.
 
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
-                      [--only direct,vxlan,...]
+                      [--only direct,vxlan,...] [--sched fifo:10|nice:-10]
     sudo bench/run.py --syscalls [--seconds 5]   # the daemons' system calls per frame (perf)
 
 Needs root, iperf3, sockperf, openvpn, iputils-ping, iproute2, and `cargo build --release` done.
@@ -33,6 +33,7 @@ BIN = os.environ.get("SPLITNET_BIN") or os.path.join(
 OUT = os.path.join(ROOT, "bench", "out")
 WORKERS = None  # the IOC's fabric.workers (--workers); None: the shipped configuration's
 SPIN_MAX_US = None  # the hosts' fabric.spin_max_us (--spin-max-us); None: the shipped one's
+SCHED = None  # both daemons' [scheduling] (--sched fifo:P or nice:N); None: the shipped "normal"
 RX_QUEUES = None  # the IOC's lan.rx_queues (--rx-queues); None: the shipped configuration's
 NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
 procs = []
@@ -167,7 +168,7 @@ def host_config(queues, local=None, plain=False, sealed=False):
     local socket, the data channel in shared memory ("shm") or on the socket ("unix");
     `sealed`: the data channel encrypted (auth.encrypt_data)."""
     src = os.path.join(ROOT, "systemd", "host.toml")
-    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{int(plain)}-{int(sealed)}.toml"
+    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{SCHED}-{int(plain)}-{int(sealed)}.toml"
     ioc_pub, _ = keys()
     with open(src) as f, open(path, "w") as out:
         text = f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n")
@@ -181,6 +182,7 @@ def host_config(queues, local=None, plain=False, sealed=False):
             text = text.replace("\nshared_memory = true\n", f"\nshared_memory = {shm}\n")
         if SPIN_MAX_US is not None:
             text = text.replace("\nspin_max_us = 0\n", f"\nspin_max_us = {SPIN_MAX_US}\n")
+        text = with_sched(text)
         out.write(text)
     return path
 
@@ -188,15 +190,27 @@ def host_config(queues, local=None, plain=False, sealed=False):
 LOCAL_SOCKET = "/tmp/sd-bench-fabric.sock"
 
 
+def with_sched(text):
+    """A daemon's TOML `text` with its [scheduling] class from --sched ("fifo:10", "nice:-10")."""
+    if SCHED is None:
+        return text
+    cls, value = SCHED.split(":")
+    key = {"fifo": "priority", "nice": "nice"}[cls]
+    new = f'\nclass = "{cls}"\n{key} = {int(value)}\n'
+    if '\nclass = "normal"\n' not in text:
+        sys.exit("no 'class = \"normal\"' line in the shipped configuration")
+    return text.replace('\nclass = "normal"\n', new)
+
+
 def ioc_config(local=False, plain=False):
     """The shipped IOC configuration with its key and the bench's hosts admitted (`plain`:
     open admission), with `--workers` workers when given, and listening on LOCAL_SOCKET too
     when `local`."""
     src = os.path.join(ROOT, "systemd", "ioc.toml")
-    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{int(local)}-{int(plain)}.toml"
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{SCHED}-{int(local)}-{int(plain)}.toml"
     _, host_pubs = keys()
     with open(src) as f, open(path, "w") as out:
-        text = f.read()
+        text = with_sched(f.read())
         if WORKERS is not None:
             text = text.replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n")
         if RX_QUEUES is not None:
@@ -618,13 +632,16 @@ def main():
                     help="the IOC's lan.rx_queues (default: the shipped ioc.toml's)")
     ap.add_argument("--spin-max-us", type=int, default=None,
                     help="the hosts' fabric.spin_max_us (default: the shipped host.toml's)")
+    ap.add_argument("--sched", default=None,
+                    help="both daemons' [scheduling]: fifo:PRIORITY or nice:LEVEL (default: normal)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
                     help="skip the slow-consumer figure")
     ap.add_argument("--syscalls", action="store_true",
                     help="only the daemons' system calls per frame (perf), over TCP and shared memory")
     a = ap.parse_args()
-    global WORKERS, SPIN_MAX_US, RX_QUEUES
+    global WORKERS, SPIN_MAX_US, RX_QUEUES, SCHED
     WORKERS = a.workers
+    SCHED = a.sched
     RX_QUEUES = a.rx_queues
     SPIN_MAX_US = a.spin_max_us
     if os.geteuid() != 0:

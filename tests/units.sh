@@ -41,5 +41,20 @@ for u in host-driver ioc-driver; do
         systemd-analyze security --offline=true "$d/$u.service" 2>/dev/null | grep '✗' | sed 's/^/  /'
         rc=1
     fi
+    # With the latency setting's drop-in (systemd/latency.conf, appended as systemd merges a
+    # drop-in's [Service] lines): still valid, and within the same bound.
+    cat "$d/$u.service" systemd/latency.conf >"$d/$u-latency.service"
+    if out=$(systemd-analyze verify --man=no "$d/$u-latency.service" 2>&1) && [ -z "$out" ]; then
+        echo "$u.service with latency.conf: systemd-analyze verify: ok"
+    else
+        echo "FAIL: $u.service with latency.conf: systemd-analyze verify reported:"; echo "$out" | sed 's/^/  /'; rc=1
+    fi
+    lat=$(systemd-analyze security --offline=true "$d/$u-latency.service" 2>/dev/null |
+        sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+    if [ -n "$lat" ] && awk -v s="$lat" -v m="$max" 'BEGIN { exit !(s + 0 <= m + 0) }'; then
+        echo "$u.service with latency.conf: exposure $lat (limit $max)"
+    else
+        echo "FAIL: $u.service with latency.conf: exposure '${lat}' above $max"; rc=1
+    fi
 done
 exit $rc

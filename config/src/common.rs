@@ -350,6 +350,57 @@ impl Log {
     }
 }
 
+/// The `[scheduling]` section: the class each daemon's data-path threads run in (host-driver's
+/// queue threads, ioc-driver's workers), so that they can run ahead of bulk applications as
+/// the kernel's own data path (softirqs) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scheduling {
+    /// `"normal"` (the default: as any process), `"nice"` (the `nice` level below) or
+    /// `"fifo"` (real time at `priority`, ahead of every normal thread; the kernel's
+    /// real-time throttling must be on).
+    pub class: SchedClass,
+    /// The nice level with class `"nice"`: -20..=19 (default -10).
+    pub nice: i32,
+    /// The real-time priority with class `"fifo"`: 1..=99 (default 10).
+    pub priority: u32,
+}
+
+/// A scheduling class of [`Scheduling`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedClass {
+    /// `SCHED_OTHER` at the process's nice level.
+    #[default]
+    Normal,
+    /// `SCHED_OTHER` at [`Scheduling::nice`].
+    Nice,
+    /// `SCHED_FIFO` at [`Scheduling::priority`].
+    Fifo,
+}
+
+impl Default for Scheduling {
+    fn default() -> Scheduling {
+        Scheduling {
+            class: SchedClass::Normal,
+            nice: -10,
+            priority: 10,
+        }
+    }
+}
+
+impl Scheduling {
+    pub(crate) fn validate(&self) -> Result<(), Invalid> {
+        if !(-20..=19).contains(&self.nice) {
+            return Err(Invalid::new(
+                "scheduling.nice",
+                format!("{} is out of range -20..=19", self.nice),
+            ));
+        }
+        range("scheduling.priority", self.priority.into(), 1, 99)
+    }
+}
+
 /// Checks a MAC address that must be a non-zero unicast address.
 pub(crate) fn unicast(key: &str, mac: MacAddr) -> Result<(), Invalid> {
     if mac.is_zero() {

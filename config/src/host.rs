@@ -2,6 +2,7 @@
 
 use crate::common::{
     ifname, keepalive, range, unicast, Control, FabricAddr, Log, MacAddr, Metrics, Pools,
+    SchedClass, Scheduling,
 };
 use crate::error::Invalid;
 use crate::key::Key;
@@ -23,6 +24,9 @@ pub struct HostConfig {
     /// `[log]`.
     #[serde(default)]
     pub log: Log,
+    /// `[scheduling]`: the data-path threads' scheduling class.
+    #[serde(default)]
+    pub scheduling: Scheduling,
     /// `[metrics]`: the opt-in Prometheus endpoint.
     #[serde(default)]
     pub metrics: Metrics,
@@ -309,6 +313,12 @@ impl HostConfig {
         )?;
         range("fabric.restart_grace_ms", f.restart_grace_ms, 0, 60_000)?;
         range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
+        if self.scheduling.class == SchedClass::Fifo && f.spin_max_us > 0 {
+            return Err(Invalid::new(
+                "fabric.spin_max_us",
+                "must be 0 with scheduling.class = \"fifo\": a real-time thread that polls takes its core from every normal thread, the applications included",
+            ));
+        }
         if let FabricAddr::Tcp(a) | FabricAddr::Rdma(a) = f.ioc {
             if a.port() == 0 || a.ip().is_unspecified() {
                 return Err(Invalid::new(
@@ -347,6 +357,7 @@ impl HostConfig {
         self.pools.validate()?;
         self.metrics.validate()?;
         self.control.validate()?;
+        self.scheduling.validate()?;
         self.log.validate()
     }
 }

@@ -1,6 +1,8 @@
 //! ioc.toml: the I/O unit driver's configuration.
 
-use crate::common::{ifname, keepalive, range, unicast, Control, Log, MacAddr, Metrics, Pools};
+use crate::common::{
+    ifname, keepalive, range, unicast, Control, Log, MacAddr, Metrics, Pools, Scheduling,
+};
 use crate::error::Invalid;
 use crate::host::{default_interval, default_timeout};
 use crate::key::Key;
@@ -22,6 +24,9 @@ pub struct IocConfig {
     /// `[log]`.
     #[serde(default)]
     pub log: Log,
+    /// `[scheduling]`: the data-path threads' scheduling class.
+    #[serde(default)]
+    pub scheduling: Scheduling,
     /// `[metrics]`: the opt-in Prometheus endpoint.
     #[serde(default)]
     pub metrics: Metrics,
@@ -387,6 +392,7 @@ impl IocConfig {
             ("[lan]", self.lan != new.lan),
             ("[pools]", self.pools != new.pools),
             ("[log]", self.log != new.log),
+            ("[scheduling]", self.scheduling != new.scheduling),
             ("[metrics]", self.metrics != new.metrics),
             ("[control]", self.control != new.control),
             (
@@ -481,6 +487,7 @@ impl IocConfig {
         self.metrics.validate()?;
         self.control.validate()?;
         self.auth.validate()?;
+        self.scheduling.validate()?;
         self.log.validate()
     }
 }

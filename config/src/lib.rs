@@ -13,7 +13,9 @@ pub mod key;
 #[cfg(test)]
 mod tests;
 
-pub use common::{Control, FabricAddr, Log, MacAddr, Metrics, PoolConfig, Pools};
+pub use common::{
+    Control, FabricAddr, Log, MacAddr, Metrics, PoolConfig, Pools, SchedClass, Scheduling,
+};
 pub use error::ConfigError;
 pub use host::{HostAuth, HostConfig, HostFabric, Interface, StandbyIoc};
 pub use ioc::{

@@ -116,6 +116,10 @@ fn queue_thread(
     ended: Arc<watch::Sender<Option<Ended>>>,
     counters: SharedCounters,
 ) {
+    if let Err(e) = service::sched::apply(sched_class(&cfg.scheduling)) {
+        let _ = connected.send(Err(format!("scheduling: {e}")));
+        return;
+    }
     let rt = match service::runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -166,6 +170,16 @@ fn queue_thread(
     // The connection is over for every queue once one of them ends (a value set already,
     // by the queue that ended first, stays).
     ended.send_if_modified(|e| first_end(e, how));
+}
+
+/// The class `[scheduling]` gives the data-path threads.
+pub fn sched_class(s: &splitnet_config::Scheduling) -> service::sched::Class {
+    use splitnet_config::SchedClass;
+    match s.class {
+        SchedClass::Normal => service::sched::Class::Normal,
+        SchedClass::Nice => service::sched::Class::Nice(s.nice),
+        SchedClass::Fifo => service::sched::Class::Fifo(s.priority),
+    }
 }
 
 /// Records `how` as the way the queues' connection ended unless one did already; whether it

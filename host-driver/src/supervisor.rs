@@ -95,12 +95,19 @@ pub async fn run(cfg: HostConfig, control_socket: Option<PathBuf>) -> Result<(),
     // capability, and over RDMA pinning the registered memory beyond RLIMIT_MEMLOCK (units
     // raise LimitMEMLOCK instead). Before any thread starts (a further queue's).
     let rdma = matches!(cfg.fabric.ioc, splitnet_config::FabricAddr::Rdma(_));
-    let keep: &[Capability] = if rdma {
-        &[Capability::CAP_NET_ADMIN, Capability::CAP_IPC_LOCK]
-    } else {
-        &[Capability::CAP_NET_ADMIN]
-    };
-    service::privilege::keep_only_logged(keep);
+    let mut keep = vec![Capability::CAP_NET_ADMIN];
+    if rdma {
+        keep.push(Capability::CAP_IPC_LOCK);
+    }
+    // The queue threads take their class (scheduling.class) as they start: with the
+    // capability where the daemon has it (by hand as root), else by the unit's limits.
+    let class = crate::queues::sched_class(&cfg.scheduling);
+    if class != service::sched::Class::Normal {
+        keep.push(Capability::CAP_SYS_NICE);
+    }
+    service::privilege::keep_only_logged(&keep);
+    // This thread serves queue 0 (and the standby beside it): the data path's class.
+    service::sched::apply(class).map_err(|e| io::Error::other(format!("scheduling: {e}")))?;
     let tap_ready = fabric::Ready::reading(&tap)?;
     let snap = Rc::new(RefCell::new(Snapshot::new(
         cfg.fabric.ioc.to_string(),

@@ -444,16 +444,16 @@ pub async fn run(
     // packet sockets (CAP_NET_RAW) need a capability, and with RDMA pinning registered memory
     // beyond RLIMIT_MEMLOCK (units raise LimitMEMLOCK instead). Before the workers' threads
     // start.
-    let keep: &[Capability] = if cfg.fabric.rdma {
-        &[
-            Capability::CAP_NET_ADMIN,
-            Capability::CAP_NET_RAW,
-            Capability::CAP_IPC_LOCK,
-        ]
-    } else {
-        &[Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW]
-    };
-    service::privilege::keep_only_logged(keep);
+    let mut keep = vec![Capability::CAP_NET_ADMIN, Capability::CAP_NET_RAW];
+    if cfg.fabric.rdma {
+        keep.push(Capability::CAP_IPC_LOCK);
+    }
+    // The workers take their class (scheduling.class) as they start: with the capability
+    // where the daemon has it (by hand as root), else by the unit's LimitRTPRIO/LimitNICE.
+    if crate::worker::sched_class(&cfg.scheduling) != service::sched::Class::Normal {
+        keep.push(Capability::CAP_SYS_NICE);
+    }
+    service::privilege::keep_only_logged(&keep);
     // RDMA connection requests on the fabric address and port (on a given address its
     // device must be there now). After the capabilities are dropped: the kernel refuses
     // verbs on a device opened with other credentials than the caller's.

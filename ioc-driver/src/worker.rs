@@ -14,6 +14,7 @@ use crate::state::WorkerState;
 use splitnet_config::{IocAuth, IocConfig};
 use splitnet_fabric::Ready;
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode};
+use splitnet_service as service;
 use std::cell::RefCell;
 use std::io;
 use std::rc::Rc;
@@ -84,6 +85,16 @@ pub struct Spec {
     pub prepare: fn(&mut WorkerState),
 }
 
+/// The class `[scheduling]` gives the data-path threads.
+pub fn sched_class(s: &splitnet_config::Scheduling) -> service::sched::Class {
+    use splitnet_config::SchedClass;
+    match s.class {
+        SchedClass::Normal => service::sched::Class::Normal,
+        SchedClass::Nice => service::sched::Class::Nice(s.nice),
+        SchedClass::Fifo => service::sched::Class::Fifo(s.priority),
+    }
+}
+
 impl Worker {
     /// Starts a worker thread; returns once its event loop runs (or could not start).
     pub fn spawn(spec: Spec) -> io::Result<Worker> {
@@ -92,7 +103,13 @@ impl Worker {
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let beat = heartbeat.clone();
         let name = format!("ioc-worker-{}", spec.shard.index);
+        let class = sched_class(&spec.cfg.scheduling);
         let thread = std::thread::Builder::new().name(name).spawn(move || {
+            // The data path's class (scheduling.class), before it serves anything.
+            if let Err(e) = service::sched::apply(class) {
+                let _ = started_tx.send(Err(io::Error::other(format!("scheduling: {e}"))));
+                return;
+            }
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -17,6 +17,7 @@ pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod privilege;
+pub mod sched;
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

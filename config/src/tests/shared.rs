@@ -197,3 +197,39 @@ fn parse_errors_quote_the_line_shortened() {
     );
     assert!(m.contains("`..."), "{m}");
 }
+
+#[test]
+fn scheduling_is_normal_by_default_and_checked_in_both_files() {
+    use crate::{SchedClass, Scheduling};
+    let h = host("").unwrap();
+    assert_eq!(h.scheduling, Scheduling::default());
+    assert_eq!(h.scheduling.class, SchedClass::Normal);
+    let i = super::ioc("", "", "[scheduling]\nclass = \"fifo\"\npriority = 20").unwrap();
+    assert_eq!(
+        (i.scheduling.class, i.scheduling.priority),
+        (SchedClass::Fifo, 20)
+    );
+    let n = host("[scheduling]\nclass = \"nice\"\nnice = -5").unwrap();
+    assert_eq!(
+        (n.scheduling.class, n.scheduling.nice),
+        (SchedClass::Nice, -5)
+    );
+    invalid(host("[scheduling]\nnice = -21"), "scheduling.nice");
+    invalid(host("[scheduling]\nnice = 20"), "scheduling.nice");
+    invalid(
+        super::ioc("", "", "[scheduling]\npriority = 0"),
+        "scheduling.priority",
+    );
+    invalid(
+        super::ioc("", "", "[scheduling]\npriority = 100"),
+        "scheduling.priority",
+    );
+    parse_error(host("[scheduling]\nclass = \"idle\""), &["class"]);
+    // A real-time thread must not poll: it would take its core from the applications.
+    let why = invalid(
+        host("spin_max_us = 50\n[scheduling]\nclass = \"fifo\""),
+        "fabric.spin_max_us",
+    );
+    assert!(why.contains("fifo"), "{why}");
+    assert!(host("spin_max_us = 50\n[scheduling]\nclass = \"nice\"").is_ok());
+}
