@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 const DOC: &str = include_str!("../../docs/protocol.md");
 
 /// One row of a table of section 7: its cells.
-fn row(id: &str) -> Vec<String> {
+pub(crate) fn row(id: &str) -> Vec<String> {
     DOC.lines()
         .map(|l| {
             l.split('|')
@@ -31,7 +31,7 @@ fn row(id: &str) -> Vec<String> {
 }
 
 /// The code of a row: the number its code (or status) cell starts with.
-fn code(id: &str) -> u16 {
+pub(crate) fn code(id: &str) -> u16 {
     let cell = &row(id)[3];
     let digits: String = cell.chars().take_while(char::is_ascii_digit).collect();
     digits
@@ -327,7 +327,7 @@ fn start_ioc_with(extra: &str, prepare: fn(&mut WorkerState)) -> SocketAddr {
 
 /// Starts IOC `cfg` with private key `key` (for `auth.admission = "keys"`) as
 /// [`start_ioc_with`] does.
-fn spawn_ioc(
+pub(crate) fn spawn_ioc(
     cfg: splitnet_config::IocConfig,
     key: Option<splitnet_fabric::auth::Key>,
     prepare: fn(&mut WorkerState),
@@ -761,15 +761,19 @@ fn hello_reply(version: u16, status: u16) -> Vec<u8> {
 
 /// The host's side of the handshake (`fabric::connect`, as host-driver calls it) against a
 /// raw IOC at `addr`, its data channel over `path`.
+/// Runs `f` to its end on a runtime of its own (a host's side of a test).
+pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    rt.expect("a current-thread runtime").block_on(f)
+}
+
 fn host_connect(
     addr: SocketAddr,
     path: splitnet_fabric::DataPath,
 ) -> Result<(), splitnet_fabric::FabricError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(splitnet_fabric::connect(
+    block_on(splitnet_fabric::connect(
         || splitnet_fabric::dial_tcp(addr),
         path,
         7,
@@ -779,74 +783,6 @@ fn host_connect(
         None,
     ))
     .map(|_| ())
-}
-
-/// Table 7.2, H15: a data channel that asks for STANDBY for a host whose entry has no
-/// `mac`, or for a further queue, is refused with the row's status in its AuthReply; the
-/// same host with a `mac` is admitted as a standby (the IOC agrees to the flag).
-#[test]
-fn h15_standby_without_a_mac_or_for_a_further_queue() {
-    use splitnet_fabric::auth;
-    use splitnet_fabric::FabricError;
-    use splitnet_messaging::endpoint::handshake::HandshakeError;
-    use splitnet_messaging::wire::{HelloReply, Queue};
-    let cells = row("H15");
-    assert_eq!(cells[4], "HelloReply in an AuthReply", "{cells:?}");
-    let ioc_key = auth::generate().unwrap();
-    let (with_mac, without) = (auth::generate().unwrap(), auth::generate().unwrap());
-    let pubkey = |k| splitnet_config::key::Key(auth::public_key(k));
-    let text = format!(
-        "[fabric]\nlisten = \"127.0.0.1:7400\"\nworkers = 2\n[lan]\ninterface = \"lan0\"\n\
-         [auth]\nadmission = \"keys\"\n\
-         [[auth.hosts]]\nname = \"a\"\npublic_key = \"{}\"\nmac = \"02:5d:00:00:00:0a\"\nqueues = 2\n\
-         [[auth.hosts]]\nname = \"b\"\npublic_key = \"{}\"\n",
-        pubkey(&with_mac),
-        pubkey(&without),
-    );
-    let cfg = splitnet_config::parse_ioc(&text, Path::new("test.toml")).unwrap();
-    let addr = spawn_ioc(cfg, Some(ioc_key), |_| {});
-    // Host `private`'s queue `queue` (of a host whose first is `first`) asking `flags`:
-    // the agreed flags and the session, or why not.
-    let open = |private, queue, first, flags| {
-        let keys = splitnet_fabric::HostKeys {
-            private,
-            ioc: auth::public_key(&ioc_key),
-            seal_data: false,
-            flags,
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(splitnet_fabric::connect(
-            || splitnet_fabric::dial_tcp(addr),
-            splitnet_fabric::DataPath::Stream,
-            7,
-            queue,
-            first,
-            Duration::from_secs(2),
-            Some(&keys),
-        ))
-        .map(|(ctrl, data, reply)| (reply.flags, reply.session, ctrl, data))
-    };
-    let refused = |r: &Result<_, FabricError>| match r {
-        Err(FabricError::Handshake(HandshakeError::Refused { status, .. })) => {
-            status.to_u16() == code("H15")
-        }
-        _ => false,
-    };
-    let no_mac = open(without, Queue::SINGLE, 0, HelloReply::STANDBY);
-    assert!(refused(&no_mac), "an entry without a mac");
-    // Host a's first queue, active; its second asks to be a standby.
-    let two = |index| Queue { index, count: 2 };
-    let (_, first, _c, _d) = open(with_mac, two(0), 0, 0).expect("a's first queue");
-    let further = open(with_mac, two(1), first, HelloReply::STANDBY);
-    assert!(refused(&further), "a further queue as a standby");
-    let further = open(with_mac, two(1), first, 0);
-    assert!(further.is_ok(), "the same queue, not a standby: joined");
-    let (ok, ..) = open(with_mac, Queue::SINGLE, 0, HelloReply::STANDBY)
-        .expect("a standby with a mac is admitted");
-    assert_ne!(ok & HelloReply::STANDBY, 0, "agreed to the standby");
 }
 
 /// Table 7.2, H9: the host's side of the handshake against a raw IOC that offers a version

@@ -4,7 +4,9 @@
 
 use super::policy::{auth, connect_key, entry, ioc_of, keyed, VM1};
 use super::*;
+use crate::conformance::{block_on, code, row, spawn_ioc};
 use crate::state::liveness_interval;
+use std::path::Path;
 
 const OWN: [u8; 6] = [0x02, 0x5d, 0, 0, 0, 0x61];
 const OTHER: [u8; 6] = [0x02, 0x5d, 0, 0, 0, 0x62];
@@ -198,4 +200,68 @@ fn the_liveness_interval_kept_lies_between_the_floor_and_the_iocs_own() {
         "the floor wins over a tiny keepalive"
     );
     assert_eq!(liveness_interval(60_000, 100_000), 60_000);
+}
+
+/// Table 7.2, H15: a data channel that asks for STANDBY for a host whose entry has no
+/// `mac`, or for a further queue, is refused with the row's status in its AuthReply; the
+/// same host with a `mac` is admitted as a standby (the IOC agrees to the flag).
+#[test]
+fn h15_standby_without_a_mac_or_for_a_further_queue() {
+    use splitnet_fabric::auth;
+    use splitnet_fabric::FabricError;
+    use splitnet_messaging::endpoint::handshake::HandshakeError;
+    use splitnet_messaging::wire::{HelloReply, Queue};
+    let cells = row("H15");
+    assert_eq!(cells[4], "HelloReply in an AuthReply", "{cells:?}");
+    let ioc_key = auth::generate().unwrap();
+    let (with_mac, without) = (auth::generate().unwrap(), auth::generate().unwrap());
+    let pubkey = |k| splitnet_config::key::Key(auth::public_key(k));
+    let text = format!(
+        "[fabric]\nlisten = \"127.0.0.1:7400\"\nworkers = 2\n[lan]\ninterface = \"lan0\"\n\
+         [auth]\nadmission = \"keys\"\n\
+         [[auth.hosts]]\nname = \"a\"\npublic_key = \"{}\"\nmac = \"02:5d:00:00:00:0a\"\nqueues = 2\n\
+         [[auth.hosts]]\nname = \"b\"\npublic_key = \"{}\"\n",
+        pubkey(&with_mac),
+        pubkey(&without),
+    );
+    let cfg = splitnet_config::parse_ioc(&text, Path::new("test.toml")).unwrap();
+    let addr = spawn_ioc(cfg, Some(ioc_key), |_| {});
+    // Host `private`'s queue `queue` (of a host whose first is `first`) asking `flags`:
+    // the agreed flags and the session, or why not.
+    let open = |private, queue, first, flags| {
+        let keys = splitnet_fabric::HostKeys {
+            private,
+            ioc: auth::public_key(&ioc_key),
+            seal_data: false,
+            flags,
+        };
+        block_on(splitnet_fabric::connect(
+            || splitnet_fabric::dial_tcp(addr),
+            splitnet_fabric::DataPath::Stream,
+            7,
+            queue,
+            first,
+            Duration::from_secs(2),
+            Some(&keys),
+        ))
+        .map(|(ctrl, data, reply)| (reply.flags, reply.session, ctrl, data))
+    };
+    let refused = |r: &Result<_, FabricError>| {
+        matches!(r, Err(FabricError::Handshake(HandshakeError::Refused { status, .. }))
+            if status.to_u16() == code("H15"))
+    };
+    let no_mac = open(without, Queue::SINGLE, 0, HelloReply::STANDBY);
+    assert!(refused(&no_mac), "an entry without a mac");
+    // Host a's first queue, active; its second asks to be a standby.
+    let two = |index| Queue { index, count: 2 };
+    let (_, first, _c, _d) = open(with_mac, two(0), 0, 0).expect("a's first queue");
+    let further = open(with_mac, two(1), first, HelloReply::STANDBY);
+    assert!(refused(&further), "a further queue as a standby");
+    assert!(
+        open(with_mac, two(1), first, 0).is_ok(),
+        "not as a standby: joined"
+    );
+    let (ok, ..) = open(with_mac, Queue::SINGLE, 0, HelloReply::STANDBY)
+        .expect("a standby with a mac is admitted");
+    assert_ne!(ok & HelloReply::STANDBY, 0, "agreed to the standby");
 }
