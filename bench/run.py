@@ -14,6 +14,7 @@ ratios, writes bench/out/results.json and bench/out/chart.svg.
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
                       [--only direct,vxlan,...] [--sched fifo:10|nice:-10]
     sudo bench/run.py --syscalls [--seconds 5]   # the daemons' system calls per frame (perf)
+    sudo bench/run.py --profile [--seconds 5]    # where the daemons' CPU goes (perf record)
 
 Needs root, iperf3, sockperf, openvpn, iputils-ping, iproute2, and `cargo build --release` done.
 """
@@ -617,6 +618,46 @@ def syscalls(secs):
     return rows
 
 
+def profile(secs, top=12):
+    """Where each daemon's CPU goes under a full-speed upload and download, over TCP and over
+    shared memory: `perf record` of both daemons (all threads) while iperf3 runs, and the top
+    `top` symbols by self time of each, written to bench/out/profile-MODE-LOAD-DAEMON.txt."""
+    loads = {"upload": lambda: iperf(["sd-host"], secs),
+             "download": lambda: iperf(["sd-host"], secs, reverse=True)}
+    rows = []
+    for mode, setup in (("splitnet", setup_splitnet), ("splitnet-shm", lambda: setup_splitnet(local="shm"))):
+        setup()
+        for name, load in loads.items():
+            recs = {}
+            for d in ("host-driver", "ioc-driver"):
+                data = f"/tmp/sd-bench-perf-{d}.data"
+                recs[d] = (data, subprocess.Popen(
+                    ["perf", "record", "-F", "2999", "-o", data, "-p", str(daemon_pid(d))],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            time.sleep(0.3)
+            load()
+            for d, (data, rec) in recs.items():
+                rec.send_signal(signal.SIGINT)
+                rec.wait(timeout=30)
+                report = sh(f"perf report -i {data} --stdio --no-children --sort dso,symbol"
+                            " --percent-limit 0.5 2>/dev/null", check=False)
+                lines = [" ".join(l.split()).removesuffix(" - -") for l in report.splitlines()
+                         if l.strip() and not l.startswith("#")][:top]
+                objects = sh(f"perf report -i {data} --stdio --no-children --sort dso 2>/dev/null",
+                             check=False)
+                shares = [" ".join(l.split()) for l in objects.splitlines()
+                          if l.strip() and not l.startswith("#")][:4]
+                path = os.path.join(OUT, f"profile-{mode}-{name}-{d}.txt")
+                with open(path, "w") as f:
+                    f.write(report)
+                print(f"\n{mode} {name}: {d}; by object: {', '.join(shares)}; top symbols by self time:")
+                for l in lines:
+                    print("  " + l)
+                rows.append({"mode": mode, "load": name, "daemon": d, "objects": shares, "top": lines})
+        cleanup()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=5)
@@ -638,6 +679,8 @@ def main():
                     help="skip the slow-consumer figure")
     ap.add_argument("--syscalls", action="store_true",
                     help="only the daemons' system calls per frame (perf), over TCP and shared memory")
+    ap.add_argument("--profile", action="store_true",
+                    help="only where the daemons' CPU goes under a full-speed transfer (perf record)")
     a = ap.parse_args()
     global WORKERS, SPIN_MAX_US, RX_QUEUES, SCHED
     WORKERS = a.workers
@@ -646,8 +689,9 @@ def main():
     SPIN_MAX_US = a.spin_max_us
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
-    tools = ("iperf3", "ip", "ping") + (("perf",) if a.syscalls else ("sockperf",)) + \
-        (("openvpn",) if "openvpn" in a.only and not a.syscalls else ())
+    perf_only = a.syscalls or a.profile
+    tools = ("iperf3", "ip", "ping") + (("perf",) if perf_only else ("sockperf",)) + \
+        (("openvpn",) if "openvpn" in a.only and not perf_only else ())
     for tool in tools:
         if not shutil.which(tool):
             sys.exit(f"missing tool: {tool}")
@@ -655,6 +699,15 @@ def main():
         if not os.access(os.path.join(BIN, b), os.X_OK):
             sys.exit(f"missing {BIN}/{b}: run cargo build --release")
     os.makedirs(OUT, exist_ok=True)
+    if a.profile:
+        try:
+            rows = profile(a.seconds)
+        finally:
+            cleanup()
+        with open(os.path.join(OUT, "profile.json"), "w") as f:
+            json.dump(rows, f, indent=2)
+        print(f"\nwrote {OUT}/profile.json")
+        return
     if a.syscalls:
         try:
             rows = syscalls(a.seconds)
