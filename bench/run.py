@@ -699,23 +699,16 @@ def main():
         if not os.access(os.path.join(BIN, b), os.X_OK):
             sys.exit(f"missing {BIN}/{b}: run cargo build --release")
     os.makedirs(OUT, exist_ok=True)
-    if a.profile:
+    for wanted, measure, name in ((a.profile, profile, "profile"), (a.syscalls, syscalls, "syscalls")):
+        if not wanted:
+            continue
         try:
-            rows = profile(a.seconds)
+            rows = measure(a.seconds)
         finally:
             cleanup()
-        with open(os.path.join(OUT, "profile.json"), "w") as f:
+        with open(os.path.join(OUT, f"{name}.json"), "w") as f:
             json.dump(rows, f, indent=2)
-        print(f"\nwrote {OUT}/profile.json")
-        return
-    if a.syscalls:
-        try:
-            rows = syscalls(a.seconds)
-        finally:
-            cleanup()
-        with open(os.path.join(OUT, "syscalls.json"), "w") as f:
-            json.dump(rows, f, indent=2)
-        print(f"\nwrote {OUT}/syscalls.json")
+        print(f"\nwrote {OUT}/{name}.json")
         return
     setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn}
     variants = {"splitnet": {}, "splitnet-plain": {"plain": True},
