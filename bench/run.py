@@ -699,11 +699,11 @@ def main():
         if not os.access(os.path.join(BIN, b), os.X_OK):
             sys.exit(f"missing {BIN}/{b}: run cargo build --release")
     os.makedirs(OUT, exist_ok=True)
-    for wanted, measure, name in ((a.profile, profile, "profile"), (a.syscalls, syscalls, "syscalls")):
+    for wanted, perf_mode, name in ((a.profile, profile, "profile"), (a.syscalls, syscalls, "syscalls")):
         if not wanted:
             continue
         try:
-            rows = measure(a.seconds)
+            rows = perf_mode(a.seconds)
         finally:
             cleanup()
         with open(os.path.join(OUT, f"{name}.json"), "w") as f:
