@@ -58,9 +58,6 @@ impl Channel for FabricChannel {
     fn received(&self) -> &[u8] {
         each!(self, c => c.received())
     }
-    fn begin_rx_round(&mut self) {
-        each!(self, c => c.begin_rx_round())
-    }
     fn reclaim(&mut self, cache: &mut splitnet_messaging::memory::SendBufCache) {
         each!(self, c => c.reclaim(cache))
     }
@@ -120,21 +117,6 @@ impl FabricChannel {
     /// Whether its bytes travel sealed on its socket (a data channel whose host asked).
     pub fn is_sealed_stream(&self) -> bool {
         matches!(self, FabricChannel::Stream(c) if matches!(c.stream(), Stream::Sealed(_)))
-    }
-
-    /// A socket's read shorter than asked empties it: once the channel is read in rounds
-    /// ([`Channel::begin_rx_round`]), a round ends without a read that finds nothing. Not
-    /// for a sealed stream (it hands out decrypted records) nor other transports.
-    pub(crate) fn trust_short_reads(&mut self) {
-        let socket = |c: &crate::StreamConn| matches!(c.stream(), Stream::Tcp(_) | Stream::Unix(_));
-        match self {
-            FabricChannel::Stream(c) => {
-                let on = socket(c);
-                c.set_short_read_drains(on);
-            }
-            FabricChannel::Sealed(c) => c.conn_mut().trust_short_reads(),
-            _ => {}
-        }
     }
 
     pub(crate) fn set_domain(&mut self, domain: DomainId) {

@@ -768,9 +768,6 @@ impl RegisteredLink {
         ctrl.set_domain(d);
         data.set_domain(d);
         data.set_writes_allowed(true);
-        // From here on the link reads in rounds (`Link::poll`), each begun anew.
-        ctrl.trust_short_reads();
-        data.trust_short_reads();
         let ready = LinkReady {
             ctrl: ctrl.readiness()?,
             data: data.readiness()?,

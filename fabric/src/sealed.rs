@@ -70,10 +70,6 @@ impl<C: Channel> Channel for SealedConn<C> {
         self.conn.flush()
     }
 
-    fn begin_rx_round(&mut self) {
-        self.conn.begin_rx_round();
-    }
-
     fn poll_recv(&mut self, reg: &mut Registry) -> Result<Option<RxCompletion>, ChannelError> {
         match self.conn.poll_recv(reg)? {
             Some(RxCompletion::Recv { .. }) => {

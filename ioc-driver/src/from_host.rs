@@ -196,15 +196,10 @@ pub fn drive_host(st: &mut WorkerState, session: u64, lane: Lane) -> Result<bool
     };
     // Frames share the worker by deficit round robin among its hosts; messages of the
     // control channel are few and small, and are read up to the budget.
-    let mut first = true;
     let r = match (lane, drr.as_mut()) {
         (Lane::Data, Some(drr)) => drr.serve(RX_BUDGET, || {
             let before = bytes.get();
-            // One round of reading per wake-up, taken a frame at a time.
-            let more = match std::mem::take(&mut first) {
-                true => link.poll(reg, lane, 1, &mut sink, &mut events)?,
-                false => link.poll_continued(reg, lane, 1, &mut sink, &mut events)?,
-            };
+            let more = link.poll(reg, lane, 1, &mut sink, &mut events)?;
             Ok(more.then(|| bytes.get() - before))
         }),
         _ => link.poll(reg, lane, RX_BUDGET, &mut sink, &mut events),

@@ -92,10 +92,6 @@ pub trait Channel {
     fn withdraw(&mut self) {
         self.wake();
     }
-    /// A caller's round of [`Channel::poll_recv`] calls begins (one wake-up's reading): what
-    /// the last round learnt of the transport's emptiness is forgotten, since input may have
-    /// come since.
-    fn begin_rx_round(&mut self) {}
     /// For a caller that polls before it sleeps: whether input may be waiting, found
     /// without a system call. A socket cannot tell (always `false`).
     fn input_pending(&mut self) -> bool {
@@ -114,12 +110,6 @@ pub struct StreamChannel<S> {
     stream: S,
     rx: RxStream,
     tx: TxQueue,
-    /// A read shorter than asked empties the stream (a socket; not a stream that hands out
-    /// what it decoded in pieces).
-    short_read_drains: bool,
-    /// This round's last read was short: the stream is empty, and saying so needs no read
-    /// that returns `WouldBlock`.
-    drained: bool,
 }
 
 impl<S: Read + Write> StreamChannel<S> {
@@ -129,17 +119,7 @@ impl<S: Read + Write> StreamChannel<S> {
             stream,
             rx: RxStream::new(domain, max_send),
             tx: TxQueue::new(),
-            short_read_drains: false,
-            drained: false,
         }
-    }
-
-    /// Says that a read shorter than asked leaves `stream` empty, as for a TCP or Unix
-    /// socket: the end of a round of reading then takes no further read (one system call
-    /// per wake-up saved). Only for such a stream, and a caller that clears its readiness
-    /// edge-triggered (a later arrival wakes it again).
-    pub fn set_short_read_drains(&mut self, on: bool) {
-        self.short_read_drains = on;
     }
 
     /// The underlying stream.
@@ -202,17 +182,12 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
             if let Some(c) = self.rx.poll_staged(reg)? {
                 return Ok(Some(c));
             }
-            if std::mem::take(&mut self.drained) {
-                return Ok(None);
-            }
             let (payload, ahead) = self.rx.buffers(reg);
-            let asked = payload.len() + ahead.len();
             let mut iov = [IoSliceMut::new(payload), IoSliceMut::new(ahead)];
             let k = if iov[1].is_empty() { 1 } else { 2 };
             match self.stream.read_vectored(&mut iov[..k]) {
                 Ok(0) => return Err(ChannelError::Closed),
                 Ok(n) => {
-                    self.drained = self.short_read_drains && n < asked;
                     if let Some(c) = self.rx.advance(n, reg)? {
                         return Ok(Some(c));
                     }
@@ -226,10 +201,6 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
 
     fn received(&self) -> &[u8] {
         self.rx.received()
-    }
-
-    fn begin_rx_round(&mut self) {
-        self.drained = false;
     }
 
     fn reclaim(&mut self, cache: &mut SendBufCache) {

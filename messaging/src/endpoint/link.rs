@@ -219,28 +219,10 @@ impl<C: Channel> Link<C> {
         &mut self.data
     }
 
-    /// Processes up to `budget` completions of `lane`, as a new round of reading (one
-    /// wake-up's: [`Channel::begin_rx_round`]). Frames go to `sink` (in a pool in shared
+    /// Processes up to `budget` completions of `lane`. Frames go to `sink` (in a pool in shared
     /// memory, a frame stays there: see [`Frame`]) and are released
     /// when it returns. Returns true if the budget ran out before the channel was drained.
     pub fn poll(
-        &mut self,
-        reg: &mut Registry,
-        lane: Lane,
-        budget: usize,
-        sink: &mut dyn FnMut(Frame<'_>),
-        events: &mut Vec<LinkEvent>,
-    ) -> Result<bool, LinkError> {
-        match lane {
-            Lane::Control => self.ctrl.begin_rx_round(),
-            Lane::Data => self.data.begin_rx_round(),
-        }
-        self.poll_continued(reg, lane, budget, sink, events)
-    }
-
-    /// [`Link::poll`] within the round a `poll` of the same wake-up began (a caller that
-    /// takes a lane's completions a few at a time, between other work of that wake-up).
-    pub fn poll_continued(
         &mut self,
         reg: &mut Registry,
         lane: Lane,
