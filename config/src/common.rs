@@ -465,3 +465,8 @@ pub(crate) fn keepalive(interval_ms: u64, timeout_ms: u64) -> Result<(), Invalid
     }
     range("fabric.keepalive_timeout_ms", timeout_ms, 0, 600_000)
 }
+
+/// `true`, for `#[serde(default = ...)]`.
+pub(crate) fn yes() -> bool {
+    true
+}

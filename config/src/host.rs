@@ -82,7 +82,7 @@ pub struct HostFabric {
     pub restart_grace_ms: u64,
     /// With `ioc = "unix:PATH"`: both channels over shared memory (the default) rather
     /// than over the socket.
-    #[serde(default = "yes")]
+    #[serde(default = "crate::common::yes")]
     pub shared_memory: bool,
     /// Over shared memory: the longest the driver polls the IOC's ring and the TAP before
     /// it sleeps (us; 0..=1000; 0, the default, never polls). The poll adapts below it
@@ -117,6 +117,10 @@ pub struct HostFabric {
     /// Time between those announcements (ms, 10..=10000).
     #[serde(default = "default_announce_interval")]
     pub announce_interval_ms: u64,
+    /// Use the express lane where the IOC offers it (docs/protocol.md 6.6): frames of sparse
+    /// flows go as SendData on the control channel, ahead of the bulk; on by default.
+    #[serde(default = "crate::common::yes")]
+    pub express: bool,
 }
 
 /// One standby IOC of `fabric.standby`.
@@ -140,10 +144,6 @@ fn default_announce_count() -> u32 {
 }
 fn default_announce_interval() -> u64 {
     100
-}
-
-fn yes() -> bool {
-    true
 }
 
 fn default_spin_max() -> u64 {

@@ -247,6 +247,10 @@ pub struct IocFabric {
     /// RDMA device whose GID table holds the address a host connected to; off by default.
     #[serde(default)]
     pub rdma: bool,
+    /// Offer hosts the express lane (docs/protocol.md 6.6): frames of sparse flows go as
+    /// SendData on the control channel, ahead of the bulk, both ways; on by default.
+    #[serde(default = "crate::common::yes")]
+    pub express: bool,
 }
 
 fn default_max_hosts() -> u32 {

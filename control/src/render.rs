@@ -265,6 +265,11 @@ fn stats(s: &Stats) -> String {
         "  inline (SendData) {}, waited for credit {}, credits held {} ({} in use)",
         s.tx_inline, s.tx_backpressure, s.credits, s.credits_in_use
     );
+    let _ = writeln!(
+        o,
+        "  express lane: tx {}, rx {}",
+        s.tx_express, s.rx_express
+    );
     if let Some(n) = &s.nic {
         nic(&mut o, s.role, n);
     }

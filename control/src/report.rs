@@ -476,6 +476,12 @@ pub struct Stats {
     pub fabric: Counters,
     /// Frames sent inline as SendData.
     pub tx_inline: u64,
+    /// Frames sent in the express lane (SendData on the control channel).
+    #[serde(default)]
+    pub tx_express: u64,
+    /// Frames received in the express lane.
+    #[serde(default)]
+    pub rx_express: u64,
     /// Times a frame waited for a credit.
     pub tx_backpressure: u64,
     /// Credits held now in the peers' pools (all connections).

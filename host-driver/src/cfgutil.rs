@@ -54,11 +54,19 @@ pub struct Settings {
     /// The TAP was re-attached and this is its first connection: its MTU is kept (asked
     /// of the IOC) rather than replaced by the IOC's.
     pub keep_mtu: bool,
+    /// This is the host's first queue, which sets the features for all of them.
+    first: bool,
+    /// The express lane is configured (`fabric.express`): asked for where the IOC offers it.
+    express_wanted: bool,
+    /// The express lane is agreed: frames of sparse flows may go as SendData on the
+    /// control channel (docs/protocol.md 6.6).
+    pub express: bool,
 }
 
 impl Settings {
-    /// Nothing agreed yet with a new connection's IOC; `features` are sd0's.
-    pub fn new(cfg: &HostConfig, features: u64) -> Settings {
+    /// Nothing agreed yet with a new connection's IOC; `features` are sd0's, `first` says
+    /// whether this is the host's first queue.
+    pub fn new(cfg: &HostConfig, features: u64, first: bool) -> Settings {
         Settings {
             name: cfg.interface.name.clone(),
             mac_override: cfg.interface.mac.map(|m| m.0),
@@ -73,6 +81,9 @@ impl Settings {
             ioc_nic_up: false,
             features,
             keep_mtu: false,
+            first,
+            express_wanted: cfg.fabric.express,
+            express: false,
         }
     }
 
@@ -89,7 +100,18 @@ impl Settings {
         }
         s.cfg_request(CfgCode::GetMtu, &[]);
         s.cfg_request(CfgCode::GetLink, &[]);
-        s.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
+        self.request_features(s);
+    }
+
+    /// The features: with the express lane wanted, what the IOC offers first (an IOC
+    /// that does not know the lane refuses a SetFeatures asking for it); then, on the first
+    /// queue, SetFeatures.
+    pub fn request_features(&self, s: &mut Session) {
+        match (self.express_wanted, self.first) {
+            (true, _) => s.cfg_request(CfgCode::GetFeatures, &[]),
+            (false, true) => s.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes()),
+            (false, false) => return,
+        };
     }
 
     /// Takes the IOC's answer to a request (further requests, if any, go on `session`).
@@ -102,6 +124,26 @@ impl Settings {
         status: ErrorCode,
         data: &[u8],
     ) -> Option<Counters> {
+        if status != ErrorCode::Ok && code == CfgCode::GetFeatures {
+            // An IOC that answers no GetFeatures on a further queue offers no lane.
+            debug!(?status, "IOC told no features");
+            if self.first {
+                session.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
+            }
+            return None;
+        }
+        if status != ErrorCode::Ok
+            && code == CfgCode::SetFeatures
+            && self.features & features::EXPRESS != 0
+        {
+            warn!(
+                ?status,
+                "IOC refused the express lane; asking for the offloads alone"
+            );
+            self.features &= !features::EXPRESS;
+            session.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
+            return None;
+        }
         if status != ErrorCode::Ok {
             warn!(?code, ?status, "IOC refused a configuration request");
             if code == CfgCode::SetMtu {
@@ -189,10 +231,26 @@ impl Settings {
                     self.ioc_nic_up = v == 1;
                 }
             }
-            CfgCode::SetFeatures => debug!(
-                features = ?features::names(self.features),
-                "offload features agreed"
-            ),
+            CfgCode::GetFeatures => {
+                let offered = wire::parse_u64(data).unwrap_or(0);
+                let lane = self.express_wanted && offered & features::EXPRESS != 0;
+                if self.first {
+                    if lane {
+                        self.features |= features::EXPRESS;
+                    }
+                    session.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
+                } else {
+                    // The first queue asks for the lane for every queue of the host.
+                    self.express = lane;
+                }
+            }
+            CfgCode::SetFeatures => {
+                self.express = self.features & features::EXPRESS != 0;
+                info!(
+                    features = ?features::names(self.features),
+                    "features agreed"
+                )
+            }
             CfgCode::SetMulticast => debug!(
                 groups = self.multicast.len(),
                 "multicast groups set on the IOC"

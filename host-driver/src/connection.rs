@@ -177,8 +177,9 @@ impl<'a> Conn<'a> {
             false => 0,
         };
         let mut c = Conn::open(cfg, queue, tap, tap_ready, ctrl, data, report, features)?;
-        if queue.is_first() {
-            c.settings.request_initial(c.tl.link.session_mut());
+        match queue.is_first() {
+            true => c.settings.request_initial(c.tl.link.session_mut()),
+            false => c.settings.request_features(c.tl.link.session_mut()),
         }
         Ok(c)
     }
@@ -215,7 +216,7 @@ impl<'a> Conn<'a> {
             false => LimitConfig::stream(),
         };
         let spin = spin::configured(cfg, &tl.ready);
-        let settings = Settings::new(cfg, features);
+        let settings = Settings::new(cfg, features, queue.is_first());
         let watch = Watch::new(&cfg.interface.name, queue.is_first());
         let watch_ready = watch.socket().and_then(|w| fabric::Ready::reading(w).ok());
         Ok(Conn {
@@ -523,6 +524,7 @@ impl<'a> Conn<'a> {
                 {
                     self.report.ioc_counters(c);
                 }
+                self.out.set_express(self.settings.express);
             }
             LinkEvent::CfgRequest { txn, code, data } => {
                 let first = self.queue.is_first();

@@ -8,7 +8,7 @@ use splitnet_fabric::{FabricChannel, Guard};
 use splitnet_messaging::ecn::{self, Mark};
 use splitnet_messaging::endpoint::{InPlace, Lane, Link, LinkEvent, Posted};
 use splitnet_messaging::memory::{Frame, Registry, SendBuf, SendBufCache, SharedBytes};
-use splitnet_messaging::sched::{FqConfig, LimitConfig, Scheduler};
+use splitnet_messaging::sched::{ExpressConfig, FqConfig, LimitConfig, Scheduler};
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire;
 use splitnet_netif::tap::Tap;
@@ -44,6 +44,13 @@ pub const SMALL_BUFFER_BYTES: usize = 2048;
 /// 300 Mb/s lost 365 frames in host-driver's flow queue in one run with 192.
 pub const SMALL_BUFFERS: usize = 1024;
 
+/// Bytes the express lane (the control channel) may have unwritten before a sparse flow's
+/// frame goes the bulk way instead: the lane stays a short queue.
+const EXPRESS_BACKLOG: usize = 64 << 10;
+/// Bytes of a frame read in place that are copied out to find its flow: its virtio-net
+/// header, Ethernet with a tag, IPv4 with options or IPv6, and the ports.
+const FLOW_HEAD: usize = 128;
+
 /// Whether the TAP is worth waiting for: the kernel sends on a queue only while the first
 /// queue has the carrier on; and with every send buffer queued (in the flow queue or on the
 /// fabric socket), or a flow queue that could not take the next frame without dropping,
@@ -62,6 +69,9 @@ pub struct Outbound {
     drops: Drops,
     /// Frames the flow queue could not take without dropping stay in the TAP queue's ring.
     backpressure: bool,
+    /// The express lane is agreed with the IOC: sparse flows' frames go past the flow
+    /// queue as SendData on the control channel.
+    express: bool,
 }
 
 impl Outbound {
@@ -87,10 +97,17 @@ impl Outbound {
                 },
                 Some(limit),
                 Instant::now(),
-            ),
+            )
+            .with_express(ExpressConfig::default(), Instant::now()),
             drops: Drops::default(),
             backpressure,
+            express: false,
         }
+    }
+
+    /// Turns the express lane on once the IOC agreed to it (off for a new connection).
+    pub fn set_express(&mut self, on: bool) {
+        self.express = on;
     }
 
     /// Whether the flow queue takes another frame from the TAP now.
@@ -126,8 +143,17 @@ impl Outbound {
             let inflight = link.session().initiator().inflight_bytes();
             if link.places_writes() && self.tx.may_bypass(inflight) {
                 let read = |dst: &SharedBytes<'_>| tap.recv_into(dst);
-                match link.read_in_place(TAP_FRAME_MAX, read) {
-                    Some(InPlace::Posted(_) | InPlace::Inline(_)) => continue,
+                // The frame's flow decides its lane, as for a frame read into a send buffer.
+                let (on, open) = (self.express, link.express_pending() < EXPRESS_BACKLOG);
+                let tx = &mut self.tx;
+                let lane = |w: &SharedBytes<'_>, n: usize| {
+                    let mut head = [0u8; FLOW_HEAD];
+                    let head = &mut head[..n.min(FLOW_HEAD)];
+                    on && w.copy_out(0, head).is_ok()
+                        && tx.express(tx.flow(head), n as u32, Instant::now(), open)
+                };
+                match link.read_in_place(TAP_FRAME_MAX, read, lane) {
+                    Some(InPlace::Posted(_) | InPlace::Inline(_) | InPlace::Express(_)) => continue,
                     Some(InPlace::Dropped(n)) => {
                         warn!(len = n, "frame larger than an IOC element; dropped");
                         continue;
@@ -163,7 +189,7 @@ impl Outbound {
                     break;
                 }
             }
-            self.queue(buf);
+            self.take(buf, link);
         }
         self.send_queued(link);
         drained
@@ -184,20 +210,45 @@ impl Outbound {
         space[..vnet::VNET_HDR_LEN].fill(0);
         space[vnet::VNET_HDR_LEN..].copy_from_slice(frame);
         buf.set_len(len);
-        self.queue(buf);
+        self.take(buf, link);
         self.send_queued(link);
         true
+    }
+
+    /// Takes a frame read from the TAP: a sparse flow's goes in the express lane, every
+    /// other into the flow queue ([`Outbound::queue`]).
+    fn take(&mut self, buf: SendBuf, link: &mut Link<FabricChannel>) {
+        if !self.express {
+            return self.queue(buf);
+        }
+        let buf = self.cache.shrink(buf);
+        let flow = self.tx.flow(buf.as_slice());
+        let open = link.express_pending() < EXPRESS_BACKLOG;
+        if self
+            .tx
+            .express(flow, buf.len() as u32, Instant::now(), open)
+        {
+            link.post_express(buf);
+        } else {
+            self.queue_flow(buf, flow);
+        }
     }
 
     /// Takes a frame read from the TAP into the flow queue: in a small buffer when it fits
     /// one, marked Congestion Experienced when its flow has a standing queue, and what the
     /// flow queue drops for it counted.
     fn queue(&mut self, buf: SendBuf) {
+        let buf = self.cache.shrink(buf);
+        let flow = self.tx.flow(buf.as_slice());
+        self.queue_flow(buf, flow);
+    }
+
+    /// As [`Outbound::queue`], the frame already shrunk and its flow known.
+    fn queue_flow(&mut self, buf: SendBuf, flow: u64) {
         let Outbound {
             tx, cache, drops, ..
         } = self;
-        let buf = cache.shrink(buf);
-        let (flow, len) = (tx.flow(buf.as_slice()), buf.len() as u32);
+        let len = buf.len() as u32;
         let mark = |b: &mut SendBuf| ecn::mark_ce(b.as_mut_slice()) == Mark::Marked;
         tx.push_marking(flow, len, buf, mark, &mut |b| {
             cache.put(b);
@@ -228,7 +279,7 @@ impl Outbound {
     fn send_queued(&mut self, link: &mut Link<FabricChannel>) {
         loop {
             let inflight = link.session().initiator().inflight_bytes();
-            let Some(buf) = self.tx.next(inflight) else {
+            let Some(buf) = self.tx.next(inflight, Instant::now()) else {
                 return;
             };
             if !self.post(link, buf) {
@@ -377,7 +428,7 @@ mod tests {
             let flow = out.tx.flow(b.as_slice());
             out.tx.push(flow, 80, b, &mut |_| panic!("dropped"));
         }
-        let held = out.tx.next(0).unwrap();
+        let held = out.tx.next(0, Instant::now()).unwrap();
         out.tx.hold(held);
         assert_eq!(out.tx.waiting(), 5);
         out.close(3);
@@ -418,7 +469,7 @@ mod tests {
         assert_eq!(out.drops().tx_flow_queue, 0);
         assert_eq!(out.cache.in_use(), SMALL_BUFFERS + 1);
         // They leave in order, whole.
-        let first = out.tx.next(0).unwrap();
+        let first = out.tx.next(0, Instant::now()).unwrap();
         assert_eq!((first.capacity(), first.len()), (SMALL_BUFFER_BYTES, 1514));
     }
 
@@ -500,7 +551,7 @@ mod tests {
         );
         assert!(!out.can_read());
         // One frame leaves: the next one fits again.
-        let b = out.tx.next(0).unwrap();
+        let b = out.tx.next(0, Instant::now()).unwrap();
         out.cache.put(b);
         assert!(out.can_read());
         // A single queue is read on (its flow queue then drops from its longest flow).

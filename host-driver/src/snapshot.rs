@@ -235,6 +235,8 @@ impl Snapshot {
                 role: Role::Host,
                 fabric: self.totals(),
                 tx_inline: self.before.tx_inline + self.link.tx_inline,
+                tx_express: self.before.tx_express + self.link.tx_express,
+                rx_express: self.before.rx_express + self.link.rx_express,
                 tx_backpressure: self.before.tx_backpressure + self.link.tx_backpressure,
                 credits: self.credits_free,
                 credits_in_use: self.credits_in_use,
@@ -334,6 +336,18 @@ impl Snapshot {
             "counter",
             "Frames sent inline as SendData.",
             l.tx_inline,
+        )
+        .metric(
+            "splitnet_host_tx_express_total",
+            "counter",
+            "Frames sent in the express lane (SendData on the control channel).",
+            l.tx_express,
+        )
+        .metric(
+            "splitnet_host_rx_express_total",
+            "counter",
+            "Frames received in the express lane.",
+            l.rx_express,
         )
         .metric(
             "splitnet_host_tx_in_place_total",

@@ -85,7 +85,10 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
     };
     // A further queue asks only for its counters; a standby changes nothing it would
     // claim or make the NIC do until it is activated.
-    if (!host.queue.is_first() && code != CfgCode::GetStats) || (host.standby && costly) {
+    // A further queue may ask for its counters and for the features (which tell it whether
+    // the express lane is offered); everything else is the first queue's.
+    let further_may = matches!(code, CfgCode::GetStats | CfgCode::GetFeatures);
+    if (!host.queue.is_first() && !further_may) || (host.standby && costly) {
         if let Some(link) = host.link.as_mut() {
             link.session_mut()
                 .cfg_reply(txn, code, ErrorCode::Refused, &[]);

@@ -21,6 +21,7 @@ use crate::vlan::Ingress;
 use splitnet_messaging::endpoint::{Lane, LinkEvent, PoolGetOutcome};
 use splitnet_messaging::memory::{Frame, SendBufCache};
 use splitnet_messaging::vnet;
+use splitnet_messaging::wire::features;
 use std::cell::Cell;
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
@@ -176,7 +177,18 @@ pub fn drive_host(st: &mut WorkerState, session: u64, lane: Lane) -> Result<bool
     let mut head = [0u8; HEAD];
     let mut drr = hosts.get(&session).map(|h| h.drr);
     let bytes = Cell::new(0);
+    // A frame on the control channel is the express lane's, which the host must have
+    // agreed to (docs/protocol.md 6.6); else it is dropped as an unnegotiated feature.
+    let express = hosts
+        .get(&session)
+        .is_some_and(|h| h.features & features::EXPRESS != 0);
     let mut sink = |frame: Frame<'_>| {
+        if lane == Lane::Control && !express {
+            if let Some(h) = hosts.get_mut(&session) {
+                h.drop_tx(TxDrop::NotNegotiated);
+            }
+            return;
+        }
         // A frame in a shared pool is checked from a private copy of its head
         // (see [`HostFrame`]).
         let frame = HostFrame::new(frame, &mut head);

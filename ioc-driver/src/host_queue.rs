@@ -17,9 +17,9 @@ use splitnet_fabric::FabricChannel;
 use splitnet_messaging::ecn::{self, Mark};
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
-use splitnet_messaging::sched::{Deficit, FqConfig, Scheduler};
+use splitnet_messaging::sched::{Deficit, ExpressConfig, FqConfig, Scheduler};
 use splitnet_messaging::vnet;
-use splitnet_messaging::wire::{self, Queue, Stats};
+use splitnet_messaging::wire::{self, features, Queue, Stats};
 use splitnet_service::loglimit::LogLimit;
 use std::collections::hash_map::RandomState;
 use std::rc::Rc;
@@ -30,6 +30,10 @@ use tokio::sync::Notify;
 /// receive ring: a burst waits here, by flow, instead of being dropped; beyond it frames are
 /// dropped and counted. One flow may fill half of it.
 pub const RING_BYTES: u64 = 4 << 20;
+/// Bytes a host's express lane (its control channel) may have unwritten before a sparse
+/// flow's frame goes through the receive ring instead: the lane stays a short queue, and a
+/// host that does not read is never driven into E16 by it (256 KiB).
+pub const EXPRESS_BACKLOG: usize = 64 << 10;
 
 /// CfgUtil requests a host may make per second, and at once: a host-driver asks for its
 /// counters once a second and for a handful of settings when its interface changes.
@@ -204,7 +208,8 @@ impl HostQueue {
                 // limit, 0.02% without. Frames towards a host wait only for credit, by flow.
                 None,
                 Instant::now(),
-            ),
+            )
+            .with_express(ExpressConfig::default(), Instant::now()),
             own_queue: None,
             own_queue_retry: None,
             shut_queue: None,
@@ -347,6 +352,23 @@ impl HostQueue {
             cache.put(buf);
             return;
         }
+        let flow = self.rx_ring.flow(buf.as_slice());
+        // With the express lane agreed, a sparse flow's frame goes past the ring as SendData
+        // on the control channel, while that channel has no backlog.
+        if let Some(link) = self
+            .link
+            .as_mut()
+            .filter(|_| self.features & features::EXPRESS != 0)
+        {
+            let open = link.express_pending() < EXPRESS_BACKLOG;
+            let len = buf.len();
+            if self.rx_ring.express(flow, len as u32, Instant::now(), open) {
+                link.post_express(buf);
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += len as u64;
+                return;
+            }
+        }
         // More than half its share of send buffers held (frames waiting for credit or on
         // its link): a standing backlog towards the host, which sheds frames once the share
         // is full. An ECN-capable frame is marked Congestion Experienced instead (RFC 3168),
@@ -356,7 +378,6 @@ impl HostQueue {
         }
         let len = buf.len() as u32;
         let mut dropped = 0;
-        let flow = self.rx_ring.flow(buf.as_slice());
         self.rx_ring.push(flow, len, buf, &mut |b| {
             cache.put(b);
             dropped += 1;
@@ -395,7 +416,7 @@ impl HostQueue {
             };
             let Some(buf) = self
                 .rx_ring
-                .next(link.session().initiator().inflight_bytes())
+                .next(link.session().initiator().inflight_bytes(), Instant::now())
             else {
                 return;
             };

@@ -103,6 +103,8 @@ pub struct Snapshot {
     pub past_drops: Drops,
     /// Credits held, credits in use, frames sent inline, sends that waited, over the hosts.
     pub credits: (u64, u64, u64, u64),
+    /// Frames of the express lane to and from the hosts connected now.
+    pub express: (u64, u64),
     /// Send buffers in use, and the most there may be.
     pub send_buffers: (u64, u64),
     /// Multicast groups joined on the NIC.
@@ -113,11 +115,15 @@ pub struct Snapshot {
 
 /// The features offered to every host (GetFeatures): all offloads, or with
 /// `lan.offload = false` only the virtio-net header (plain, fully checksummed frames).
+/// The express lane is offered too unless `fabric.express = false`.
 pub fn offered(cfg: &IocConfig) -> u64 {
-    if cfg.lan.offload {
-        ALL_OFFLOADS
-    } else {
-        features::VNET_HDR
+    let lane = match cfg.fabric.express {
+        true => features::EXPRESS,
+        false => 0,
+    };
+    lane | match cfg.lan.offload {
+        true => ALL_OFFLOADS,
+        false => features::VNET_HDR,
     }
 }
 
@@ -131,12 +137,15 @@ impl WorkerState {
     pub fn snapshot(&self) -> Snapshot {
         let r = self.reg.stats();
         let mut credits = (0, 0, 0, 0);
+        let mut express = (0, 0);
         for l in self.hosts.values().filter_map(|h| h.link.as_ref()) {
             let ini = l.session().initiator();
             credits.0 += ini.credits();
             credits.1 += ini.in_use();
             credits.2 += l.stats().tx_inline;
             credits.3 += l.stats().tx_backpressure;
+            express.0 += l.stats().tx_express;
+            express.1 += l.stats().rx_express;
         }
         let hosts = self
             .hosts
@@ -184,6 +193,7 @@ impl WorkerState {
             past: self.past,
             past_drops: self.past_drops,
             credits,
+            express,
             send_buffers: (self.cache.in_use() as u64, self.cache.capacity() as u64),
             groups: self.nic_groups.clone(),
             hosts,
@@ -235,6 +245,7 @@ impl Snapshot {
             past: wire::Stats::default(),
             past_drops: Drops::default(),
             credits: (0, 0, 0, 0),
+            express: (0, 0),
             send_buffers: (0, 0),
             groups: BTreeSet::new(),
             hosts: Vec::new(),
@@ -255,6 +266,8 @@ impl Snapshot {
         self.credits.1 += o.credits.1;
         self.credits.2 += o.credits.2;
         self.credits.3 += o.credits.3;
+        self.express.0 += o.express.0;
+        self.express.1 += o.express.1;
         self.send_buffers.0 += o.send_buffers.0;
         self.send_buffers.1 += o.send_buffers.1;
         self.groups.extend(o.groups);
@@ -322,6 +335,8 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
                 role: Role::Ioc,
                 fabric,
                 tx_inline: s.credits.2,
+                tx_express: s.express.0,
+                rx_express: s.express.1,
                 tx_backpressure: s.credits.3,
                 credits: s.credits.0,
                 credits_in_use: s.credits.1,

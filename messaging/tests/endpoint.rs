@@ -682,6 +682,41 @@ mod in_place {
         }
     }
 
+    /// No frame takes the express lane.
+    fn bulk(_: &SharedBytes<'_>, _: usize) -> bool {
+        false
+    }
+
+    #[test]
+    fn a_frame_read_in_place_for_the_express_lane_goes_on_the_control_channel() {
+        let mut p = pair_shm_pools();
+        let before = p.a.link.session().initiator().credits();
+        let bulk_frame = frame(30_000, 1);
+        let ping = frame(98, 2);
+        assert_eq!(
+            p.a.link.read_in_place(65_600, reads(&bulk_frame), bulk),
+            Some(InPlace::Posted(30_000))
+        );
+        // The express closure sees the frame's bytes and length.
+        let got = p.a.link.read_in_place(65_600, reads(&ping), |w, n| {
+            let mut head = [0u8; 12];
+            w.copy_out(0, &mut head).unwrap();
+            n == 98 && head == ping[..12]
+        });
+        assert_eq!(got, Some(InPlace::Express(98)));
+        let st = p.a.link.stats();
+        assert_eq!((st.tx_express, st.tx_frames, st.tx_in_place), (1, 2, 1));
+        assert_eq!(
+            p.a.link.session().initiator().credits(),
+            before - 1,
+            "the express frame's element went back"
+        );
+        p.drive().unwrap();
+        // Polled control first: the ping arrives ahead of the bulk frame written before it.
+        assert_eq!(p.b.received, vec![ping.clone(), bulk_frame.clone()]);
+        assert_eq!(p.b.link.stats().rx_express, 1);
+    }
+
     #[test]
     fn frames_read_straight_into_the_peers_elements_arrive_whatever_their_size() {
         let mut p = pair_shm_pools();
@@ -692,7 +727,7 @@ mod in_place {
         // goes back.
         let frames = [frame(60, 1), frame(30_000, 2), frame(65_563, 3)];
         for (i, f) in frames.iter().enumerate() {
-            let got = p.a.link.read_in_place(65_600, reads(f));
+            let got = p.a.link.read_in_place(65_600, reads(f), bulk);
             let want = match i {
                 0 => InPlace::Inline(60),
                 _ => InPlace::Posted(f.len()),
@@ -718,21 +753,25 @@ mod in_place {
     fn an_element_nothing_was_posted_into_goes_back() {
         let mut p = pair_shm_pools();
         let before = p.a.link.session().initiator().credits();
-        let failed = p.a.link.read_in_place(65_600, |_| Err("would block"));
+        let failed = p.a.link.read_in_place(65_600, |_| Err("would block"), bulk);
         assert_eq!(failed, Some(InPlace::Failed("would block")));
-        let empty = p.a.link.read_in_place(65_600, |_| Ok::<_, ()>(0));
+        let empty = p.a.link.read_in_place(65_600, |_| Ok::<_, ()>(0), bulk);
         assert_eq!(empty, Some(InPlace::Empty));
         // The read says the frame was longer than the element: cut short, so dropped.
-        let cut = p.a.link.read_in_place(65_600, |_| Ok::<_, ()>(70_000));
+        let cut =
+            p.a.link
+                .read_in_place(65_600, |_| Ok::<_, ()>(70_000), bulk);
         assert_eq!(cut, Some(InPlace::Dropped(70_000)));
         assert_eq!(p.a.link.stats().tx_too_large, 1);
         let ini = p.a.link.session().initiator();
         assert_eq!((ini.credits(), ini.inflight_bytes()), (before, 0));
         assert_eq!(p.a.link.stats().tx_frames, 0);
         // No element that large: nothing taken, nothing read.
-        let big = p.a.link.read_in_place(1 << 20, |_| -> Result<usize, ()> {
-            panic!("no element to read into")
-        });
+        let big = p.a.link.read_in_place(
+            1 << 20,
+            |_| -> Result<usize, ()> { panic!("no element to read into") },
+            bulk,
+        );
         assert_eq!(big, None);
         p.drive().unwrap();
         assert!(p.b.received.is_empty());
@@ -745,11 +784,14 @@ mod in_place {
         for i in 0..6 {
             let f = frame(300, i);
             assert_eq!(
-                p.a.link.read_in_place(65_600, reads(&f)),
+                p.a.link.read_in_place(65_600, reads(&f), bulk),
                 Some(InPlace::Posted(300))
             );
         }
-        assert_eq!(p.a.link.read_in_place(65_600, reads(&frame(300, 9))), None);
+        assert_eq!(
+            p.a.link.read_in_place(65_600, reads(&frame(300, 9)), bulk),
+            None
+        );
         assert_eq!(
             p.send(Side::A, &frame(60_000, 7)),
             Outcome::Rdma,
@@ -759,7 +801,7 @@ mod in_place {
         assert_eq!(p.b.received.len(), 7);
         let f = frame(300, 8);
         assert_eq!(
-            p.a.link.read_in_place(65_600, reads(&f)),
+            p.a.link.read_in_place(65_600, reads(&f), bulk),
             Some(InPlace::Posted(300)),
             "once credits came back"
         );
@@ -842,11 +884,11 @@ mod in_place {
         let mut p = pair();
         assert!(!p.a.link.places_writes());
         let before = p.a.link.session().initiator().credits();
-        assert_eq!(p.a.link.read_in_place(2048, no_read), None);
+        assert_eq!(p.a.link.read_in_place(2048, no_read, bulk), None);
         assert_eq!(p.a.link.session().initiator().credits(), before);
         let mut p = pair_shm();
         assert!(!p.a.link.places_writes());
-        assert_eq!(p.a.link.read_in_place(2048, no_read), None);
+        assert_eq!(p.a.link.read_in_place(2048, no_read, bulk), None);
         assert!(pair_shm_pools().a.link.places_writes());
     }
 }

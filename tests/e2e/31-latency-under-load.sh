@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Latency under load: a ping every 10 ms during an iperf3 upload, then a download, through sd0
-# is answered; during the upload the host's byte limit on what it has in flight to the IOC
+# is answered, through the express lane both ways (docs/protocol.md 6.6: the host's counts of
+# frames sent and received in it grow by at least the pings answered); during the upload the host's byte limit on what it has in flight to the IOC
 # held it back and shrank under the standing queue, and its flow queue dropped nothing of the
 # upload. Both ends speak ECN (the queues' marks are logged: here the standing queue is the
 # fabric's token bucket, not splitnet's). Counters from splitnetctl, never timings
@@ -51,7 +52,24 @@ again() {
     under_load "$@" || fail "$1: fewer than 285 of 300 pings answered, twice"
 }
 
+# express FIELD: the host's count of frames it sent (tx_express) or received (rx_express) in
+# the express lane.
+express() { ctl_json "$T/host1.sock" stats "d['stats']['$1']"; }
+
+# check_express WHAT TX0 RX0: the pings of WHAT took the express lane both ways: at least as
+# many frames each way as pings were answered since the counts were TX0 and RX0.
+check_express() {
+    local what=$1 tx rx received
+    tx=$(( $(express tx_express) - $2 )); rx=$(( $(express rx_express) - $3 ))
+    received=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' "$T/ping-$what.out")
+    log "$what: $tx frames to the IOC and $rx from it in the express lane; $received pings answered"
+    assert_ge "$tx" "$received" "frames the host sent in the express lane during the $what"
+    assert_ge "$rx" "$received" "frames the host received in the express lane during the $what"
+}
+
+tx0=$(express tx_express); rx0=$(express rx_express)
 again upload 5301 sd-host fab0
+check_express upload "$tx0" "$rx0"
 read -r bytes shrunk held < <(ctl_json "$T/host1.sock" stats \
     "${LIMIT}['limit_bytes'], ${LIMIT}['shrunk'], ${LIMIT}['held_back']" | tr -d '(),')
 log "upload: byte limit $bytes bytes after (128 KiB at start over TCP); shrunk $shrunk times, held the sender back $held times"
@@ -64,7 +82,9 @@ read -r marked dropped < <(ctl_json "$T/host1.sock" stats \
     "${LIMIT}['ce_marked'], ${LIMIT}['queue_drops']" | tr -d '(),')
 log "upload: $marked frames marked CE by the host's flow queue, $dropped dropped"
 assert_eq "$dropped" 0 "frames of the upload dropped by the host's flow queue"
+tx0=$(express tx_express); rx0=$(express rx_express)
 again download 5302 sd-ioc fab1 -R
+check_express download "$tx0" "$rx0"
 marked=$(ctl_json "$T/ioc.sock" hosts "sum(h['ce_marked'] for h in d['hosts']['hosts'])")
 log "download: $marked frames marked CE in the host's receive ring on the IOC"
-pass "pings during an upload and a download are answered; the host's byte limit held back and shrank; its flow queue dropped nothing"
+pass "pings during an upload and a download are answered and took the express lane both ways; the host's byte limit held back and shrank; its flow queue dropped nothing"

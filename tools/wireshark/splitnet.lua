@@ -185,6 +185,7 @@ local pf = {
     feat_tso6 = ProtoField.bool("splitnet.cfg.features.tso6", "TSO6", 8, nil, 0x08),
     feat_uso = ProtoField.bool("splitnet.cfg.features.uso", "USO", 8, nil, 0x10),
     feat_ecn = ProtoField.bool("splitnet.cfg.features.ecn", "ECN", 8, nil, 0x20),
+    feat_express = ProtoField.bool("splitnet.cfg.features.express", "EXPRESS (express lane)", 8, nil, 0x40),
     -- virtio-net header (little-endian)
     vnet = ProtoField.none("splitnet.vnet", "virtio-net header"),
     vnet_flags = ProtoField.uint8("splitnet.vnet.flags", "Flags", base.HEX),
@@ -461,7 +462,7 @@ local function cfg_features(c, t)
     local r = c:add(t, pf.cfg_features, 8)
     if not r then return nil end
     local low = r(7, 1)
-    for _, f in ipairs({ pf.feat_vnet, pf.feat_csum, pf.feat_tso4, pf.feat_tso6, pf.feat_uso, pf.feat_ecn }) do
+    for _, f in ipairs({ pf.feat_vnet, pf.feat_csum, pf.feat_tso4, pf.feat_tso6, pf.feat_uso, pf.feat_ecn, pf.feat_express }) do
         t:add(f, low)
     end
     return u64hex(r:uint64())
@@ -703,7 +704,10 @@ body[0x0201] = function(c, t, ctx) -- SendData
     local n = math.min(len, c:left())
     ctx.frame = { off = c.off, len = n }
     c:take(n)
-    return string.format(" %d bytes", len)
+    -- On the control channel: the express lane (protocol 6.6).
+    local st = ctx.stream and streams[ctx.stream]
+    local lane = (st and st.channel == 0) and " (express lane)" or ""
+    return string.format(" %d bytes%s", len, lane)
 end
 
 body[0x0202] = function(c, t) -- BufferRDMAIndicate

@@ -122,6 +122,11 @@ pub struct LinkStats {
     pub tx_backpressure: u64,
     /// Frames refused as too large.
     pub tx_too_large: u64,
+    /// Frames sent in the express lane (SendData on the control channel, of those counted
+    /// in `tx_frames`).
+    pub tx_express: u64,
+    /// Frames received in the express lane (of those counted in `rx_frames`).
+    pub rx_express: u64,
 }
 
 impl std::ops::AddAssign for LinkStats {
@@ -135,6 +140,8 @@ impl std::ops::AddAssign for LinkStats {
         self.tx_in_place += o.tx_in_place;
         self.tx_backpressure += o.tx_backpressure;
         self.tx_too_large += o.tx_too_large;
+        self.tx_express += o.tx_express;
+        self.rx_express += o.rx_express;
     }
 }
 
@@ -250,6 +257,7 @@ impl<C: Channel> Link<C> {
                     Incoming::Inline(frame) => {
                         stats.rx_frames += 1;
                         stats.rx_bytes += frame.len() as u64;
+                        stats.rx_express += u64::from(lane == Lane::Control);
                         sink(Frame::Private(frame));
                         None
                     }
@@ -334,22 +342,47 @@ impl<C: Channel> Link<C> {
         posted
     }
 
+    /// Sends a frame in the express lane: SendData on the control channel, where no bulk
+    /// frame waits (docs/protocol.md 6.6; only once the peer agreed to EXPRESS). At most
+    /// [`crate::wire::MAX_INLINE`] bytes, or the peer may refuse it (N1).
+    pub fn post_express(&mut self, buf: SendBuf) {
+        let len = buf.len();
+        self.session.post_express(&mut self.ctrl, buf);
+        self.stats.tx_frames += 1;
+        self.stats.tx_bytes += len as u64;
+        self.stats.tx_express += 1;
+    }
+
+    /// Bytes of the express lane waiting to be written (its control channel's).
+    pub fn express_pending(&self) -> usize {
+        self.ctrl.pending()
+    }
+
     /// Whether frames can be read straight into the peer's memory
     /// ([`Link::read_in_place`]): its data channel places writes.
     pub fn places_writes(&self) -> bool {
         self.data.places_writes()
     }
 
-    /// Reads a frame straight into the peer's memory over shared memory and posts its write
-    /// (see [`Session::read_in_place`]); a frame posted is counted as sent, one dropped as
-    /// too large.
+    /// Reads a frame straight into the peer's memory over shared memory and posts its write,
+    /// or sends it in the express lane where `express` says so (see
+    /// [`Session::read_in_place`]); a frame posted is counted as sent, one dropped as too
+    /// large.
     pub fn read_in_place<E>(
         &mut self,
         size: u32,
         read: impl FnOnce(&SharedBytes<'_>) -> Result<usize, E>,
+        express: impl FnOnce(&SharedBytes<'_>, usize) -> bool,
     ) -> Option<InPlace<E>> {
-        let got = self.session.read_in_place(&mut self.data, size, read);
+        let got = self
+            .session
+            .read_in_place(&mut self.data, &mut self.ctrl, size, read, express);
         match got {
+            Some(InPlace::Express(n)) => {
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += n as u64;
+                self.stats.tx_express += 1;
+            }
             Some(InPlace::Posted(n)) => {
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += n as u64;

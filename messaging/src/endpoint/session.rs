@@ -36,6 +36,9 @@ pub enum InPlace<E> {
     /// Read, `n` bytes, few enough for SendData: copied into one, and the element went
     /// back (a small frame costs no element and no credit, as on the send-buffer path).
     Inline(usize),
+    /// Read, `n` bytes, and sent in the express lane (SendData on the control channel):
+    /// copied out, and the element went back.
+    Express(usize),
     /// The read found nothing; the element went back.
     Empty,
     /// The read said the frame had more bytes than the element holds (it was cut short), so
@@ -282,28 +285,54 @@ impl Session {
         self.initiator.post_frame(data, buf, &mut self.outbox)
     }
 
+    /// Posts a frame as SendData on the control channel `ctrl`: the express lane.
+    pub fn post_express<C: Channel>(&mut self, ctrl: &mut C, buf: SendBuf) {
+        ctrl.post(Op::Send, &send_data_prefix(buf.len()), Payload::Buf(buf));
+    }
+
     /// Reads a frame straight into an element of the peer's of at least `size` bytes and
     /// posts its write, over a transport whose peer's pools are shared memory: `read` gets
-    /// the element's bytes ([`Channel::peer_window`]) and says how many the frame had.
-    /// `None` when the transport does not place writes or no such element is free (a
-    /// quarter of each pool stays for frames read the other way); else what became of it.
+    /// the element's bytes ([`Channel::peer_window`]) and says how many the frame had;
+    /// `express` is then asked, with the element's bytes and the frame's length, whether
+    /// the frame takes the express lane: copied out, posted as SendData on `ctrl`, and the
+    /// element goes back. `None` when the transport does not place writes or no such
+    /// element is free (a quarter of each pool stays for frames read the other way); else
+    /// what became of it.
     pub fn read_in_place<C: Channel, E>(
         &mut self,
         data: &mut C,
+        ctrl: &mut C,
         size: u32,
         read: impl FnOnce(&SharedBytes<'_>) -> Result<usize, E>,
+        express: impl FnOnce(&SharedBytes<'_>, usize) -> bool,
     ) -> Option<InPlace<E>> {
         if !data.places_writes() {
             return None;
         }
         let taken = self.initiator.take_element(size)?;
-        let got = match data.peer_window(taken.addr, taken.size as usize) {
-            Some(window) => read(&window),
+        let (got, copied) = match data.peer_window(taken.addr, taken.size as usize) {
+            Some(window) => {
+                let got = read(&window);
+                let copied = match got {
+                    Ok(n) if n > 0 && n <= taken.size as usize && express(&window, n) => {
+                        let mut frame = vec![0u8; n];
+                        window.copy_out(0, &mut frame).is_ok().then_some(frame)
+                    }
+                    _ => None,
+                };
+                (got, copied)
+            }
             None => {
                 self.initiator.untake(taken);
                 return None;
             }
         };
+        if let Some(frame) = copied {
+            let n = frame.len();
+            self.initiator.untake(taken);
+            ctrl.post(Op::Send, &send_data_prefix(n), Payload::Bytes(frame));
+            return Some(InPlace::Express(n));
+        }
         Some(match got {
             Ok(0) => {
                 self.initiator.untake(taken);

@@ -180,6 +180,11 @@ impl<T> FlowQueue<T> {
 
     /// The next frame to send, or `None` when nothing waits.
     pub fn pop(&mut self) -> Option<T> {
+        self.pop_with_bucket().map(|(_, frame)| frame)
+    }
+
+    /// As [`FlowQueue::pop`], with the bucket the frame was in.
+    pub fn pop_with_bucket(&mut self) -> Option<(usize, T)> {
         loop {
             let from_new = !self.new.is_empty();
             let i = *if from_new { &self.new } else { &self.old }.front()?;
@@ -196,7 +201,7 @@ impl<T> FlowQueue<T> {
                     f.bytes -= u64::from(len);
                     self.frames -= 1;
                     self.bytes -= u64::from(len);
-                    return Some(frame);
+                    return Some((i, frame));
                 }
                 None => {
                     self.list(from_new).pop_front();
@@ -239,6 +244,21 @@ impl<T> FlowQueue<T> {
             .max()
             .unwrap_or(0);
         !self.is_full(len) && longest + u64::from(len) <= self.config.flow_bytes
+    }
+
+    /// The bucket of `hash`'s flow.
+    pub fn bucket(&self, hash: u64) -> usize {
+        (hash % self.flows.len() as u64) as usize
+    }
+
+    /// Buckets of the queue.
+    pub fn buckets(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// True when frames of `bucket` wait.
+    pub fn waits_in(&self, bucket: usize) -> bool {
+        self.flows.get(bucket).is_some_and(|f| !f.frames.is_empty())
     }
 
     /// Frames waiting.

@@ -15,11 +15,13 @@
 //! (first in, first out) instead of in fq_codel.
 
 pub mod drr;
+pub mod express;
 pub mod fq;
 pub mod limit;
 pub mod scheduler;
 
 pub use drr::Deficit;
+pub use express::{Express, ExpressConfig, ExpressStats};
 pub use fq::{FlowQueue, FqConfig};
 pub use limit::{ByteLimit, LimitConfig, LimitStats};
 pub use scheduler::Scheduler;

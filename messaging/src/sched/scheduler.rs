@@ -1,7 +1,8 @@
 //! One sender's transmit scheduling: frames wait in a [`FlowQueue`] and leave while the
 //! [`ByteLimit`] (if any) admits more in flight; a frame that met no credit goes first next
-//! time.
+//! time. With an [`Express`] lane, the frames of sparse flows go past both.
 
+use super::express::{Express, ExpressConfig, ExpressStats};
 use super::fq::{FlowQueue, FqConfig};
 use super::limit::{ByteLimit, LimitConfig, LimitStats};
 use crate::vnet;
@@ -14,8 +15,13 @@ pub struct Scheduler<T> {
     queue: FlowQueue<T>,
     /// None: frames wait only for credit.
     limit: Option<ByteLimit>,
-    /// The frame that met no credit: first to go when credits return.
+    /// The frame that met no credit (and its bucket): first to go when credits return.
     held: Option<T>,
+    held_bucket: Option<usize>,
+    /// The bucket of the frame [`Scheduler::next`] gave last.
+    last_bucket: Option<usize>,
+    /// Which flows go past the queue (none: every frame waits its turn).
+    express: Option<Express>,
     /// Keys of the flow hash (random, so that traffic cannot choose its bucket).
     keys: RandomState,
 }
@@ -28,8 +34,38 @@ impl<T> Scheduler<T> {
             queue: FlowQueue::new(queue),
             limit: limit.map(|l| ByteLimit::new(l, now)),
             held: None,
+            held_bucket: None,
+            last_bucket: None,
+            express: None,
             keys: RandomState::new(),
         }
+    }
+
+    /// Adds an express lane ([`Express`]; its buckets are the flow queue's).
+    pub fn with_express(mut self, config: ExpressConfig, now: Instant) -> Scheduler<T> {
+        let config = ExpressConfig {
+            buckets: self.queue.buckets(),
+            ..config
+        };
+        self.express = Some(Express::new(config, now));
+        self
+    }
+
+    /// Whether the next frame of `flow`, `len` bytes, goes past the queue in the express
+    /// lane at `now` (see [`Express::classify`]; `open`: the lane takes a frame now). False
+    /// without a lane. A frame that does not is for [`Scheduler::push`].
+    pub fn express(&mut self, flow: u64, len: u32, now: Instant, open: bool) -> bool {
+        let bucket = self.queue.bucket(flow);
+        let waiting = self.queue.waits_in(bucket) || self.held_bucket == Some(bucket);
+        match &mut self.express {
+            Some(x) => x.classify(flow, len, now, open, waiting),
+            None => false,
+        }
+    }
+
+    /// The express lane's counters (none without one).
+    pub fn express_stats(&self) -> Option<ExpressStats> {
+        self.express.as_ref().map(Express::stats)
     }
 
     /// The flow of a frame (its virtio-net header and Ethernet frame), for [`Scheduler::push`].
@@ -64,7 +100,8 @@ impl<T> Scheduler<T> {
     /// The next frame to post with `inflight` bytes outstanding: the held one first, then
     /// the flow queue's choice. `None` when nothing waits, or when the limit holds the sender
     /// back (counted only when something waits).
-    pub fn next(&mut self, inflight: u64) -> Option<T> {
+    /// `now` is when it leaves, for the express lane's count of the flow's silence.
+    pub fn next(&mut self, inflight: u64, now: Instant) -> Option<T> {
         if self.held.is_none() && self.queue.is_empty() {
             return None;
         }
@@ -73,7 +110,18 @@ impl<T> Scheduler<T> {
                 return None;
             }
         }
-        self.held.take().or_else(|| self.queue.pop())
+        let (bucket, frame) = match self.held.take() {
+            Some(f) => (self.held_bucket.take(), f),
+            None => {
+                let (b, f) = self.queue.pop_with_bucket()?;
+                (Some(b), f)
+            }
+        };
+        self.last_bucket = bucket;
+        if let (Some(x), Some(b)) = (&mut self.express, bucket) {
+            x.left(b as u64, now);
+        }
+        Some(frame)
     }
 
     /// Whether a new frame may go at once, past the queue, with `inflight` bytes
@@ -95,6 +143,7 @@ impl<T> Scheduler<T> {
     /// time.
     pub fn hold(&mut self, frame: T) {
         self.held = Some(frame);
+        self.held_bucket = self.last_bucket;
     }
 
     /// Credits came back at `now`: `completed` bytes completed, `inflight` remain.
@@ -117,6 +166,7 @@ impl<T> Scheduler<T> {
 
     /// Takes every waiting frame out (teardown).
     pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.held_bucket = None;
         self.held.take().into_iter().chain(self.queue.drain())
     }
 
@@ -176,7 +226,7 @@ mod tests {
             push(&mut s, 5001, n, 1000);
         }
         let mut inflight = 0;
-        while s.next(inflight).is_some() {
+        while s.next(inflight, Instant::now()).is_some() {
             inflight += 1000;
         }
         assert_eq!(inflight, 3000, "the limit admits up to 3000 bytes");
@@ -186,8 +236,8 @@ mod tests {
         // 1000 bytes complete: the ping goes before the bulk backlog.
         inflight -= 1000;
         s.completed(1000, inflight, Instant::now());
-        assert_eq!(s.next(inflight), Some((ping, 0)));
-        assert_eq!(s.next(inflight + 100), Some((5001, 3)));
+        assert_eq!(s.next(inflight, Instant::now()), Some((ping, 0)));
+        assert_eq!(s.next(inflight + 100, Instant::now()), Some((5001, 3)));
         assert_eq!(s.waiting(), 6);
     }
 
@@ -197,24 +247,28 @@ mod tests {
         for n in 0..3 {
             s.push(0, 60_000, n, &mut |d| panic!("dropped {d}"));
         }
-        assert_eq!(s.next(u64::MAX / 2), Some(0), "no limit holds it back");
+        assert_eq!(
+            s.next(u64::MAX / 2, Instant::now()),
+            Some(0),
+            "no limit holds it back"
+        );
         assert_eq!(s.stats(), None);
         s.hold(1_000);
-        assert_eq!(s.next(0), Some(1_000));
+        assert_eq!(s.next(0, Instant::now()), Some(1_000));
     }
 
     #[test]
     fn a_held_frame_goes_first_and_nothing_waiting_is_not_held_back() {
         let mut s = sched();
-        assert_eq!(s.next(1_000_000), None);
+        assert_eq!(s.next(1_000_000, Instant::now()), None);
         assert_eq!(s.stats().unwrap().held_back, 0, "nothing waited");
         push(&mut s, 5001, 0, 500);
         let other = apart(&s, 5001);
         push(&mut s, other, 0, 100);
-        let first = s.next(0).unwrap();
+        let first = s.next(0, Instant::now()).unwrap();
         s.hold(first);
         assert_eq!(s.waiting(), 2);
-        assert_eq!(s.next(0), Some(first));
+        assert_eq!(s.next(0, Instant::now()), Some(first));
         assert_eq!(s.drain().count(), 1);
         assert_eq!(s.waiting(), 0);
     }
@@ -231,10 +285,10 @@ mod tests {
         assert_eq!(s.stats().unwrap().limit, 3000);
         push(&mut s, 5001, 0, 100);
         assert!(!s.may_bypass(0), "a frame waits in the queue");
-        let f = s.next(0).unwrap();
+        let f = s.next(0, Instant::now()).unwrap();
         s.hold(f);
         assert!(!s.may_bypass(0), "a frame is held for credit");
-        assert_eq!(s.next(0), Some(f));
+        assert_eq!(s.next(0, Instant::now()), Some(f));
         assert!(s.may_bypass(0));
     }
 }

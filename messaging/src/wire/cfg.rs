@@ -89,15 +89,20 @@ pub mod features {
     pub const USO: u64 = 1 << 4;
     /// ECN bit in TSO frames.
     pub const ECN: u64 = 1 << 5;
+    /// The express lane: the sender may send frames of sparse flows as SendData on the
+    /// control channel, ahead of the bulk on the data channel (docs/protocol.md 6.6). Not
+    /// an offload: a receiver takes such frames whatever it agreed.
+    pub const EXPRESS: u64 = 1 << 6;
 
     /// The name of every bit, in bit order.
-    pub const NAMES: [(u64, &str); 6] = [
+    pub const NAMES: [(u64, &str); 7] = [
         (VNET_HDR, "vnet_hdr"),
         (CSUM, "csum"),
         (TSO4, "tso4"),
         (TSO6, "tso6"),
         (USO, "uso"),
         (ECN, "ecn"),
+        (EXPRESS, "express"),
     ];
 
     /// The names of the bits set in `bits` (unknown bits are left out).

@@ -400,7 +400,7 @@ fn feature_bits_are_named_in_order_and_unknown_bits_ignored() {
     );
     assert!(features::names(0).is_empty());
     let all = features::NAMES.iter().fold(0, |a, (b, _)| a | b);
-    assert_eq!(features::names(all).len(), 6);
+    assert_eq!(features::names(all).len(), 7);
 }
 
 #[test]
