@@ -16,6 +16,10 @@ need_root; need_tool ip iperf3 ping python3 ss tc; need_daemons
 sed 's/^credit_batch = 16$/credit_batch = 1/' "$IOC_CONF" >"$T/ioc.toml"
 grep -q '^credit_batch = 1$' "$T/ioc.toml" || fail "no credit_batch line to change in $IOC_CONF"
 IOC_CONF=$T/ioc.toml
+# The express lane is off by default (README, "The express lane"): asked for here.
+sed 's/^express = false$/express = true/' "$HOST_CONF" >"$T/host.toml"
+grep -q '^express = true$' "$T/host.toml" || fail "no 'express = false' line in $HOST_CONF"
+HOST_CONF=$T/host.toml
 topo_up 1
 # ECN-capable TCP on both ends: a queue that must shed marks these flows instead.
 for ns in sd-host sd-lan; do run ip netns exec "$ns" sysctl -qw net.ipv4.tcp_ecn=1; done
