@@ -24,6 +24,7 @@ use std::rc::Rc;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
+mod express;
 mod policy;
 mod standby;
 mod vlan;

@@ -1,0 +1,111 @@
+//! The express lane at the IOC (docs/protocol.md 6.6): offered in GetFeatures unless
+//! `fabric.express = false`, taken from a host only once agreed, and used towards it for a
+//! sparse flow's small frames.
+
+use super::*;
+use wire::features;
+
+/// Sends `frame` from `peer` in the express lane (SendData on its control channel) and
+/// lets both sides run.
+fn send_express(ioc: &mut WorkerState, peer: &mut Peer, s: u64, frame: &[u8]) {
+    let mut cache = SendBufCache::new(wire::MAX_SEND_DATA, 4);
+    let mut b = cache.get().unwrap();
+    assert!(b.fill_from(frame));
+    peer.link.post_express(b);
+    pump(ioc, peer, s, true);
+}
+
+/// Asks for `bits` with SetFeatures; the IOC's answer.
+fn set_features(ioc: &mut WorkerState, peer: &mut Peer, s: u64, bits: u64) -> ErrorCode {
+    cfg_replies(peer);
+    let req = bits.to_be_bytes();
+    peer.link
+        .session_mut()
+        .cfg_request(CfgCode::SetFeatures, &req);
+    pump(ioc, peer, s, true);
+    let replies = cfg_replies(peer);
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    replies[0].1
+}
+
+/// The features the IOC offers (GetFeatures).
+fn offered(ioc: &mut WorkerState, peer: &mut Peer, s: u64) -> u64 {
+    peer.events.clear();
+    peer.link
+        .session_mut()
+        .cfg_request(CfgCode::GetFeatures, &[]);
+    pump(ioc, peer, s, true);
+    peer.events
+        .iter()
+        .find_map(|e| match e {
+            LinkEvent::CfgReply {
+                code: CfgCode::GetFeatures,
+                data,
+                ..
+            } => wire::parse_u64(data).ok(),
+            _ => None,
+        })
+        .expect("a GetFeatures reply")
+}
+
+#[test]
+fn a_host_frame_on_the_control_channel_passes_only_once_the_lane_is_agreed() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect(&mut ioc, 3, false, 128);
+    let own = mac(&ioc, s);
+    assert_ne!(offered(&mut ioc, &mut peer, s) & features::EXPRESS, 0);
+    let ping = frame(LAN_PEER, own, 84);
+    send_express(&mut ioc, &mut peer, s, &ping);
+    assert!(nic.tx.borrow().is_empty(), "not agreed: not forwarded");
+    assert_eq!(host(&ioc, s).drops.not_negotiated, 1);
+    let bits = features::VNET_HDR | features::EXPRESS;
+    assert_eq!(set_features(&mut ioc, &mut peer, s, bits), ErrorCode::Ok);
+    send_express(&mut ioc, &mut peer, s, &ping);
+    assert_eq!(nic.tx.borrow().len(), 1, "agreed: forwarded to the LAN");
+    assert_eq!(nic.tx.borrow()[0], ping);
+    assert_eq!(host(&ioc, s).stats.tx_frames, 1);
+    assert_eq!(host(&ioc, s).link.as_ref().unwrap().stats().rx_express, 2);
+}
+
+#[test]
+fn an_ioc_with_the_lane_off_neither_offers_nor_agrees_to_it() {
+    let (mut ioc, _nic) = ioc_with("express = false");
+    let (s, mut peer) = connect(&mut ioc, 3, false, 128);
+    assert_eq!(offered(&mut ioc, &mut peer, s) & features::EXPRESS, 0);
+    let bits = features::VNET_HDR | features::EXPRESS;
+    assert_eq!(
+        set_features(&mut ioc, &mut peer, s, bits),
+        ErrorCode::Unsupported
+    );
+}
+
+#[test]
+fn a_sparse_flows_small_lan_frames_reach_an_agreeing_host_on_the_control_channel() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect(&mut ioc, 3, false, 128);
+    let own = mac(&ioc, s);
+    // Not agreed: a small LAN frame goes on the data channel.
+    nic.rx.borrow_mut().push_back(frame(own, LAN_PEER, 84));
+    from_lan::drive_lan(&mut ioc, 0);
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!((peer.frames, peer.link.stats().rx_express), (1, 0));
+    let bits = features::VNET_HDR | features::EXPRESS;
+    assert_eq!(set_features(&mut ioc, &mut peer, s, bits), ErrorCode::Ok);
+    // Agreed: the next ones take the lane; a frame beyond 1,024 bytes turns its flow bulk,
+    // and its later small frames follow it on the data channel.
+    for len in [84, 84, 1400, 84] {
+        nic.rx.borrow_mut().push_back(frame(own, LAN_PEER, len));
+        from_lan::drive_lan(&mut ioc, 0);
+    }
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(
+        peer.link.stats().rx_express,
+        2,
+        "the two frames before the large one"
+    );
+    assert_eq!(
+        peer.frames, 3,
+        "the first frame, the large one and the one after it"
+    );
+    assert_eq!(host(&ioc, s).link.as_ref().unwrap().stats().tx_express, 2);
+}
