@@ -24,6 +24,7 @@ a full-speed transfer costs the daemons CPU, so the fabric's legs are captured o
 
     sudo bench/legs.py [--mode splitnet|splitnet-shm] [--load none|upload|download]
                        [--rate 2G] [--count 300] [--interval 0.01] [--fabric]
+                       [--express] [--rx-queues N]
 
 Needs root, dumpcap (wireshark's, tests/setup.sh installs it), iperf3, iputils-ping, and
 `cargo build --release` done.
@@ -127,7 +128,13 @@ def main():
     ap.add_argument("--interval", type=float, default=0.01)
     ap.add_argument("--fabric", action="store_true",
                     help="capture the fabric under load too (costs the daemons CPU)")
+    ap.add_argument("--express", action="store_true",
+                    help="the host asks for the express lane (fabric.express = true)")
+    ap.add_argument("--rx-queues", type=int, default=None,
+                    help="the IOC's lan.rx_queues (default: the shipped ioc.toml's)")
     a = ap.parse_args()
+    bench.EXPRESS = a.express
+    bench.RX_QUEUES = a.rx_queues
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
     for tool in ("dumpcap", "iperf3", "ping", "ip"):

@@ -12,7 +12,7 @@ stops reading while the LAN floods it: the other host's throughput before and du
 ratios, writes bench/out/results.json and bench/out/chart.svg.
 
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
-                      [--only direct,vxlan,...] [--sched fifo:10|nice:-10]
+                      [--only direct,vxlan,...] [--sched fifo:10|nice:-10] [--express]
     sudo bench/run.py --syscalls [--seconds 5]   # the daemons' system calls per frame (perf)
     sudo bench/run.py --profile [--seconds 5]    # where the daemons' CPU goes (perf record)
 
@@ -35,6 +35,7 @@ OUT = os.path.join(ROOT, "bench", "out")
 WORKERS = None  # the IOC's fabric.workers (--workers); None: the shipped configuration's
 SPIN_MAX_US = None  # the hosts' fabric.spin_max_us (--spin-max-us); None: the shipped one's
 SCHED = None  # both daemons' [scheduling] (--sched fifo:P or nice:N); None: the shipped "normal"
+EXPRESS = False  # the hosts' fabric.express (--express); the shipped host.toml has it off
 RX_QUEUES = None  # the IOC's lan.rx_queues (--rx-queues); None: the shipped configuration's
 NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
 procs = []
@@ -169,7 +170,7 @@ def host_config(queues, local=None, plain=False, sealed=False):
     local socket, the data channel in shared memory ("shm") or on the socket ("unix");
     `sealed`: the data channel encrypted (auth.encrypt_data)."""
     src = os.path.join(ROOT, "systemd", "host.toml")
-    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{SCHED}-{int(plain)}-{int(sealed)}.toml"
+    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{SCHED}-{int(plain)}-{int(sealed)}-{int(EXPRESS)}.toml"
     ioc_pub, _ = keys()
     with open(src) as f, open(path, "w") as out:
         text = f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n")
@@ -183,6 +184,8 @@ def host_config(queues, local=None, plain=False, sealed=False):
             text = text.replace("\nshared_memory = true\n", f"\nshared_memory = {shm}\n")
         if SPIN_MAX_US is not None:
             text = text.replace("\nspin_max_us = 0\n", f"\nspin_max_us = {SPIN_MAX_US}\n")
+        if EXPRESS:
+            text = text.replace("\nexpress = false\n", "\nexpress = true\n")
         text = with_sched(text)
         out.write(text)
     return path
@@ -675,6 +678,8 @@ def main():
                     help="the hosts' fabric.spin_max_us (default: the shipped host.toml's)")
     ap.add_argument("--sched", default=None,
                     help="both daemons' [scheduling]: fifo:PRIORITY or nice:LEVEL (default: normal)")
+    ap.add_argument("--express", action="store_true",
+                    help="the hosts ask for the express lane (fabric.express = true)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
                     help="skip the slow-consumer figure")
     ap.add_argument("--syscalls", action="store_true",
@@ -682,8 +687,9 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="only where the daemons' CPU goes under a full-speed transfer (perf record)")
     a = ap.parse_args()
-    global WORKERS, SPIN_MAX_US, RX_QUEUES, SCHED
+    global WORKERS, SPIN_MAX_US, RX_QUEUES, SCHED, EXPRESS
     WORKERS = a.workers
+    EXPRESS = a.express
     SCHED = a.sched
     RX_QUEUES = a.rx_queues
     SPIN_MAX_US = a.spin_max_us

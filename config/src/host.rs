@@ -119,8 +119,8 @@ pub struct HostFabric {
     pub announce_interval_ms: u64,
     /// Use the express lane where the IOC offers it (docs/protocol.md 6.6): frames of sparse
     /// flows go as SendData on the control channel, ahead of the bulk. Off by default: on
-    /// this 2-core machine it cost a quarter of a TCP fabric's throughput and did not shorten
-    /// a ping beside a download (README, "The express lane").
+    /// the 2-core reference machine it shortened a ping beside a full-speed upload but
+    /// lengthened one beside a download or a 2 Gb/s transfer (README, "The express lane").
     #[serde(default)]
     pub express: bool,
 }

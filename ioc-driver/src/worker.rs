@@ -191,9 +191,17 @@ async fn run(
         tokio::task::spawn_local(claims(ioc.clone())),
     ];
     // A task per receive queue: the runtime runs the ready ones in turn, so the queues are
-    // read round robin, a batch at a time.
+    // read round robin, a batch at a time; with several, the first (frames of no flow:
+    // pings, ARP, neighbour discovery) is also read before each batch of the others.
+    let several = queues.len() > 1;
     for (queue, ready) in queues.into_iter().enumerate() {
-        tasks.push(tokio::task::spawn_local(lan(ioc.clone(), queue, ready)));
+        let first = several && queue > 0;
+        tasks.push(tokio::task::spawn_local(lan(
+            ioc.clone(),
+            queue,
+            ready,
+            first,
+        )));
     }
     let _ = started.send(Ok(()));
     // The main thread gone without a word: a clean stop all the same.
@@ -227,8 +235,10 @@ async fn run(
     shutdown(&ioc, goodbye).await;
 }
 
-/// Moves frames from the NIC's receive queue `queue` to the hosts.
-async fn lan(ioc: Rc<RefCell<WorkerState>>, queue: usize, ready: Ready) {
+/// Moves frames from the NIC's receive queue `queue` to the hosts; with `first_first`,
+/// reads queue 0 (the express queue of frames without a flow, [`splitnet_netif::fanout`])
+/// before each batch, so that a ping's reply never waits for a bulk batch's turn.
+async fn lan(ioc: Rc<RefCell<WorkerState>>, queue: usize, ready: Ready, first_first: bool) {
     loop {
         let mut g = match ready.readable().await {
             Ok(g) => g,
@@ -239,6 +249,9 @@ async fn lan(ioc: Rc<RefCell<WorkerState>>, queue: usize, ready: Ready) {
         };
         let (progress, freed) = {
             let mut st = ioc.borrow_mut();
+            if first_first {
+                from_lan::drive_lan(&mut st, 0);
+            }
             (
                 from_lan::drive_lan(&mut st, queue),
                 st.buffers_freed.clone(),
