@@ -177,11 +177,10 @@ pub fn drive_host(st: &mut WorkerState, session: u64, lane: Lane) -> Result<bool
     let mut head = [0u8; HEAD];
     let mut drr = hosts.get(&session).map(|h| h.drr);
     let bytes = Cell::new(0);
-    // A frame on the control channel is the express lane's, which the host must have
-    // agreed to (docs/protocol.md 6.6); else it is dropped as an unnegotiated feature.
-    let express = hosts
-        .get(&session)
-        .is_some_and(|h| h.features & features::EXPRESS != 0);
+    // A frame on the control channel is the express lane's, which this IOC must offer
+    // (docs/protocol.md 6.6: a host's further queue may use it before its first queue's
+    // SetFeatures is answered); else it is dropped as an unnegotiated feature.
+    let express = offered & features::EXPRESS != 0;
     let mut sink = |frame: Frame<'_>| {
         if lane == Lane::Control && !express {
             if let Some(h) = hosts.get_mut(&session) {
