@@ -25,6 +25,15 @@ pub fn feature_bits(o: &Offloads) -> u64 {
     f
 }
 
+/// What an answer about the features asks of the caller ([`Settings::on_features`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Features {
+    /// Nothing more (a further request, if any, is queued).
+    Asked,
+    /// The IOC refused the offloads: turn them off on the TAP and ask again.
+    OffloadsOff,
+}
+
 /// sd0's settings as told to, asked of and agreed with the IOC over CfgUtil.
 pub struct Settings {
     /// The interface (sd0).
@@ -124,38 +133,8 @@ impl Settings {
         status: ErrorCode,
         data: &[u8],
     ) -> Option<Counters> {
-        if status != ErrorCode::Ok && code == CfgCode::GetFeatures {
-            // An IOC that answers no GetFeatures on a further queue offers no lane.
-            debug!(?status, "IOC told no features");
-            if self.first {
-                session.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
-            }
-            return None;
-        }
-        if status != ErrorCode::Ok
-            && code == CfgCode::SetFeatures
-            && self.features & features::EXPRESS != 0
-        {
-            warn!(
-                ?status,
-                "IOC refused the express lane; asking for the offloads alone"
-            );
-            self.features &= !features::EXPRESS;
-            session.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
-            return None;
-        }
-        if status != ErrorCode::Ok {
-            warn!(?code, ?status, "IOC refused a configuration request");
-            if code == CfgCode::SetMtu {
-                if let Some(asked) = self.mtu_pending.take() {
-                    warn!(
-                        "MTU {asked} on {} refused by the IOC ({status:?}); back to {}",
-                        self.name, self.mtu
-                    );
-                    let _ = netdev::set_mtu(&self.name, self.mtu);
-                }
-            }
-            if code == CfgCode::SetFeatures && self.features != features::VNET_HDR {
+        if matches!(code, CfgCode::GetFeatures | CfgCode::SetFeatures) {
+            if self.on_features(session, code, status, data) == Features::OffloadsOff {
                 // The IOC's NIC side takes no offloads: the kernel must hand sd0 plain,
                 // fully checksummed frames.
                 match tap.enable_offloads(false) {
@@ -168,6 +147,19 @@ impl Settings {
                         session.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
                     }
                     Err(e) => warn!("cannot turn the offloads of {} off: {e}", self.name),
+                }
+            }
+            return None;
+        }
+        if status != ErrorCode::Ok {
+            warn!(?code, ?status, "IOC refused a configuration request");
+            if code == CfgCode::SetMtu {
+                if let Some(asked) = self.mtu_pending.take() {
+                    warn!(
+                        "MTU {asked} on {} refused by the IOC ({status:?}); back to {}",
+                        self.name, self.mtu
+                    );
+                    let _ = netdev::set_mtu(&self.name, self.mtu);
                 }
             }
             if code == CfgCode::SetMac {
@@ -231,26 +223,6 @@ impl Settings {
                     self.ioc_nic_up = v == 1;
                 }
             }
-            CfgCode::GetFeatures => {
-                let offered = wire::parse_u64(data).unwrap_or(0);
-                let lane = self.express_wanted && offered & features::EXPRESS != 0;
-                if self.first {
-                    if lane {
-                        self.features |= features::EXPRESS;
-                    }
-                    session.cfg_request(CfgCode::SetFeatures, &self.features.to_be_bytes());
-                } else {
-                    // The first queue asks for the lane for every queue of the host.
-                    self.express = lane;
-                }
-            }
-            CfgCode::SetFeatures => {
-                self.express = self.features & features::EXPRESS != 0;
-                info!(
-                    features = ?features::names(self.features),
-                    "features agreed"
-                )
-            }
             CfgCode::SetMulticast => debug!(
                 groups = self.multicast.len(),
                 "multicast groups set on the IOC"
@@ -261,6 +233,57 @@ impl Settings {
             other => debug!(?other, "CfgUtil reply"),
         }
         None
+    }
+
+    /// Takes the IOC's answer to GetFeatures or SetFeatures: asks for the features (with the
+    /// express lane where offered), falls back to the offloads alone when the lane is
+    /// refused, and says when the offloads themselves were refused (the caller turns them
+    /// off on the TAP and asks again).
+    fn on_features(
+        &mut self,
+        session: &mut Session,
+        code: CfgCode,
+        status: ErrorCode,
+        data: &[u8],
+    ) -> Features {
+        let set = |s: &mut Session, f: u64| s.cfg_request(CfgCode::SetFeatures, &f.to_be_bytes());
+        match (code, status) {
+            (CfgCode::GetFeatures, ErrorCode::Ok) => {
+                let offered = wire::parse_u64(data).unwrap_or(0);
+                let lane = self.express_wanted && offered & features::EXPRESS != 0;
+                if self.first {
+                    if lane {
+                        self.features |= features::EXPRESS;
+                    }
+                    set(session, self.features);
+                } else {
+                    // The first queue asks for the lane for every queue of the host.
+                    self.express = lane;
+                }
+            }
+            (CfgCode::GetFeatures, _) => {
+                // An IOC that answers no GetFeatures (on a further queue) offers no lane.
+                debug!(?status, "IOC told no features");
+                if self.first {
+                    set(session, self.features);
+                }
+            }
+            (_, ErrorCode::Ok) => {
+                self.express = self.features & features::EXPRESS != 0;
+                info!(features = ?features::names(self.features), "features agreed");
+            }
+            _ if self.features & features::EXPRESS != 0 => {
+                warn!(
+                    ?status,
+                    "IOC refused the express lane; asking for the offloads alone"
+                );
+                self.features &= !features::EXPRESS;
+                set(session, self.features);
+            }
+            _ if self.features != features::VNET_HDR => return Features::OffloadsOff,
+            _ => warn!(?status, "IOC refused the virtio-net header alone"),
+        }
+        Features::Asked
     }
 
     /// Answers a request of the IOC's (on `session`): a LinkChange of its NIC, taken only
@@ -329,6 +352,101 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use splitnet_messaging::memory::DomainId;
+    use splitnet_messaging::wire::Message;
+    use std::path::Path;
+
+    const OFFLOADS: u64 = features::VNET_HDR | features::CSUM | features::TSO4;
+
+    /// A queue's settings (`first` or not) with `fabric.express` as given, and its session.
+    fn settings(express: bool, first: bool) -> (Settings, Session) {
+        let text = format!(
+            "[fabric]\nioc = \"10.0.0.1:7400\"\nexpress = {express}\n[interface]\nname = \"sd0\"\n"
+        );
+        let cfg = splitnet_config::parse_host(&text, Path::new("host.toml")).unwrap();
+        let session = Session::new(DomainId(1), cfg.pools.session_config());
+        (Settings::new(&cfg, OFFLOADS, first), session)
+    }
+
+    /// The CfgUtil requests queued on `s`, with their data.
+    fn requests(s: &mut Session) -> Vec<(CfgCode, Vec<u8>)> {
+        std::iter::from_fn(|| s.poll_transmit())
+            .filter_map(|(_, m)| match Message::parse(&m).ok()?.1 {
+                Message::CfgUtilRequest(r) => Some((r.code, r.data.to_vec())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn set(bits: u64) -> (CfgCode, Vec<u8>) {
+        (CfgCode::SetFeatures, bits.to_be_bytes().to_vec())
+    }
+
+    #[test]
+    fn without_the_lane_the_first_queue_sets_its_offloads_at_once() {
+        let (st, mut s) = settings(false, true);
+        st.request_features(&mut s);
+        assert_eq!(requests(&mut s), vec![set(OFFLOADS)]);
+        let (st, mut s) = settings(false, false);
+        st.request_features(&mut s);
+        assert!(requests(&mut s).is_empty(), "a further queue asks nothing");
+    }
+
+    #[test]
+    fn the_lane_is_asked_for_only_where_offered_and_agreed_only_on_ok() {
+        let (mut st, mut s) = settings(true, true);
+        st.request_features(&mut s);
+        assert_eq!(requests(&mut s), vec![(CfgCode::GetFeatures, vec![])]);
+        // Offered: asked for with the offloads; agreed on the Ok.
+        let offer = (OFFLOADS | features::EXPRESS).to_be_bytes();
+        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Ok, &offer);
+        assert_eq!(requests(&mut s), vec![set(OFFLOADS | features::EXPRESS)]);
+        assert!(!st.express, "not before the IOC agrees");
+        st.on_features(&mut s, CfgCode::SetFeatures, ErrorCode::Ok, &[]);
+        assert!(st.express);
+        // Not offered (an IOC without the lane): the offloads alone.
+        let (mut st, mut s) = settings(true, true);
+        let offer = OFFLOADS.to_be_bytes();
+        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Ok, &offer);
+        assert_eq!(requests(&mut s), vec![set(OFFLOADS)]);
+        st.on_features(&mut s, CfgCode::SetFeatures, ErrorCode::Ok, &[]);
+        assert!(!st.express);
+    }
+
+    #[test]
+    fn a_refused_lane_is_dropped_before_the_offloads_are() {
+        let (mut st, mut s) = settings(true, true);
+        let offer = (OFFLOADS | features::EXPRESS).to_be_bytes();
+        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Ok, &offer);
+        requests(&mut s);
+        let refused = ErrorCode::Unsupported;
+        let next = st.on_features(&mut s, CfgCode::SetFeatures, refused, &[]);
+        assert_eq!(next, Features::Asked);
+        assert_eq!(requests(&mut s), vec![set(OFFLOADS)], "the offloads alone");
+        // Refused again: now the offloads go (the caller turns them off on the TAP).
+        let next = st.on_features(&mut s, CfgCode::SetFeatures, refused, &[]);
+        assert_eq!(next, Features::OffloadsOff);
+        assert!(!st.express);
+    }
+
+    #[test]
+    fn a_further_queue_takes_the_offer_from_its_own_get_features() {
+        let (mut st, mut s) = settings(true, false);
+        st.request_features(&mut s);
+        assert_eq!(requests(&mut s), vec![(CfgCode::GetFeatures, vec![])]);
+        let offer = (OFFLOADS | features::EXPRESS).to_be_bytes();
+        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Ok, &offer);
+        assert!(st.express);
+        assert!(
+            requests(&mut s).is_empty(),
+            "the first queue sets the features"
+        );
+        // An IOC that refuses a further queue's GetFeatures offers no lane.
+        let (mut st, mut s) = settings(true, false);
+        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Refused, &[]);
+        assert!(!st.express);
+        assert!(requests(&mut s).is_empty());
+    }
 
     #[test]
     fn features_follow_the_tap_offloads() {
