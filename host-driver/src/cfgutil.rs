@@ -378,6 +378,11 @@ mod tests {
             .collect()
     }
 
+    /// The IOC's answer to GetFeatures: it offers `bits`.
+    fn offer(st: &mut Settings, s: &mut Session, bits: u64) {
+        st.on_features(s, CfgCode::GetFeatures, ErrorCode::Ok, &bits.to_be_bytes());
+    }
+
     fn set(bits: u64) -> (CfgCode, Vec<u8>) {
         (CfgCode::SetFeatures, bits.to_be_bytes().to_vec())
     }
@@ -398,16 +403,14 @@ mod tests {
         st.request_features(&mut s);
         assert_eq!(requests(&mut s), vec![(CfgCode::GetFeatures, vec![])]);
         // Offered: asked for with the offloads; agreed on the Ok.
-        let offer = (OFFLOADS | features::EXPRESS).to_be_bytes();
-        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Ok, &offer);
+        offer(&mut st, &mut s, OFFLOADS | features::EXPRESS);
         assert_eq!(requests(&mut s), vec![set(OFFLOADS | features::EXPRESS)]);
         assert!(!st.express, "not before the IOC agrees");
         st.on_features(&mut s, CfgCode::SetFeatures, ErrorCode::Ok, &[]);
         assert!(st.express);
         // Not offered (an IOC without the lane): the offloads alone.
         let (mut st, mut s) = settings(true, true);
-        let offer = OFFLOADS.to_be_bytes();
-        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Ok, &offer);
+        offer(&mut st, &mut s, OFFLOADS);
         assert_eq!(requests(&mut s), vec![set(OFFLOADS)]);
         st.on_features(&mut s, CfgCode::SetFeatures, ErrorCode::Ok, &[]);
         assert!(!st.express);
@@ -416,8 +419,7 @@ mod tests {
     #[test]
     fn a_refused_lane_is_dropped_before_the_offloads_are() {
         let (mut st, mut s) = settings(true, true);
-        let offer = (OFFLOADS | features::EXPRESS).to_be_bytes();
-        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Ok, &offer);
+        offer(&mut st, &mut s, OFFLOADS | features::EXPRESS);
         requests(&mut s);
         let refused = ErrorCode::Unsupported;
         let next = st.on_features(&mut s, CfgCode::SetFeatures, refused, &[]);
@@ -434,8 +436,7 @@ mod tests {
         let (mut st, mut s) = settings(true, false);
         st.request_features(&mut s);
         assert_eq!(requests(&mut s), vec![(CfgCode::GetFeatures, vec![])]);
-        let offer = (OFFLOADS | features::EXPRESS).to_be_bytes();
-        st.on_features(&mut s, CfgCode::GetFeatures, ErrorCode::Ok, &offer);
+        offer(&mut st, &mut s, OFFLOADS | features::EXPRESS);
         assert!(st.express);
         assert!(
             requests(&mut s).is_empty(),

@@ -277,9 +277,12 @@ impl Outbound {
     /// Posts queued frames on `link`, the one held back for credit first, then the flow
     /// queue's choice, while the byte limit lets more go in flight.
     fn send_queued(&mut self, link: &mut Link<FabricChannel>) {
+        // One clock read per turn, not per frame: the express lane's count of a flow's
+        // silence is off by the turn's microseconds, against its 100 ms.
+        let now = Instant::now();
         loop {
             let inflight = link.session().initiator().inflight_bytes();
-            let Some(buf) = self.tx.next(inflight, Instant::now()) else {
+            let Some(buf) = self.tx.next(inflight, now) else {
                 return;
             };
             if !self.post(link, buf) {

@@ -410,13 +410,15 @@ impl HostQueue {
     /// Posts waiting frames, the one that met no credit first, while the credits allow (call
     /// when credits come back).
     pub fn send_queued(&mut self, cache: &mut SendBufCache) {
+        // One clock read per turn, not per frame (see host-driver's `Outbound::send_queued`).
+        let now = Instant::now();
         loop {
             let Some(link) = self.link.as_mut() else {
                 return;
             };
             let Some(buf) = self
                 .rx_ring
-                .next(link.session().initiator().inflight_bytes(), Instant::now())
+                .next(link.session().initiator().inflight_bytes(), now)
             else {
                 return;
             };
