@@ -7,6 +7,7 @@ use crate::error::Invalid;
 use crate::host::{default_interval, default_timeout};
 use crate::key::Key;
 use serde::Deserialize;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -99,7 +100,14 @@ pub struct AdmittedHost {
     /// frames tagged with these VLANs only (at most [`MAX_TRUNK_VLANS`]).
     #[serde(default)]
     pub vlans: Vec<u16>,
+    /// With `lan.mode = "ports"`: the name of the host's port on the IOC's machine; absent:
+    /// derived from `name` ([`AdmittedHost::port_name`]).
+    #[serde(default)]
+    pub port: Option<String>,
 }
+
+/// What a port's name derived from a host's name starts with.
+pub const PORT_PREFIX: &str = "sdp-";
 
 /// Most VLANs a trunk host's entry lists.
 pub const MAX_TRUNK_VLANS: usize = 64;
@@ -116,12 +124,46 @@ impl AdmittedHost {
     pub fn reserved_macs(&self) -> impl Iterator<Item = [u8; 6]> + '_ {
         self.mac.iter().chain(self.extra_macs.iter()).map(|m| m.0)
     }
+
+    /// The host's port (`lan.mode = "ports"`): `port`, or [`PORT_PREFIX`] and the name's
+    /// ASCII letters, digits, `-` and `_` (others become `-`), cut to the 15 bytes of an
+    /// interface name.
+    pub fn port_name(&self) -> String {
+        if let Some(p) = &self.port {
+            return p.clone();
+        }
+        let tail = self.name.chars().map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' => c,
+            _ => '-',
+        });
+        PORT_PREFIX.chars().chain(tail).take(15).collect()
+    }
 }
 
 impl IocAuth {
     /// The admitted host whose public key is `key`.
     pub fn host(&self, key: &[u8; 32]) -> Option<&AdmittedHost> {
         self.hosts.iter().find(|h| &h.public_key.0 == key)
+    }
+
+    /// Checks that every entry's port name is an interface name and none is another's
+    /// (`lan.mode = "ports"`; a derived name that clashes needs a `port` of its own).
+    pub(crate) fn validate_ports(&self) -> Result<(), Invalid> {
+        let mut seen: HashMap<String, &str> = HashMap::new();
+        for h in &self.hosts {
+            let port = h.port_name();
+            ifname("auth.hosts.port", &port)?;
+            if let Some(other) = seen.insert(port.clone(), &h.name) {
+                return Err(Invalid::new(
+                    "auth.hosts.port",
+                    format!(
+                        "hosts {other:?} and {:?} would both have port {port:?}: give one a `port` of its own",
+                        h.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), Invalid> {
@@ -301,12 +343,36 @@ pub enum Promiscuous {
     Off,
 }
 
+/// How the IOC joins its hosts to the LAN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LanMode {
+    /// The IOC is the hosts' switch on `lan.interface`, which it reads and writes with
+    /// AF_PACKET.
+    #[default]
+    Shared,
+    /// Every admitted host has a network device of its own on the IOC's machine, its port,
+    /// which a bridge or Open vSwitch switches.
+    Ports,
+}
+
 /// The `[lan]` section of ioc.toml.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Lan {
-    /// The NIC.
+    /// Shared (the IOC switches on the NIC) or ports (a device per host).
+    #[serde(default)]
+    pub mode: LanMode,
+    /// The NIC (shared mode; not opened in ports mode).
+    #[serde(default)]
     pub interface: String,
+    /// Ports mode: the Linux bridge every port joins as it is made.
+    #[serde(default)]
+    pub bridge: Option<String>,
+    /// Ports mode: a program run as each port is added, changed and removed, with the port,
+    /// host and policy in its environment (README, "Ports mode").
+    #[serde(default)]
+    pub port_hook: Option<std::path::PathBuf>,
     /// Promiscuous mode.
     #[serde(default)]
     pub promiscuous: Promiscuous,
@@ -454,7 +520,39 @@ impl IocConfig {
             100,
             60_000,
         )?;
-        ifname("lan.interface", &self.lan.interface)?;
+        match self.lan.mode {
+            LanMode::Shared => {
+                ifname("lan.interface", &self.lan.interface)?;
+                for (key, set) in [
+                    ("lan.bridge", self.lan.bridge.is_some()),
+                    ("lan.port_hook", self.lan.port_hook.is_some()),
+                ] {
+                    if set {
+                        return Err(Invalid::new(key, "applies to lan.mode = \"ports\" only"));
+                    }
+                }
+            }
+            LanMode::Ports => {
+                if !self.lan.interface.is_empty() {
+                    return Err(Invalid::new(
+                        "lan.interface",
+                        "is not opened with lan.mode = \"ports\" (the bridge or switch owns the NIC): remove it",
+                    ));
+                }
+                if let Some(b) = &self.lan.bridge {
+                    ifname("lan.bridge", b)?;
+                }
+                if let Some(p) = &self.lan.port_hook {
+                    if !p.is_absolute() {
+                        return Err(Invalid::new(
+                            "lan.port_hook",
+                            format!("{}: an absolute path is required", p.display()),
+                        ));
+                    }
+                }
+                self.auth.validate_ports()?;
+            }
+        }
         unicast("lan.mac_base", self.lan.mac_base)?;
         range(
             "lan.extra_source_macs",

@@ -19,7 +19,8 @@ pub use common::{
 pub use error::ConfigError;
 pub use host::{HostAuth, HostConfig, HostFabric, Interface, StandbyIoc};
 pub use ioc::{
-    Admission, AdmittedHost, IocAuth, IocConfig, IocFabric, Lan, Promiscuous, SetMacPolicy,
+    Admission, AdmittedHost, IocAuth, IocConfig, IocFabric, Lan, LanMode, Promiscuous, SetMacPolicy,
+    PORT_PREFIX,
     MAX_HOST_QUEUES, MAX_TRUNK_VLANS,
 };
 

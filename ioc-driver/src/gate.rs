@@ -217,6 +217,7 @@ mod tests {
                     queues: 2,
                     vlan: None,
                     vlans: Vec::new(),
+                    port: None,
                 })
                 .collect(),
         };

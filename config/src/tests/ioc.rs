@@ -66,9 +66,10 @@ fn every_key_is_read() {
 fn required_keys() {
     parse_error(ioc_text("[fabric]\nlisten = \"10.0.0.1:7400\""), &["lan"]);
     parse_error(ioc_text("[lan]\ninterface = \"lan0\""), &["fabric"]);
-    parse_error(
+    // Shared mode (the default) needs its NIC.
+    invalid(
         ioc_text("[fabric]\nlisten = \"10.0.0.1:7400\"\n[lan]\nmtu = 1500"),
-        &["interface"],
+        "lan.interface",
     );
     parse_error(
         ioc_text("[fabric]\nmax_hosts = 2\n[lan]\ninterface = \"lan0\""),
@@ -416,4 +417,59 @@ fn auth_refuses_bad_keys_duplicates_and_bad_names() {
         ioc("", "", &host("a", KEY_A, "mac = \"01:00:5e:00:00:01\"")),
         "auth.hosts.mac",
     );
+}
+
+/// An ioc.toml in ports mode: `lan` lines, then `rest`.
+fn ports(lan: &str, rest: &str) -> Result<crate::IocConfig, crate::ConfigError> {
+    ioc_text(&format!(
+        "[fabric]\nlisten = \"10.0.0.1:7400\"\n[lan]\nmode = \"ports\"\n{lan}\n{rest}"
+    ))
+}
+
+fn hosts(entries: &[(&str, &str, Option<&str>)]) -> String {
+    let mut s = String::new();
+    for (name, key, port) in entries {
+        s += &format!("[[auth.hosts]]\nname = \"{name}\"\npublic_key = \"{key}\"\n");
+        if let Some(p) = port {
+            s += &format!("port = \"{p}\"\n");
+        }
+    }
+    s
+}
+
+#[test]
+fn ports_mode_names_a_port_per_host() {
+    assert_eq!(ioc("", "", "").unwrap().lan.mode, crate::LanMode::Shared);
+    let two = hosts(&[("web 1", KEY_A, None), ("b", KEY_B, Some("vif-b"))]);
+    let i = ports("bridge = \"br0\"\nport_hook = \"/usr/lib/splitnet/port-ovs\"", &two).unwrap();
+    assert_eq!(i.lan.mode, crate::LanMode::Ports);
+    assert_eq!(i.lan.bridge.as_deref(), Some("br0"));
+    assert_eq!(i.auth.hosts[0].port_name(), "sdp-web-1", "derived, the space made a dash");
+    assert_eq!(i.auth.hosts[1].port_name(), "vif-b", "as set");
+    let long = hosts(&[("a-very-long-host-name", KEY_A, None)]);
+    let i = ports("", &long).unwrap();
+    assert_eq!(i.auth.hosts[0].port_name(), "sdp-a-very-long");
+    assert_eq!(i.auth.hosts[0].port_name().len(), 15, "IFNAMSIZ less its NUL");
+}
+
+#[test]
+fn ports_mode_refuses_clashes_bad_names_and_shared_mode_keys() {
+    let clash = hosts(&[("a-very-long-name-1", KEY_A, None), ("a-very-long-name-2", KEY_B, None)]);
+    let r = invalid(ports("", &clash), "auth.hosts.port");
+    assert!(r.contains("both have port \"sdp-a-very-long\""), "{r}");
+    let same = hosts(&[("a", KEY_A, Some("p0")), ("b", KEY_B, Some("p0"))]);
+    invalid(ports("", &same), "auth.hosts.port");
+    let long = hosts(&[("a", KEY_A, Some("a-sixteen-bytes!"))]);
+    let r = invalid(ports("", &long), "auth.hosts.port");
+    assert!(r.contains("at most 15"), "{r}");
+    // The clash is a ports-mode error only: shared mode has no ports.
+    ioc("", "", &clash).unwrap();
+    let r = invalid(ports("interface = \"lan0\"", ""), "lan.interface");
+    assert!(r.contains("ports"), "{r}");
+    invalid(ioc("", "bridge = \"br0\"", ""), "lan.bridge");
+    invalid(ioc("", "port_hook = \"/bin/true\"", ""), "lan.port_hook");
+    invalid(ports("port_hook = \"hook\"", ""), "lan.port_hook");
+    invalid(ports("bridge = \"\"", ""), "lan.bridge");
+    let text = "[fabric]\nlisten = \"10.0.0.1:7400\"\n[lan]\nmode = \"switch\"";
+    parse_error(ioc_text(text), &["switch", "shared", "ports"]);
 }

@@ -25,6 +25,7 @@ pub(super) fn entry(
         queues: 1,
         vlan: None,
         vlans: Vec::new(),
+        port: None,
     }
 }
 

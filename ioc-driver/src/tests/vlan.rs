@@ -390,6 +390,7 @@ fn a_reload_that_changes_a_hosts_vlan_takes_effect_at_once_and_moves_its_own_que
         queues: 1,
         vlan,
         vlans: vec![],
+        port: None,
     };
     let auth = |vlan| IocAuth {
         hosts: vec![entry(vlan)],
