@@ -19,9 +19,8 @@ pub use common::{
 pub use error::ConfigError;
 pub use host::{HostAuth, HostConfig, HostFabric, Interface, StandbyIoc};
 pub use ioc::{
-    Admission, AdmittedHost, IocAuth, IocConfig, IocFabric, Lan, LanMode, Promiscuous, SetMacPolicy,
-    PORT_PREFIX,
-    MAX_HOST_QUEUES, MAX_TRUNK_VLANS,
+    Admission, AdmittedHost, IocAuth, IocConfig, IocFabric, Lan, LanMode, Promiscuous,
+    SetMacPolicy, MAX_HOST_QUEUES, MAX_TRUNK_VLANS, PORT_PREFIX,
 };
 
 use std::path::Path;

@@ -441,20 +441,35 @@ fn hosts(entries: &[(&str, &str, Option<&str>)]) -> String {
 fn ports_mode_names_a_port_per_host() {
     assert_eq!(ioc("", "", "").unwrap().lan.mode, crate::LanMode::Shared);
     let two = hosts(&[("web 1", KEY_A, None), ("b", KEY_B, Some("vif-b"))]);
-    let i = ports("bridge = \"br0\"\nport_hook = \"/usr/lib/splitnet/port-ovs\"", &two).unwrap();
+    let i = ports(
+        "bridge = \"br0\"\nport_hook = \"/usr/lib/splitnet/port-ovs\"",
+        &two,
+    )
+    .unwrap();
     assert_eq!(i.lan.mode, crate::LanMode::Ports);
     assert_eq!(i.lan.bridge.as_deref(), Some("br0"));
-    assert_eq!(i.auth.hosts[0].port_name(), "sdp-web-1", "derived, the space made a dash");
+    assert_eq!(
+        i.auth.hosts[0].port_name(),
+        "sdp-web-1",
+        "derived, the space made a dash"
+    );
     assert_eq!(i.auth.hosts[1].port_name(), "vif-b", "as set");
     let long = hosts(&[("a-very-long-host-name", KEY_A, None)]);
     let i = ports("", &long).unwrap();
     assert_eq!(i.auth.hosts[0].port_name(), "sdp-a-very-long");
-    assert_eq!(i.auth.hosts[0].port_name().len(), 15, "IFNAMSIZ less its NUL");
+    assert_eq!(
+        i.auth.hosts[0].port_name().len(),
+        15,
+        "IFNAMSIZ less its NUL"
+    );
 }
 
 #[test]
 fn ports_mode_refuses_clashes_bad_names_and_shared_mode_keys() {
-    let clash = hosts(&[("a-very-long-name-1", KEY_A, None), ("a-very-long-name-2", KEY_B, None)]);
+    let clash = hosts(&[
+        ("a-very-long-name-1", KEY_A, None),
+        ("a-very-long-name-2", KEY_B, None),
+    ]);
     let r = invalid(ports("", &clash), "auth.hosts.port");
     assert!(r.contains("both have port \"sdp-a-very-long\""), "{r}");
     let same = hosts(&[("a", KEY_A, Some("p0")), ("b", KEY_B, Some("p0"))]);
