@@ -91,6 +91,29 @@ pub fn set_mac(name: &str, mac: [u8; 6]) -> io::Result<()> {
     ioctl(libc::SIOCSIFHWADDR, &mut r)
 }
 
+/// `SIOCBRADDIF` and `SIOCBRDELIF` (linux/sockios.h): a port joins or leaves a bridge.
+const SIOCBRADDIF: libc::c_ulong = 0x89a2;
+const SIOCBRDELIF: libc::c_ulong = 0x89a3;
+
+/// Makes `port` a port of Linux bridge `bridge` (`join`), or takes it out.
+pub fn set_bridge_port(bridge: &str, port: &str, join: bool) -> io::Result<()> {
+    let index = index(port)?;
+    let mut r = ifreq(bridge)?;
+    r.ifr_ifru.ifru_ifindex = index as libc::c_int;
+    ioctl(if join { SIOCBRADDIF } else { SIOCBRDELIF }, &mut r)
+}
+
+/// The bridge (or other master) `name` is a port of, if any, as sysfs shows it (the
+/// namespace's that mounted it: the daemon's own).
+pub fn master(name: &str) -> io::Result<Option<String>> {
+    ifreq(name)?;
+    match std::fs::read_link(format!("/sys/class/net/{name}/master")) {
+        Ok(p) => Ok(p.file_name().map(|f| f.to_string_lossy().into_owned())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Interface flags (`IFF_*`).
 pub fn flags(name: &str) -> io::Result<i32> {
     let mut r = ifreq(name)?;

@@ -96,6 +96,19 @@ impl Tap {
         Ok(taps)
     }
 
+    /// Creates multi-queue TAP `name`, or attaches one more queue to it: a port of the
+    /// IOC (`lan.mode = "ports"`), one descriptor per host queue, made persistent so that it
+    /// outlives them (the kernel then turns its carrier on while a queue is attached, off
+    /// while none is).
+    pub fn attach_queue(name: &str) -> io::Result<Tap> {
+        Tap::open_with(name, IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | IFF_MULTI_QUEUE).map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::EINVAL) if netdev::index(name).is_ok() => existing_refused(name, 2),
+                _ => io::Error::new(e.kind(), format!("TAP {name}: {e}")),
+            }
+        })
+    }
+
     fn open_with(name: &str, flags: libc::c_short) -> io::Result<Tap> {
         let existed = netdev::index(name).is_ok();
         let path = c"/dev/net/tun";
@@ -264,5 +277,67 @@ fn existing_refused(name: &str, queues: usize) -> io::Error {
 impl AsFd for Tap {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    mod needs_root {
+        use super::super::*;
+        use crate::packet::tests::own_namespace;
+
+        /// Issue 44: a port is a persistent multi-queue TAP: it outlives its queues, takes
+        /// more, has carrier only while one is attached, joins and leaves a bridge, and goes
+        /// once it is no longer persistent and its last queue closes.
+        #[test]
+        #[ignore = "needs root"]
+        fn a_port_outlives_its_queues_and_joins_a_bridge() {
+            own_namespace();
+            let q = Tap::attach_queue("sdp-t").unwrap();
+            q.set_persist(true).unwrap();
+            let q2 = Tap::attach_queue("sdp-t").unwrap();
+            assert!(q2.reattached());
+            netdev::set_up("sdp-t").unwrap();
+            assert!(netdev::is_running("sdp-t").unwrap(), "carrier with queues");
+            drop((q, q2));
+            assert!(netdev::index("sdp-t").is_ok(), "persistent");
+            // This namespace's sysfs is not mounted: IFF_RUNNING, which trails the carrier.
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while netdev::is_running("sdp-t").unwrap() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert!(
+                !netdev::is_running("sdp-t").unwrap(),
+                "no carrier without a queue"
+            );
+            let ok = std::process::Command::new("ip")
+                .args(["link", "add", "br-t", "type", "bridge"])
+                .status()
+                .unwrap();
+            assert!(ok.success(), "ip link add br-t type bridge");
+            // As rtnetlink shows it (sysfs would show the namespace that mounted it).
+            let master = || {
+                let out = std::process::Command::new("ip")
+                    .args(["-o", "link", "show", "sdp-t"])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).contains("master br-t")
+            };
+            assert!(!master());
+            netdev::set_bridge_port("br-t", "sdp-t", true).unwrap();
+            assert!(master(), "a port of br-t");
+            netdev::set_bridge_port("br-t", "sdp-t", false).unwrap();
+            assert!(!master(), "out of br-t");
+            let last = Tap::attach_queue("sdp-t").unwrap();
+            last.set_persist(false).unwrap();
+            drop(last);
+            assert!(netdev::index("sdp-t").is_err(), "gone");
+            // A single-queue TAP of that name takes no port's queue, and says why.
+            let plain = Tap::open("sdp-p").unwrap();
+            plain.set_persist(true).unwrap();
+            drop(plain);
+            let e = Tap::attach_queue("sdp-p").unwrap_err();
+            assert!(e.to_string().contains("single-queue"), "{e}");
+        }
     }
 }
