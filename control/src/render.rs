@@ -206,6 +206,9 @@ fn hosts(h: &Hosts) -> String {
             e.counters.tx.dropped + e.counters.rx.dropped,
             format!("{}/{}", e.buffers, e.buffer_quota)
         );
+        if !e.port.is_empty() {
+            let _ = writeln!(o, "         port: {}", e.port);
+        }
         if e.standby {
             o.push_str(
                 "         standby: claims no MAC, carries no frame until its host activates it\n",
@@ -475,6 +478,7 @@ mod tests {
             drops: BTreeMap::new(),
             bridged: vec![],
             standby: false,
+            port: String::new(),
         };
         let h = Hosts {
             hosts: vec![

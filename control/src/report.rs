@@ -371,6 +371,9 @@ pub struct HostEntry {
     /// until its host activates it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub standby: bool,
+    /// Its port on the IOC's machine (`lan.mode = "ports"`; empty in shared mode).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub port: String,
 }
 
 /// Frame counters of one direction.
