@@ -13,6 +13,9 @@ use tracing::warn;
 /// its other queues may only ask for their own counters.
 pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, data: &[u8]) {
     let (mtu_max, nic_up, offered) = (st.mtu, st.nic_up, report::offered(&st.cfg));
+    // Ports mode: the host's MTU is at most its port's, as the switch set it.
+    let port_mtu = st.hosts.get(&session).and_then(|h| h.port.as_ref());
+    let mtu_max = port_mtu.map_or(mtu_max, |p| p.mtu());
     let (set_mac, mac_base) = (st.cfg.lan.set_mac, st.cfg.lan.mac_base.0);
     // Each host asks at its own rate: beyond it the answer is Busy, and it costs the
     // worker nothing more (the requests that change the NIC or its filters, slower still).
@@ -190,6 +193,9 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
     if code == CfgCode::SetMac {
         st.sync_nic_filter();
         st.open_own_queue(session);
+        if status == ErrorCode::Ok {
+            st.port_changed(session);
+        }
     }
     if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
         st.sync_multicast();

@@ -81,6 +81,21 @@ pub fn from_host(
             return;
         }
     };
+    // Ports mode: every frame goes to the host's port, as it came (the switch forwards it,
+    // and tags it as the port's VLAN settings say).
+    if let Some(port) = h.port.as_ref() {
+        match port.send(frame) {
+            Ok(_) => {
+                h.stats.tx_frames += 1;
+                h.stats.tx_bytes += frame.len() as u64;
+            }
+            Err(e) => {
+                debug!(session = from, "the port refused a frame: {e}");
+                h.drop_tx(TxDrop::Nic);
+            }
+        }
+        return;
+    }
     // An access host's frame travels on with its VLAN's tag: a private copy with the tag in
     // (checked above as it came; the tag moves its offsets, and insert_vlan_ahead moves
     // them). Copied 4 bytes in, so that only its header and MACs move for the tag.

@@ -43,6 +43,9 @@ pub struct Policy {
     pub queues: u16,
     /// Its VLANs.
     pub vlan: VlanMode,
+    /// Its port (`lan.mode = "ports"`): its entry's ([`splitnet_config::AdmittedHost::port_name`]); none
+    /// without an entry.
+    pub port: Option<String>,
 }
 
 impl Policy {
@@ -56,6 +59,7 @@ impl Policy {
             promiscuous: true,
             queues: MAX_HOST_QUEUES,
             vlan: VlanMode::Untagged,
+            port: None,
         }
     }
 
@@ -63,7 +67,11 @@ impl Policy {
     /// open admission's, or none (the session may not stay).
     pub fn of(auth: &IocAuth, key: Option<&Key>) -> Option<Policy> {
         if auth.admission == Admission::Open {
-            return Some(Policy::open());
+            let port = key.and_then(|k| auth.host(k)).map(|h| h.port_name());
+            return Some(Policy {
+                port,
+                ..Policy::open()
+            });
         }
         let host = auth.host(key?)?;
         Some(Policy {
@@ -73,6 +81,7 @@ impl Policy {
             promiscuous: host.promiscuous,
             queues: host.queues,
             vlan: VlanMode::of(host.vlan, &host.vlans),
+            port: Some(host.port_name()),
         })
     }
 }

@@ -10,6 +10,7 @@
 use crate::counters::{Drops, RxDrop, TxDrop};
 use crate::gate::Policy;
 use crate::own_queue::{OwnQueue, OwnQueueRetry};
+use crate::port::PortQueue;
 use crate::rate::RateLimit;
 use crate::shard::KeyHold;
 use crate::vlan::Ingress;
@@ -129,6 +130,9 @@ pub struct HostQueue {
     pub own_queue_retry: Option<OwnQueueRetry>,
     /// Its last own queue, shut, closed with the session (see [`crate::own_queue`]).
     pub shut_queue: Option<OwnQueue>,
+    /// Ports mode: this session's queue of the host's port ([`crate::port`]), attached
+    /// while the session is active.
+    pub port: Option<Rc<PortQueue>>,
     /// Its fabric address.
     pub peer: String,
     /// When it connected.
@@ -213,6 +217,7 @@ impl HostQueue {
             own_queue: None,
             own_queue_retry: None,
             shut_queue: None,
+            port: None,
             peer,
             since: Instant::now(),
             cfg_rate: RateLimit::new(CFG_RATE.0, CFG_RATE.1, Instant::now()),

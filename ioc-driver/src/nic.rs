@@ -128,6 +128,37 @@ pub trait Nic: std::fmt::Debug {
     }
 }
 
+/// No NIC: the IOC's in ports mode (`lan.mode = "ports"`), where each host's frames go to
+/// and come from its port ([`crate::port`]) and the switch owns the NIC. Nothing arrives;
+/// a send is refused (none is made); filters have nothing to filter.
+#[derive(Debug, Default)]
+pub struct NoNic;
+
+impl Nic for NoNic {
+    fn recv_batch(&self, _: usize, _: &mut [&mut [u8]], _: &mut [usize]) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+
+    fn send(&self, _: &[u8]) -> io::Result<usize> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "ports mode: frames go to the hosts' ports",
+        ))
+    }
+
+    fn set_multicast(&self, _: [u8; 6], _: bool) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn set_unicast(&self, _: [u8; 6], _: bool) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn set_promisc(&self, _: bool) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Opens `queues` packet sockets per worker on `name` (its receive queues), for `n`
 /// workers, in one fanout group when there are several: worker `w`'s are the group's sockets
 /// `w * queues ..`, and until the workers steer their MACs every frame goes by flow hash.

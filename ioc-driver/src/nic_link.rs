@@ -62,6 +62,18 @@ impl NicFollow {
         }
     }
 
+    /// Follows nothing (ports mode: the IOC has no NIC); `now` stays the state.
+    pub fn nothing(now: NicLink) -> NicFollow {
+        NicFollow {
+            name: String::new(),
+            index: 0,
+            fixed_mtu: Some(now.mtu),
+            watch: None,
+            last: now,
+            states: Vec::new(),
+        }
+    }
+
     /// Whether the NIC is read by polling ([`NicFollow::poll`]) rather than followed.
     pub fn polled(&self) -> bool {
         self.watch.is_none()
@@ -74,6 +86,9 @@ impl NicFollow {
 
     /// The NIC's state when it differs from the last one returned, read now (polling).
     pub fn poll(&mut self) -> Option<NicLink> {
+        if self.name.is_empty() {
+            return None;
+        }
         let up = netdev::is_running(&self.name).unwrap_or(self.last.up);
         let mtu = match self.fixed_mtu {
             Some(m) => m,

@@ -173,6 +173,7 @@ impl WorkerState {
                     drops: counted(h.drops.named().into_iter()),
                     bridged: h.bridged.iter().map(fmt_mac).collect(),
                     standby: h.standby,
+                    port: h.port.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
                 },
                 stats: h.stats,
                 drops: h.drops,

@@ -3,7 +3,8 @@
 //! waits for it, and end the session when its link fails or goes silent.
 
 use crate::from_host::{self, HostEnd};
-use crate::from_lan;
+use crate::from_lan::{self, LanProgress};
+use crate::from_port;
 use crate::own_queue::OwnQueueProgress;
 use crate::state::{WorkerState, MAX_CONTROL_BACKLOG};
 use splitnet_fabric::{Guard, LinkReady, Ready};
@@ -25,9 +26,12 @@ pub async fn serve(
     ready: LinkReady,
     wake: Rc<Notify>,
 ) {
+    // Ports mode: its port's queue waits for send buffers (all queued towards hosts).
+    let mut port_starved = false;
     let end = loop {
-        let (pending, deadline, sleep_ctrl, sleep, placed) = {
+        let (pending, deadline, sleep_ctrl, sleep, placed, port, freed) = {
             let mut ioc = ioc.borrow_mut();
+            let freed = ioc.buffers_freed.clone();
             match ioc.hosts.get_mut(&session) {
                 Some(h) => {
                     // Shared memory: ask for the doorbells; records may be waiting already.
@@ -36,12 +40,16 @@ pub async fn serve(
                     // The host's own LAN queue, waited on while its pools have room.
                     let placed = h.own_queue.as_ref().filter(|p| !p.starved);
                     let placed = placed.and_then(|p| p.ready.clone());
-                    (h.pending() > 0, h.keepalive.deadline(), c, d, placed)
+                    // Its port's queue, waited on while send buffers are free.
+                    let port = h.port.clone();
+                    let pending = h.pending() > 0;
+                    (pending, h.keepalive.deadline(), c, d, placed, port, freed)
                 }
                 None => return,
             }
         };
         let mut placed_woke = false;
+        let mut port_woke = false;
         let deadline = tokio::time::Instant::from_std(deadline);
         let (ctrl_writable, data_writable) =
             (ready.writable(Lane::Control), ready.writable(Lane::Data));
@@ -52,6 +60,14 @@ pub async fn serve(
             g = readable(placed.as_deref()) => {
                 placed_woke = true;
                 g.map(|g| (None, Some(g)))
+            }
+            g = readable(port.as_deref().map(|p| &p.ready)), if !port_starved => {
+                port_woke = true;
+                g.map(|g| (None, Some(g)))
+            }
+            _ = freed.notified(), if port_starved && port.is_some() => {
+                port_woke = true;
+                Ok((None, None))
             }
             _ = wake.notified() => Ok((None, None)),
             _ = tokio::time::sleep_until(deadline) => Ok((None, None)),
@@ -103,6 +119,9 @@ pub async fn serve(
             // if this wake-up was the host's).
             let placed_progress = (result.is_ok() && (placed_woke || starved))
                 .then(|| from_lan::read_own_queue(&mut st, session));
+            let port_progress =
+                (result.is_ok() && port_woke).then(|| from_port::drive_port(&mut st, session));
+            port_starved = port_progress == Some(LanProgress::NoBuffers);
             let lane_more = lane.is_some() && matches!(result, Ok(false));
             match result {
                 Ok(drained) => {
@@ -136,7 +155,9 @@ pub async fn serve(
                     st.kick_hosts();
                     if let Some(mut g) = guard {
                         // Readable and drained, or writable and still full: wait for the next edge.
-                        let clear = if placed_woke {
+                        let clear = if port_woke {
+                            port_progress == Some(LanProgress::Drained)
+                        } else if placed_woke {
                             placed_progress == Some(OwnQueueProgress::Drained)
                         } else {
                             (lane.is_some() && drained) || (lane.is_none() && !flushed)
@@ -156,7 +177,9 @@ pub async fn serve(
                 }
                 Err(e) => break Err(e),
             }
-            placed_progress == Some(OwnQueueProgress::Budget) || lane_more
+            placed_progress == Some(OwnQueueProgress::Budget)
+                || port_progress == Some(LanProgress::Budget)
+                || lane_more
         };
         if more {
             tokio::task::yield_now().await;

@@ -13,9 +13,10 @@ use crate::host_queue::HostQueue;
 use crate::lan_tx::LanTx;
 use crate::nic::Nic;
 use crate::own_queue::{OwnQueue, OwnQueueRetry, FRAME_MAX};
+use crate::port::{Action, Hooks, PortQueue, PortSpec};
 use crate::rate::RateLimit;
 use crate::shard::{self, KeyHold, Shard};
-use splitnet_config::{Admission, IocAuth, IocConfig, Promiscuous};
+use splitnet_config::{Admission, IocAuth, IocConfig, LanMode, Promiscuous};
 use splitnet_fabric::auth::Key;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError};
@@ -229,6 +230,10 @@ pub struct WorkerState {
     /// When each key's session was last replaced by a newer one (two host-drivers that
     /// share a key replace each other again and again: [`SHARED_KEY_WINDOW`]).
     pub replaced: HashMap<Key, Instant>,
+    /// Ports mode (`lan.mode = "ports"`): each host's frames go to and come from its port.
+    pub ports: bool,
+    /// Ports mode: the port hook, told when a host's MAC becomes known or changes.
+    pub hooks: Hooks,
 }
 
 impl WorkerState {
@@ -294,6 +299,8 @@ impl WorkerState {
             replaced: HashMap::new(),
             vlan_scratch: Vec::new(),
             auth_generation: 0,
+            ports: cfg.lan.mode == LanMode::Ports,
+            hooks: Hooks::none(),
             cfg,
         }
     }
@@ -581,6 +588,24 @@ impl WorkerState {
             }
         }
         let name = who.policy.name.clone().unwrap_or_default();
+        // Ports mode: an active session takes a queue of its host's port, or is refused.
+        let port_name = match queue.is_first() {
+            true => who.policy.port.clone(),
+            false => self.first_queue(&who).and_then(|f| f.policy.port.clone()),
+        };
+        let port = match self.ports && !(who.standby && queue.is_first()) {
+            true => match open_port(port_name.as_deref()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    warn!(%peer, session, name, "refused: {e}");
+                    link.goodbye(ErrorCode::Refused);
+                    link.close(&mut self.reg, &mut self.cache);
+                    self.free_domain(splitnet_messaging::memory::DomainId(session));
+                    return None;
+                }
+            },
+            false => None,
+        };
         let (first, mac, mtu, features) = if queue.is_first() {
             if let Some(key) = who.key {
                 self.replace_older(&key, &name, &peer);
@@ -591,7 +616,8 @@ impl WorkerState {
                 (true, Some(mac)) => mac,
                 _ => self.claim_mac(node_id, who.key.as_ref(), &who.policy),
             };
-            (session, mac, self.mtu, 0)
+            let mtu = port.as_ref().map_or(self.mtu, |p| p.mtu());
+            (session, mac, mtu, 0)
         } else {
             match self.first_queue(&who) {
                 Some(f) => (f.session, f.mac, f.mtu, f.features),
@@ -613,7 +639,7 @@ impl WorkerState {
                 CfgCode::LinkChange,
                 &wire::LinkChange {
                     up: self.nic_up,
-                    mtu: self.mtu,
+                    mtu,
                 }
                 .emit(),
             );
@@ -640,6 +666,7 @@ impl WorkerState {
         host.clear_data = who.clear_data;
         host.mtu = mtu;
         host.features = features;
+        host.port = port;
         let pps = u64::from(self.cfg.lan.storm_control_pps);
         host.storm = (pps > 0).then(|| RateLimit::new(pps, 2 * pps, Instant::now()));
         let standby = who.standby && queue.is_first();
@@ -657,6 +684,9 @@ impl WorkerState {
         if !standby {
             self.sync_nic_filter();
             self.open_own_queue(session);
+            if queue.is_first() {
+                self.port_changed(session);
+            }
         }
         self.publish_load();
         self.connects += 1;
@@ -705,10 +735,25 @@ impl WorkerState {
             warn!(session, name, mac = %fmt_mac(&mac), "a standby host asked to be activated, and its MAC is another host's here: refused");
             return ErrorCode::Refused;
         }
+        let port = match self.ports {
+            true => match open_port(self.hosts[&session].policy.port.as_deref()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    warn!(
+                        session,
+                        name, "a standby host asked to be activated: refused: {e}"
+                    );
+                    return ErrorCode::Refused;
+                }
+            },
+            false => None,
+        };
         self.by_mac.insert(mac, session);
         if let Some(h) = self.hosts.get_mut(&session) {
             h.standby = false;
+            h.port = port;
         }
+        self.port_changed(session);
         self.claim_bridged(session);
         self.sync_nic_filter();
         self.open_own_queue(session);
@@ -869,7 +914,7 @@ impl WorkerState {
     /// path. A failed try is made again, when one of those happens,
     /// [`crate::own_queue::OWN_QUEUE_RETRY`] later, then less often.
     pub fn open_own_queue(&mut self, session: u64) {
-        let Some(h) = self.hosts.get_mut(&session) else {
+        let Some(h) = self.hosts.get_mut(&session).filter(|_| !self.ports) else {
             return;
         };
         let Some(link) = h.link.as_ref() else {
@@ -907,6 +952,22 @@ impl WorkerState {
                     "LAN frames for the host take the general path for {:?}: {e}", retry.wait
                 );
             }
+        }
+    }
+
+    /// Ports mode: tells the port hook the MAC first queue `session` has now, when its
+    /// entry does not fix it (a MAC derived at connect, or taken with SetMac).
+    pub fn port_changed(&self, session: u64) {
+        let Some(h) = self.hosts.get(&session).filter(|h| h.port.is_some()) else {
+            return;
+        };
+        let entry = h.key.as_ref().and_then(|k| self.cfg.auth.host(k));
+        if let Some(e) = entry.filter(|e| e.mac.map(|m| m.0) != Some(h.mac)) {
+            let spec = PortSpec {
+                mac: Some(h.mac),
+                ..PortSpec::of(e)
+            };
+            self.hooks.run(Action::Change, &spec);
         }
     }
 
@@ -1104,6 +1165,14 @@ impl WorkerState {
             "host removed: {why}"
         );
     }
+}
+
+/// A queue of port `name` for a session in ports mode; a host without an entry has none.
+fn open_port(name: Option<&str>) -> Result<Rc<PortQueue>, String> {
+    let name = name.ok_or("ports mode: only hosts of [[auth.hosts]] have a port")?;
+    PortQueue::open(name)
+        .map(Rc::new)
+        .map_err(|e| format!("no queue of its port {name}: {e}"))
 }
 
 /// Makes `held` (what the NIC holds) `want`, each change through `set(mac, on)`. A MAC the NIC

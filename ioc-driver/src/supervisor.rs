@@ -6,14 +6,15 @@
 use crate::admission::Incoming;
 use crate::gate::Gate;
 use crate::listeners::{accept_local, fabric_listener, local_listener, Local, KEPT_LOCAL};
-use crate::nic::{open_lan, rx_queues, LanQueues, Nic};
+use crate::nic::{open_lan, rx_queues, LanQueues, Nic, NoNic};
 use crate::nic_link::{NicFollow, NicLink};
+use crate::port::{Hooks, Ports};
 use crate::report::{self, offered, Snapshot};
 use crate::shard::{self, Observer, Shard};
 use crate::state::WorkerState;
 use crate::upgrade::{self, UpgradeAsked};
 use crate::worker::{Cmd, NicFactory, Spec, Worker};
-use splitnet_config::{Admission, IocConfig, Promiscuous};
+use splitnet_config::{Admission, IocConfig, LanMode, Promiscuous};
 use splitnet_control::Reply;
 use splitnet_fabric::auth::{Key, Responder};
 use splitnet_fabric::{self as fabric, Ready, Stream};
@@ -120,6 +121,8 @@ pub struct Cluster {
     reloads: Option<mpsc::UnboundedSender<ReloadAsked>>,
     /// Where its `upgrade` requests go: the main loop, which hands over or says why not.
     upgrades: Option<mpsc::UnboundedSender<UpgradeAsked>>,
+    /// Ports mode: the hosts' ports.
+    ports: Option<Ports>,
 }
 
 /// A `reload` request of the control socket, answered with what was applied or why not.
@@ -139,6 +142,13 @@ impl Cluster {
         prepare: fn(&mut WorkerState),
     ) -> io::Result<Cluster> {
         let started = Instant::now();
+        // Ports mode: every entry's port, before any host can connect to it.
+        let ports = (cfg.lan.mode == LanMode::Ports).then(|| {
+            let mut p = Ports::new(&cfg.lan);
+            p.sync(&cfg.auth);
+            p
+        });
+        let hooks = ports.as_ref().map_or_else(Hooks::none, |p| p.hooks.clone());
         let shards = Shard::set(cfg.fabric.worker_count());
         let observer = shards[0].0.observer();
         let mut workers = Vec::with_capacity(shards.len());
@@ -154,6 +164,7 @@ impl Cluster {
                 inbox,
                 nic: nic(i),
                 prepare,
+                hooks: hooks.clone(),
             })?);
         }
         Ok(Cluster {
@@ -171,6 +182,7 @@ impl Cluster {
             refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
             reloads: None,
             upgrades: None,
+            ports,
         })
     }
 
@@ -298,6 +310,11 @@ impl Cluster {
         for w in &self.workers {
             let _ = w.cmds.send(Cmd::Auth(auth.clone()));
         }
+        // Ports of new entries are made, of entries gone removed (once the workers closed
+        // their sessions' queues).
+        if let Some(p) = self.ports.as_mut() {
+            p.sync(&self.cfg.auth);
+        }
         Ok(format!(
             "reloaded [auth]: {hosts} host(s) in [[auth.hosts]], admission {:?}, encrypt_data {}; applied to every session",
             a.admission, a.encrypt_data
@@ -389,24 +406,34 @@ pub async fn run(
         name: name.clone(),
         source,
     };
-    netdev::set_up(&name).map_err(lan_err)?;
     let n = cfg.fabric.worker_count();
     crate::budget::budget(&cfg, n, 2 * service::memory::tcp_socket_max()).log();
-    // "auto": each worker puts its hosts' MACs in the NIC's unicast filter and holds it
-    // promiscuous while one of its hosts is (`WorkerState::sync_nic_filter`).
-    let promisc = cfg.lan.promiscuous == Promiscuous::On;
-    let queues = rx_queues(cfg.lan.rx_queues as usize, n);
-    let mut socks: Vec<Option<Vec<PacketSocket>>> = open_lan(&name, n, queues, promisc)
-        .map_err(lan_err)?
-        .into_iter()
-        .map(Some)
-        .collect();
+    // Ports mode: no NIC is opened; each host's MTU is its port's.
+    let ports = cfg.lan.mode == LanMode::Ports;
     let fixed_mtu = cfg.lan.mtu;
-    let mtu = match cfg.lan.mtu {
-        Some(m) => m,
-        None => netdev::mtu(&name).map_err(lan_err)?,
+    let (mut socks, mtu, nic_up) = if ports {
+        (
+            (0..n).map(|_| None).collect(),
+            cfg.lan.mtu.unwrap_or(1500),
+            true,
+        )
+    } else {
+        netdev::set_up(&name).map_err(lan_err)?;
+        // "auto": each worker puts its hosts' MACs in the NIC's unicast filter and holds it
+        // promiscuous while one of its hosts is (`WorkerState::sync_nic_filter`).
+        let promisc = cfg.lan.promiscuous == Promiscuous::On;
+        let queues = rx_queues(cfg.lan.rx_queues as usize, n);
+        let socks: Vec<Option<Vec<PacketSocket>>> = open_lan(&name, n, queues, promisc)
+            .map_err(lan_err)?
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mtu = match cfg.lan.mtu {
+            Some(m) => m,
+            None => netdev::mtu(&name).map_err(lan_err)?,
+        };
+        (socks, mtu, netdev::is_running(&name).unwrap_or(false))
     };
-    let nic_up = netdev::is_running(&name).unwrap_or(false);
     let listen = cfg.fabric.listen;
     let rdma = cfg.fabric.rdma;
     let listener =
@@ -466,9 +493,12 @@ pub async fn run(
         key,
         mtu,
         nic_up,
-        netdev::mac(&name).ok(),
+        netdev::mac(&name).ok().filter(|_| !ports),
         |i| {
             let sock = socks[i].take();
+            if ports {
+                return Box::new(|| Ok((Box::new(NoNic) as Box<dyn Nic>, Vec::new())));
+            }
             Box::new(move || {
                 let queues = LanQueues::new(sock.unwrap_or_default())?;
                 let ready = queues
@@ -491,7 +521,10 @@ pub async fn run(
             .await?;
     drop(kept_ops);
     notify::ready(&format!("listening on {listen}, LAN {name}"));
-    let nic = NicFollow::new(&name, NicLink { up: nic_up, mtu }, fixed_mtu);
+    let nic = match ports {
+        true => NicFollow::nothing(NicLink { up: nic_up, mtu }),
+        false => NicFollow::new(&name, NicLink { up: nic_up, mtu }, fixed_mtu),
+    };
     let link_task = tokio::task::spawn_local(link_monitor(cluster.clone(), name, nic));
     let acceptor = Acceptor::new(cluster.clone());
     let (reload_tx, mut reloads) = mpsc::unbounded_channel();
@@ -817,6 +850,7 @@ mod tests {
             refusals: LogLimit::new(REFUSAL_LOG_INTERVAL),
             reloads: None,
             upgrades: None,
+            ports: None,
         }
     }
 

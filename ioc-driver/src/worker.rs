@@ -83,6 +83,8 @@ pub struct Spec {
     pub nic: NicFactory,
     /// Applied to its state before it serves anyone (tests).
     pub prepare: fn(&mut WorkerState),
+    /// Ports mode: the port hook.
+    pub hooks: crate::port::Hooks,
 }
 
 /// The class `[scheduling]` gives the data-path threads.
@@ -172,6 +174,7 @@ async fn run(
         inbox,
         nic,
         prepare,
+        hooks,
     } = spec;
     let (nic, queues) = match nic() {
         Ok(n) => n,
@@ -184,6 +187,7 @@ async fn run(
         cfg, nic, mtu, nic_up, shard,
     )));
     ioc.borrow_mut().nic_mac = nic_mac;
+    ioc.borrow_mut().hooks = hooks;
     prepare(&mut ioc.borrow_mut());
     let mut tasks = vec![
         tokio::task::spawn_local(deliver_crossed(ioc.clone(), inbox)),

@@ -1658,6 +1658,7 @@ fn a_hosts_policy_bridges_its_machines_and_decides_promiscuity() {
         promiscuous: false,
         queues: 1,
         vlan: crate::vlan::VlanMode::Untagged,
+        port: None,
     };
     let (a, mut pa) = connect_with(&mut ioc, who, false, host_config(128));
     let (b, mut pb) = connect(&mut ioc, 2, false, 128);
