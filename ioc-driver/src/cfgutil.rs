@@ -193,9 +193,9 @@ pub fn cfg_request(st: &mut WorkerState, session: u64, txn: u64, code: CfgCode, 
     if code == CfgCode::SetMac {
         st.sync_nic_filter();
         st.open_own_queue(session);
-        if status == ErrorCode::Ok {
-            st.port_changed(session);
-        }
+    }
+    if matches!(code, CfgCode::SetMac | CfgCode::SetMtu) && status == ErrorCode::Ok {
+        st.port_changed(session, crate::port::Action::Change);
     }
     if code == CfgCode::SetMulticast && status == ErrorCode::Ok {
         st.sync_multicast();

@@ -133,6 +133,9 @@ pub struct HostQueue {
     /// Ports mode: this session's queue of the host's port ([`crate::port`]), attached
     /// while the session is active.
     pub port: Option<Rc<PortQueue>>,
+    /// Ports mode: what the port hook was last told of this first queue's port (its `down`
+    /// says the same once a reload took the entry away).
+    pub port_spec: Option<crate::port::PortSpec>,
     /// Its fabric address.
     pub peer: String,
     /// When it connected.
@@ -218,6 +221,7 @@ impl HostQueue {
             own_queue_retry: None,
             shut_queue: None,
             port: None,
+            port_spec: None,
             peer,
             since: Instant::now(),
             cfg_rate: RateLimit::new(CFG_RATE.0, CFG_RATE.1, Instant::now()),

@@ -98,6 +98,10 @@ pub enum Action {
     Add,
     /// The host's MAC or policy changed.
     Change,
+    /// The host's active session took the port (its carrier is on): the MAC is known.
+    Up,
+    /// The host's active session left the port (its carrier is off).
+    Down,
     /// The port is about to be removed.
     Remove,
 }
@@ -107,6 +111,8 @@ impl Action {
         match self {
             Action::Add => "add",
             Action::Change => "change",
+            Action::Up => "up",
+            Action::Down => "down",
             Action::Remove => "remove",
         }
     }
@@ -131,6 +137,8 @@ pub struct PortSpec {
     pub promiscuous: bool,
     /// Queues it may open.
     pub queues: u16,
+    /// The MTU its sd0 has (none known yet: empty).
+    pub mtu: Option<u32>,
 }
 
 impl PortSpec {
@@ -145,13 +153,15 @@ impl PortSpec {
             vlans: h.vlans.clone(),
             promiscuous: h.promiscuous,
             queues: h.queues,
+            mtu: None,
         }
     }
 
     /// The hook's environment: `SPLITNET_PORT`, `SPLITNET_HOST`, `SPLITNET_MAC` (empty
     /// while unknown), `SPLITNET_EXTRA_MACS` (space-separated), `SPLITNET_VLAN` (the access
     /// VLAN, empty for none), `SPLITNET_TRUNKS` (comma-separated, as OVS `trunks=` takes
-    /// them), `SPLITNET_PROMISCUOUS` (`yes` or `no`), `SPLITNET_QUEUES`.
+    /// them), `SPLITNET_PROMISCUOUS` (`yes` or `no`), `SPLITNET_QUEUES`, `SPLITNET_MTU`
+    /// (the host's, empty while unknown).
     pub fn env(&self) -> Vec<(&'static str, String)> {
         let mac = |m: &[u8; 6]| splitnet_messaging::wire::fmt_mac(m);
         let join =
@@ -181,12 +191,16 @@ impl PortSpec {
                 if self.promiscuous { "yes" } else { "no" }.into(),
             ),
             ("SPLITNET_QUEUES", self.queues.to_string()),
+            (
+                "SPLITNET_MTU",
+                self.mtu.map(|m| m.to_string()).unwrap_or_default(),
+            ),
         ]
     }
 }
 
 /// Runs `lan.port_hook`, one call at a time in the order asked, on a thread of its own (a
-/// slow hook never holds the IOC's loops): `HOOK add|change|remove`, with [`PortSpec::env`]
+/// slow hook never holds the IOC's loops): `HOOK add|change|up|down|remove`, with [`PortSpec::env`]
 /// and `SPLITNET_BRIDGE` (`lan.bridge`, empty for none). A hook that fails is logged.
 #[derive(Debug, Clone)]
 pub struct Hooks {
@@ -199,10 +213,14 @@ impl Hooks {
         Hooks { tx: None }
     }
 
-    /// Hooks that run `hook`, or none.
-    pub fn new(hook: Option<PathBuf>, bridge: Option<String>) -> Hooks {
+    /// Hooks that run `hook`, or none, and the thread that runs them (it ends once every
+    /// clone of the hooks is dropped and the calls asked are done).
+    pub fn spawn(
+        hook: Option<PathBuf>,
+        bridge: Option<String>,
+    ) -> (Hooks, Option<std::thread::JoinHandle<()>>) {
         let Some(hook) = hook else {
-            return Hooks::none();
+            return (Hooks::none(), None);
         };
         let (tx, rx) = mpsc::channel::<(Action, PortSpec)>();
         let bridge = bridge.unwrap_or_default();
@@ -214,10 +232,10 @@ impl Hooks {
                 }
             });
         match spawned {
-            Ok(_) => Hooks { tx: Some(tx) },
+            Ok(t) => (Hooks { tx: Some(tx) }, Some(t)),
             Err(e) => {
                 warn!("lan.port_hook is not run: no thread for it: {e}");
-                Hooks::none()
+                (Hooks::none(), None)
             }
         }
     }
@@ -266,18 +284,41 @@ pub struct Ports {
     made: BTreeMap<String, PortSpec>,
     bridge: Option<String>,
     offload: bool,
-    /// The hook, also run by the workers as a host's MAC becomes known.
+    /// The hook, also run by the workers as their hosts' sessions take and leave ports.
     pub hooks: Hooks,
+    hook_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Ports {
     /// No port yet, made as `lan` says.
     pub fn new(lan: &Lan) -> Ports {
+        let (hooks, hook_thread) = Hooks::spawn(lan.port_hook.clone(), lan.bridge.clone());
         Ports {
             made: BTreeMap::new(),
             bridge: lan.bridge.clone(),
             offload: lan.offload,
-            hooks: Hooks::new(lan.port_hook.clone(), lan.bridge.clone()),
+            hooks,
+            hook_thread,
+        }
+    }
+
+    /// At exit, once the workers are gone: waits up to `deadline` for the hook's calls
+    /// still asked (the `down` of every port a session left), so that a switch never keeps
+    /// a binding for an IOC that stopped. The ports themselves stay for the next IOC.
+    pub fn finish(self, deadline: std::time::Duration) {
+        let Some(t) = self.hook_thread else {
+            return;
+        };
+        drop(self.hooks);
+        let until = std::time::Instant::now() + deadline;
+        while !t.is_finished() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        match t.is_finished() {
+            true => {
+                let _ = t.join();
+            }
+            false => warn!("lan.port_hook: calls still running after {deadline:?} are not waited for"),
         }
     }
 
@@ -391,6 +432,7 @@ mod tests {
             vlans: vec![10, 20],
             promiscuous: false,
             queues: 2,
+            mtu: Some(9000),
         };
         let env: BTreeMap<_, _> = spec.env().into_iter().collect();
         assert_eq!(env["SPLITNET_PORT"], "sdp-a");
@@ -403,9 +445,15 @@ mod tests {
         assert_eq!(env["SPLITNET_TRUNKS"], "10,20");
         assert_eq!(env["SPLITNET_PROMISCUOUS"], "no");
         assert_eq!(env["SPLITNET_QUEUES"], "2");
-        let unknown = PortSpec { mac: None, ..spec };
+        assert_eq!(env["SPLITNET_MTU"], "9000");
+        let unknown = PortSpec {
+            mac: None,
+            mtu: None,
+            ..spec
+        };
         let env: BTreeMap<_, _> = unknown.env().into_iter().collect();
         assert_eq!(env["SPLITNET_MAC"], "", "not known yet");
+        assert_eq!(env["SPLITNET_MTU"], "", "not known yet");
     }
 
     /// The hook runs in the order asked, with the action as its argument and the port in
@@ -426,7 +474,7 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let hooks = Hooks::new(Some(hook), Some("br0".into()));
+        let (hooks, _thread) = Hooks::spawn(Some(hook), Some("br0".into()));
         let spec = |p: &str| PortSpec {
             port: p.into(),
             host: p.into(),
@@ -436,11 +484,14 @@ mod tests {
             vlans: vec![],
             promiscuous: true,
             queues: 1,
+            mtu: None,
         };
         hooks.run(Action::Add, &spec("p1"));
+        hooks.run(Action::Up, &spec("p1"));
         hooks.run(Action::Change, &spec("p1"));
+        hooks.run(Action::Down, &spec("p1"));
         hooks.run(Action::Remove, &spec("p2"));
-        let want = "add p1 br0\nchange p1 br0\nremove p2 br0\n";
+        let want = "add p1 br0\nup p1 br0\nchange p1 br0\ndown p1 br0\nremove p2 br0\n";
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let mut got = String::new();
         while std::time::Instant::now() < until {

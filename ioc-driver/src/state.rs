@@ -685,7 +685,7 @@ impl WorkerState {
             self.sync_nic_filter();
             self.open_own_queue(session);
             if queue.is_first() {
-                self.port_changed(session);
+                self.port_changed(session, Action::Up);
             }
         }
         self.publish_load();
@@ -753,7 +753,7 @@ impl WorkerState {
             h.standby = false;
             h.port = port;
         }
-        self.port_changed(session);
+        self.port_changed(session, Action::Up);
         self.claim_bridged(session);
         self.sync_nic_filter();
         self.open_own_queue(session);
@@ -955,20 +955,23 @@ impl WorkerState {
         }
     }
 
-    /// Ports mode: tells the port hook the MAC first queue `session` has now, when its
-    /// entry does not fix it (a MAC derived at connect, or taken with SetMac).
-    pub fn port_changed(&self, session: u64) {
-        let Some(h) = self.hosts.get(&session).filter(|h| h.port.is_some()) else {
+    /// Ports mode: tells the port hook that first queue `session` took its port (`up`),
+    /// left it (`down`) or changed its MAC or MTU there (`change`), with those it has now.
+    pub fn port_changed(&mut self, session: u64, action: Action) {
+        let Some(h) = self.hosts.get_mut(&session).filter(|h| h.port.is_some()) else {
             return;
         };
         let entry = h.key.as_ref().and_then(|k| self.cfg.auth.host(k));
-        if let Some(e) = entry.filter(|e| e.mac.map(|m| m.0) != Some(h.mac)) {
-            let spec = PortSpec {
-                mac: Some(h.mac),
-                ..PortSpec::of(e)
-            };
-            self.hooks.run(Action::Change, &spec);
-        }
+        let Some(spec) = entry.map(PortSpec::of).or_else(|| h.port_spec.clone()) else {
+            return;
+        };
+        let spec = PortSpec {
+            mac: Some(h.mac),
+            mtu: Some(h.mtu),
+            ..spec
+        };
+        self.hooks.run(action, &spec);
+        h.port_spec = Some(spec);
     }
 
     /// Shuts host `session`'s own queue, if it has one, and gives its frames back to the
@@ -1096,6 +1099,9 @@ impl WorkerState {
         // Its own LAN queue is closed with `host` at the end, once its MAC is free for a
         // host that reconnects meanwhile.
         self.close_own_queue(session);
+        if self.hosts.get(&session).is_some_and(|h| h.queue.is_first()) {
+            self.port_changed(session, Action::Down);
+        }
         let Some(mut host) = self.hosts.remove(&session) else {
             return;
         };

@@ -40,6 +40,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+/// How long a reload in ports mode waits for the workers to apply it before it removes ports.
+const RELOAD_ACK_DEADLINE: Duration = Duration::from_secs(1);
+/// How long a stopping IOC waits for its port hook's last calls.
+const HOOK_DRAIN_DEADLINE: Duration = Duration::from_secs(3);
+
 /// How often the NIC's link state and MTU are checked.
 const LINK_POLL: Duration = Duration::from_millis(250);
 
@@ -307,12 +312,23 @@ impl Cluster {
         let a = &self.cfg.auth;
         info!(hosts, admission = ?a.admission, encrypt_data = a.encrypt_data, "reloaded [auth]");
         let auth = Arc::new(a.clone());
-        for w in &self.workers {
-            let _ = w.cmds.send(Cmd::Auth(auth.clone()));
-        }
-        // Ports of new entries are made, of entries gone removed (once the workers closed
-        // their sessions' queues).
+        let (applied, acks) = std::sync::mpsc::sync_channel(self.workers.len());
+        let told = (self.workers.iter())
+            .filter(|w| w.cmds.send(Cmd::Auth(auth.clone(), applied.clone())).is_ok())
+            .count();
+        // Ports of new entries are made, of entries gone removed once the workers ended
+        // their sessions (the hook's `down` of a port before its `remove`). A worker applies
+        // [auth] in microseconds; one that does not answer within the deadline is stuck,
+        // and the ports go all the same.
         if let Some(p) = self.ports.as_mut() {
+            let until = Instant::now() + RELOAD_ACK_DEADLINE;
+            for _ in 0..told {
+                let left = until.saturating_duration_since(Instant::now());
+                if acks.recv_timeout(left).is_err() {
+                    warn!("a worker did not apply the reload within {RELOAD_ACK_DEADLINE:?}: its hosts' ports go all the same");
+                    break;
+                }
+            }
             p.sync(&self.cfg.auth);
         }
         Ok(format!(
@@ -615,8 +631,16 @@ pub async fn run(
         true => ErrorCode::Restarting,
         false => ErrorCode::ShuttingDown,
     };
-    let workers = cluster.borrow_mut().stop(code);
-    let joined = tokio::task::spawn_blocking(move || workers.into_iter().for_each(Worker::join));
+    let (workers, ports) = {
+        let mut c = cluster.borrow_mut();
+        (c.stop(code), c.ports.take())
+    };
+    let joined = tokio::task::spawn_blocking(move || {
+        workers.into_iter().for_each(Worker::join);
+        if let Some(p) = ports {
+            p.finish(HOOK_DRAIN_DEADLINE);
+        }
+    });
     if joined.await.is_err() {
         warn!("the workers could not be waited for");
     }
@@ -869,7 +893,7 @@ mod tests {
         write("[auth]\nencrypt_data = true\nadmission = \"open\"\n");
         let done = reload_from(&cluster, &file).unwrap();
         assert!(done.contains("encrypt_data true"), "{done}");
-        let Ok(Cmd::Auth(auth)) = cmds.try_recv() else {
+        let Ok(Cmd::Auth(auth, _)) = cmds.try_recv() else {
             panic!("the worker was not told");
         };
         assert!(auth.encrypt_data && auth.admission == Admission::Open);

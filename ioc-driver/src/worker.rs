@@ -42,8 +42,9 @@ pub enum Cmd {
     /// A snapshot for the operators (the main thread waits for it within a deadline).
     Report(tokio::sync::oneshot::Sender<Snapshot>),
     /// A reload's `[auth]`: applied to every session at once
-    /// ([`WorkerState::apply_policy`]).
-    Auth(Arc<IocAuth>),
+    /// ([`WorkerState::apply_policy`]), then acknowledged on the sender, which ports mode
+    /// waits for before it removes the ports of entries gone.
+    Auth(Arc<IocAuth>, std::sync::mpsc::SyncSender<()>),
     /// Flush every host's pools, say goodbye with this code (ShuttingDown, or Restarting
     /// when the listening sockets outlive the process), stop.
     Stop(ErrorCode),
@@ -225,10 +226,11 @@ async fn run(
                 from_lan::count_nic_drops(&mut st);
                 let _ = reply.send(st.snapshot());
             }
-            Cmd::Auth(auth) => {
+            Cmd::Auth(auth, applied) => {
                 let mut st = ioc.borrow_mut();
                 st.cfg.auth = (*auth).clone();
                 st.apply_policy();
+                let _ = applied.try_send(());
             }
             Cmd::Stop(code) => break code,
         }

@@ -9,8 +9,9 @@
 # - host 2, not promiscuous, never receives frames the bridge floods for a MAC no one has, nor
 #   the frames for host 1 (its capture holds none; the IOC counts what it filtered), while
 #   host 1 receives its own;
-# - the port hook runs with the port, host and MAC in its environment: add for every port,
-#   change once a host's MAC is known, remove when its entry goes;
+# - the port hook runs with the port, host, MAC and MTU in its environment: add for every
+#   port, up when a host's session takes it (with the MAC it has), change when the host sets
+#   its MTU, down when the session leaves it, remove when its entry goes;
 # - the ports survive an IOC restart (no carrier meanwhile) and serve the hosts after it;
 # - a reload that removes host 2's entry ends its session and removes its port from the
 #   bridge and the machine; host 1 goes on.
@@ -20,7 +21,7 @@ CTL=$BIN/splitnetctl
 NOBODY=02:99:99:99:99:99
 cat >"$T/hook" <<EOF
 #!/bin/sh
-echo "\$1 \$SPLITNET_PORT \$SPLITNET_HOST mac=\$SPLITNET_MAC bridge=\$SPLITNET_BRIDGE" >>"$T/hook.log"
+echo "\$1 \$SPLITNET_PORT \$SPLITNET_HOST mac=\$SPLITNET_MAC mtu=\$SPLITNET_MTU bridge=\$SPLITNET_BRIDGE" >>"$T/hook.log"
 EOF
 chmod 755 "$T/hook"
 python3 - "$IOC_CONF" "$T/ioc.toml" "$T/hook" <<'PY' || fail "cannot write the ports-mode configuration"
@@ -99,17 +100,23 @@ after=$(filtered)
 assert_ge "$((after - before))" 40 "frames the IOC filtered (20 floods to each host at least)"
 log "floods for $NOBODY: none at either host; the IOC filtered $((after - before)) frames"
 
-# The hook: add for both ports, change with each host's MAC (derived at connect).
-assert_grep "$T/hook.log" "^add sdp-host1 host1 mac= bridge=br0$" "the hook's add of sdp-host1"
-assert_grep "$T/hook.log" "^add sdp-host2 host2 mac= bridge=br0$" "the hook's add of sdp-host2"
-assert_grep "$T/hook.log" "^change sdp-host1 host1 mac=$host1 " "the hook's change with host 1's MAC"
-assert_grep "$T/hook.log" "^change sdp-host2 host2 mac=$host2 " "the hook's change with host 2's MAC"
+# The hook: add for both ports, up with each host's MAC (derived at connect), change with
+# the MTU a host sets.
+assert_grep "$T/hook.log" "^add sdp-host1 host1 mac= mtu= bridge=br0$" "the hook's add of sdp-host1"
+assert_grep "$T/hook.log" "^add sdp-host2 host2 mac= mtu= bridge=br0$" "the hook's add of sdp-host2"
+assert_grep "$T/hook.log" "^up sdp-host1 host1 mac=$host1 mtu=1500 " "the hook's up with host 1's MAC"
+assert_grep "$T/hook.log" "^up sdp-host2 host2 mac=$host2 mtu=1500 " "the hook's up with host 2's MAC"
+run ip -n sd-host link set dev sd0 mtu 1400
+eventually 5 grep -q "^change sdp-host1 host1 mac=$host1 mtu=1400 " "$T/hook.log" ||
+    fail "no change with host 1's MTU in the hook's log: $(cat "$T/hook.log")"
+run ip -n sd-host link set dev sd0 mtu 1500
 
 # An IOC restart: the ports stay (no carrier meanwhile), and serve the hosts after it.
 stop_ioc
 ip -n sd-ioc link show sdp-host1 >/dev/null 2>&1 || fail "sdp-host1 gone with the IOC"
 port_down() { [ "$(port_carrier "$1")" = down ]; }
 eventually 5 port_down sdp-host1 || fail "sdp-host1 kept its carrier with the IOC stopped"
+eventually 5 grep -q "^down sdp-host1 host1 mac=$host1 " "$T/hook.log" || fail "no down of sdp-host1 in the hook's log"
 start_ioc
 wait_carrier sd-host up 20; wait_carrier sd-host2 up 20
 eventually 10 port_up sdp-host1 || fail "sdp-host1 has no carrier after the restart"
@@ -129,6 +136,8 @@ eventually 10 port_gone || fail "sdp-host2 still there after its entry was remov
 assert_no_grep <(bridge -n sd-ioc link show) "sdp-host2" "host 2's port in the bridge"
 # The hook runs on a thread of its own: it may finish after the port went.
 eventually 5 grep -q "^remove sdp-host2 host2 " "$T/hook.log" || fail "no remove of sdp-host2 in the hook's log"
+assert_eq "$(grep " sdp-host2 " "$T/hook.log" | tail -2 | cut -d' ' -f1 | tr '\n' ' ')" "down remove " \
+    "the hook's last two calls for sdp-host2"
 ip -n sd-ioc link show sdp-host1 >/dev/null 2>&1 || fail "sdp-host1 went with host 2's entry"
 ping_ok sd-host 10.50.0.2
 pass "ports on a Linux bridge"
