@@ -318,7 +318,9 @@ impl Ports {
             true => {
                 let _ = t.join();
             }
-            false => warn!("lan.port_hook: calls still running after {deadline:?} are not waited for"),
+            false => {
+                warn!("lan.port_hook: calls still running after {deadline:?} are not waited for")
+            }
         }
     }
 

@@ -314,7 +314,11 @@ impl Cluster {
         let auth = Arc::new(a.clone());
         let (applied, acks) = std::sync::mpsc::sync_channel(self.workers.len());
         let told = (self.workers.iter())
-            .filter(|w| w.cmds.send(Cmd::Auth(auth.clone(), applied.clone())).is_ok())
+            .filter(|w| {
+                w.cmds
+                    .send(Cmd::Auth(auth.clone(), applied.clone()))
+                    .is_ok()
+            })
             .count();
         // Ports of new entries are made, of entries gone removed once the workers ended
         // their sessions (the hook's `down` of a port before its `remove`). A worker applies
