@@ -415,6 +415,39 @@ iperf_field() {
     python3 -c "import json; d = json.load(open('$T/iperf.$1.json')); print($2)"
 }
 
+# ping_fails NS ADDR [PING ARGS...]: none of 3 pings is answered.
+ping_fails() {
+    local ns=$1 addr=$2
+    shift 2
+    local out=$T/ping.$BASHPID.out
+    if ip netns exec "$ns" ping -q -c 3 -i 0.2 -W 1 "$@" "$addr" >"$out" 2>&1; then
+        fail "ping $* $addr from $ns was answered, which it must not be"
+    fi
+    grep -Eq ' 0 (packets )?received' "$out" ||
+        fail "ping $* $addr from $ns: $(tail -n 2 "$out" | tr '\n' ' '), want none answered"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Open vSwitch of the test's own (userspace datapath: bridges need datapath_type=netdev)
+
+# ovs_up NS DIR: ovsdb-server and ovs-vswitchd in NS on files in DIR (database DIR/db.sock, a
+# bridge's OpenFlow socket DIR/BRIDGE.mgmt, logs DIR/*.log), never the machine's own; they
+# go with NS (topo_down). vsctl DIR ARGS... / ofctl DIR BRIDGE ARGS... talk to it.
+ovs_up() {
+    local ns=$1 d=$2
+    mkdir -p "$d"
+    run ovsdb-tool create "$d/conf.db" /usr/share/openvswitch/vswitch.ovsschema
+    ip netns exec "$ns" env OVS_RUNDIR="$d" OVS_LOGDIR="$d" OVS_DBDIR="$d" ovsdb-server "$d/conf.db" \
+        --remote=punix:"$d/db.sock" --pidfile="$d/ovsdb-server.pid" --unixctl="$d/ovsdb-server.ctl" \
+        --log-file="$d/ovsdb-server.log" --detach >>"$d/start.log" 2>&1 || fail "ovsdb-server in $ns: $(tail -n 3 "$d/start.log")"
+    run vsctl "$d" --no-wait init
+    ip netns exec "$ns" env OVS_RUNDIR="$d" OVS_LOGDIR="$d" OVS_DBDIR="$d" ovs-vswitchd unix:"$d/db.sock" \
+        --pidfile="$d/ovs-vswitchd.pid" --unixctl="$d/ovs-vswitchd.ctl" --log-file="$d/ovs-vswitchd.log" \
+        --detach >>"$d/start.log" 2>&1 || fail "ovs-vswitchd in $ns: $(tail -n 3 "$d/start.log")"
+}
+vsctl() { local d=$1; shift; ovs-vsctl --timeout=10 --db=unix:"$d/db.sock" "$@"; }
+ofctl() { local d=$1 br=$2; shift 2; ovs-ofctl "$1" unix:"$d/$br.mgmt" "${@:2}"; }
+
 # ---------------------------------------------------------------------------------------------
 # Assertions: each fails with what was expected and what was found.
 

@@ -18,7 +18,8 @@
 # TOOL:PACKAGE pairs: the command whose absence means the Debian package is missing (or a
 # file, a glob starting with /). cmake and clang build rdma-core's shim (the verbs transport);
 # ibverbs-providers has Soft-RoCE's user-space driver and librdmacm1 the RDMA connection
-# manager, which the VMs of e2e 50 load.
+# manager, which the VMs of e2e 50 load. Open vSwitch and OVN run in the tests' own
+# namespaces on files of their own (tests/lib.sh ovs_up), never as the machine's services.
 SETUP_DEMO_PKGS=(ip:iproute2 ss:iproute2 ping:iputils-ping iperf3:iperf3 python3:python3
     pgrep:procps timeout:coreutils cc:gcc flock:util-linux cmake:cmake clang:clang)
 SETUP_ALL_PKGS=("${SETUP_DEMO_PKGS[@]}" dnsmasq:dnsmasq-base dhclient:isc-dhcp-client
@@ -26,6 +27,8 @@ SETUP_ALL_PKGS=("${SETUP_DEMO_PKGS[@]}" dnsmasq:dnsmasq-base dhclient:isc-dhcp-c
     mmdebstrap:mmdebstrap systemd-nspawn:systemd-container runuser:util-linux
     nsenter:util-linux setpriv:util-linux findmnt:util-linux dpkg-deb:dpkg c++:g++
     qemu-system-x86_64:qemu-system-x86 busybox:busybox-static
+    ovs-vswitchd:openvswitch-switch ovs-ofctl:openvswitch-common ovn-northd:ovn-central
+    ovn-controller:ovn-host
     '/usr/lib/*/libibverbs/librxe-*.so:ibverbs-providers' '/usr/lib/*/librdmacm.so.1:librdmacm1')
 
 reexec_as_root() {
