@@ -41,20 +41,32 @@ for u in host-driver ioc-driver; do
         systemd-analyze security --offline=true "$d/$u.service" 2>/dev/null | grep '✗' | sed 's/^/  /'
         rc=1
     fi
-    # With the latency setting's drop-in (systemd/latency.conf, appended as systemd merges a
-    # drop-in's [Service] lines): still valid, and within the same bound.
-    cat "$d/$u.service" systemd/latency.conf >"$d/$u-latency.service"
-    if out=$(systemd-analyze verify --man=no "$d/$u-latency.service" 2>&1) && [ -z "$out" ]; then
-        echo "$u.service with latency.conf: systemd-analyze verify: ok"
-    else
-        echo "FAIL: $u.service with latency.conf: systemd-analyze verify reported:"; echo "$out" | sed 's/^/  /'; rc=1
-    fi
-    lat=$(systemd-analyze security --offline=true "$d/$u-latency.service" 2>/dev/null |
-        sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
-    if [ -n "$lat" ] && awk -v s="$lat" -v m="$max" 'BEGIN { exit !(s + 0 <= m + 0) }'; then
-        echo "$u.service with latency.conf: exposure $lat (limit $max)"
-    else
-        echo "FAIL: $u.service with latency.conf: exposure '${lat}' above $max"; rc=1
-    fi
+    # With each drop-in the README offers (appended as systemd merges a drop-in's [Service]
+    # lines): still valid, and within the same bound. latency.conf applies to both daemons;
+    # ports.conf (and ports-ovs.conf beside it) to the IOC.
+    drops=(latency)
+    [ "$u" = ioc-driver ] && drops+=(ports ports+ports-ovs)
+    for drop in "${drops[@]}"; do
+        unit="$d/$u-${drop//+/-}.service"
+        cp "$d/$u.service" "$unit"
+        for f in ${drop//+/ }; do cat "systemd/$f.conf" >>"$unit"; done
+        what="$u.service with ${drop//+/.conf and }.conf"
+        # ports-ovs.conf runs the daemon as root for OVS's database socket (README, "Ports
+        # mode": the one way ovs-vsctl reaches it on Debian); root alone costs 0.4 here.
+        lim=$max
+        [ "$drop" = ports+ports-ovs ] && lim=$(awk -v m="$max" 'BEGIN { print m + 0.5 }')
+        if out=$(systemd-analyze verify --man=no "$unit" 2>&1) && [ -z "$out" ]; then
+            echo "$what: systemd-analyze verify: ok"
+        else
+            echo "FAIL: $what: systemd-analyze verify reported:"; echo "$out" | sed 's/^/  /'; rc=1
+        fi
+        score=$(systemd-analyze security --offline=true "$unit" 2>/dev/null |
+            sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+        if [ -n "$score" ] && awk -v s="$score" -v m="$lim" 'BEGIN { exit !(s + 0 <= m + 0) }'; then
+            echo "$what: exposure $score (limit $lim)"
+        else
+            echo "FAIL: $what: exposure '${score}' above $lim"; rc=1
+        fi
+    done
 done
 exit $rc

@@ -261,7 +261,8 @@ for f in /usr/bin/host-driver /usr/bin/ioc-driver /usr/bin/splitnetctl \
     /lib/systemd/system/host-driver.service /lib/systemd/system/ioc-driver.service \
     /etc/splitnet/host.toml /etc/splitnet/ioc.toml /usr/share/man/man8/host-driver.8.gz \
     /usr/share/man/man8/ioc-driver.8.gz /usr/share/man/man1/splitnetctl.1.gz \
-    /usr/share/doc/splitnet/README.md; do
+    /usr/share/doc/splitnet/README.md /usr/share/doc/splitnet/examples/ports.conf \
+    /usr/share/doc/splitnet/examples/ports-ovs.conf /usr/lib/splitnet/port-ovs; do
     grep -qxF "$f" "$T/deb.files" || fail "$(basename "$DEB") lacks $f"
 done
 conffiles=$(dpkg-deb --ctrl-tarfile "$DEB" | tar -xOf - ./conffiles 2>/dev/null | sort | tr '\n' ' ')
