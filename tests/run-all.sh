@@ -69,12 +69,12 @@ deb_package() {
 step "Debian package (cargo deb)" deb_package
 step "rust-version (tests/msrv.sh)" as_user tests/msrv.sh
 step "systemd units (tests/units.sh)" tests/units.sh
-step "shellcheck (tests, .ci/run)" shellcheck -S warning tests/*.sh tests/e2e/*.sh tests/vm/*.sh .ci/run debian/post* debian/pre*
+step "shellcheck (tests, hooks, .ci/run)" shellcheck -S warning hooks/* tests/*.sh tests/e2e/*.sh tests/vm/*.sh .ci/run debian/post* debian/pre*
 step "fuzz smoke (${FUZZ_SECONDS:-10} s per target)" as_user fuzz/run.sh "${FUZZ_SECONDS:-10}"
 # e2e TEST: runs one end-to-end test (20 min at most); a test that leaves a namespace of the
 # reference topology behind (killed before its trap ran) fails, and the leftovers are removed so
 # the next test can run. Namespaces that existed before the test are not touched.
-test_ns() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^sd-(host[0-9]*|ioc|lan)$'; }
+test_ns() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^sd-(host[0-9]*|ioc[0-9]*|lan[0-9]*|ovn)$'; }
 e2e() {
     local before rc=0 left n
     before=$(test_ns)
