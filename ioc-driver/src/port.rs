@@ -16,6 +16,7 @@ use splitnet_config::{AdmittedHost, IocAuth, Lan};
 use splitnet_fabric::Ready;
 use splitnet_netif::netdev;
 use splitnet_netif::tap::Tap;
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
@@ -26,6 +27,10 @@ use tracing::{info, warn};
 /// its own (Xen's vifs use it too).
 pub const PORT_MAC: [u8; 6] = [0xfe, 0xff, 0xff, 0xff, 0xff, 0xff];
 
+/// How often the workers read their ports' MTUs ([`PortQueue::mtu_changed`]): a switch's
+/// change reaches the host within this (an ioctl per port each time).
+pub const FOLLOW: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// One queue of a host's port, attached by the worker that serves the session.
 #[derive(Debug)]
 pub struct PortQueue {
@@ -34,6 +39,8 @@ pub struct PortQueue {
     tap: Tap,
     /// The queue's readiness.
     pub ready: Ready,
+    /// The port's MTU when last read ([`PortQueue::mtu_changed`]).
+    known_mtu: Cell<u32>,
 }
 
 impl PortQueue {
@@ -52,12 +59,21 @@ impl PortQueue {
             name: name.to_string(),
             tap,
             ready,
+            known_mtu: Cell::new(netdev::mtu(name).unwrap_or(1500)),
         })
     }
 
     /// The port's MTU, as the switch set it (1,500 if it cannot be read).
     pub fn mtu(&self) -> u32 {
         netdev::mtu(&self.name).unwrap_or(1500)
+    }
+
+    /// `(before, now)` when the port's MTU changed since it was last read (the switch, or
+    /// an operator's `ip link set PORT mtu N`, changed it), read now.
+    pub fn mtu_changed(&self) -> Option<(u32, u32)> {
+        let now = self.mtu();
+        let before = self.known_mtu.replace(now);
+        (now != before).then_some((before, now))
     }
 
     /// Writes one frame from the host (virtio-net header first) into the switch.

@@ -445,6 +445,33 @@ impl WorkerState {
         }
     }
 
+    /// Ports mode: follows each port's MTU as the switch sets it, as shared mode follows
+    /// the NIC's: every queue of the host takes it (a host at the old MTU follows it up or
+    /// down, one above the new one comes down to it) and the host is told (LinkChange).
+    /// Called every [`crate::port::FOLLOW`].
+    pub fn follow_ports(&mut self) {
+        let up = self.nic_up;
+        let mut told = false;
+        for (&session, h) in self.hosts.iter_mut() {
+            let Some((before, now)) = h.port.as_ref().and_then(|p| p.mtu_changed()) else {
+                continue;
+            };
+            h.mtu = if h.mtu == before { now } else { h.mtu.min(now) };
+            if !h.queue.is_first() {
+                continue;
+            }
+            info!(session, before, now, "port MTU changed: telling the host");
+            if let Some(link) = h.link.as_mut() {
+                let change = wire::LinkChange { up, mtu: now }.emit();
+                link.session_mut().cfg_request(CfgCode::LinkChange, &change);
+                told = true;
+            }
+        }
+        if told {
+            self.kick_hosts();
+        }
+    }
+
     /// Claims the bridged MACs hosts could not have when they asked (another worker held
     /// them a moment, as across a reload); called every second.
     pub fn claim_missing(&mut self) {

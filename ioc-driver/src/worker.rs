@@ -194,6 +194,7 @@ async fn run(
         tokio::task::spawn_local(deliver_crossed(ioc.clone(), inbox)),
         tokio::task::spawn_local(heartbeat(beat, epoch)),
         tokio::task::spawn_local(claims(ioc.clone())),
+        tokio::task::spawn_local(port_links(ioc.clone())),
     ];
     // A task per receive queue: the runtime runs the ready ones in turn, so the queues are
     // read round robin, a batch at a time; with several, the first (frames of no flow:
@@ -294,6 +295,19 @@ async fn claims(ioc: Rc<RefCell<WorkerState>>) {
     loop {
         tick.tick().await;
         ioc.borrow_mut().claim_missing();
+    }
+}
+
+/// Ports mode: follows the ports' MTUs every [`crate::port::FOLLOW`] (in shared mode, it ends
+/// at once).
+async fn port_links(ioc: Rc<RefCell<WorkerState>>) {
+    if !ioc.borrow().ports {
+        return;
+    }
+    let mut tick = tokio::time::interval(crate::port::FOLLOW);
+    loop {
+        tick.tick().await;
+        ioc.borrow_mut().follow_ports();
     }
 }
 

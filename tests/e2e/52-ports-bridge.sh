@@ -12,6 +12,7 @@
 # - the port hook runs with the port, host, MAC and MTU in its environment: add for every
 #   port, up when a host's session takes it (with the MAC it has), change when the host sets
 #   its MTU, down when the session leaves it, remove when its entry goes;
+# - the port's MTU, set on the switch's side, reaches the host's sd0 (down and up);
 # - the ports survive an IOC restart (no carrier meanwhile) and serve the hosts after it;
 # - a reload that removes host 2's entry ends its session and removes its port from the
 #   bridge and the machine; host 1 goes on.
@@ -110,6 +111,14 @@ run ip -n sd-host link set dev sd0 mtu 1400
 eventually 5 grep -q "^change sdp-host1 host1 mac=$host1 mtu=1400 " "$T/hook.log" ||
     fail "no change with host 1's MTU in the hook's log: $(cat "$T/hook.log")"
 run ip -n sd-host link set dev sd0 mtu 1500
+# The switch's side sets the port's MTU: the host follows it (LinkChange), down and up.
+mtu_is() { [ "$(sd0_mtu sd-host)" = "$1" ]; }
+eventually 5 mtu_is 1500 || fail "host 1's sd0 MTU back at 1500: $(sd0_mtu sd-host)"
+run ip -n sd-ioc link set dev sdp-host1 mtu 1400
+eventually 5 mtu_is 1400 || fail "host 1's sd0 MTU with its port at 1400: $(sd0_mtu sd-host)"
+run ip -n sd-ioc link set dev sdp-host1 mtu 1500
+eventually 5 mtu_is 1500 || fail "host 1's sd0 MTU with its port back at 1500: $(sd0_mtu sd-host)"
+ping_ok sd-host 10.50.0.2 -s 1472 -M do
 
 # An IOC restart: the ports stay (no carrier meanwhile), and serve the hosts after it.
 stop_ioc
