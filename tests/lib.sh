@@ -430,17 +430,20 @@ ping_fails() {
 # ---------------------------------------------------------------------------------------------
 # Open vSwitch of the test's own (userspace datapath: bridges need datapath_type=netdev)
 
-# ovs_up NS DIR: ovsdb-server and ovs-vswitchd in NS on files in DIR (database DIR/db.sock, a
-# bridge's OpenFlow socket DIR/BRIDGE.mgmt, logs DIR/*.log), never the machine's own; they
-# go with NS (topo_down). vsctl DIR ARGS... / ofctl DIR BRIDGE ARGS... talk to it.
+# ovs_up NS DIR [tso]: ovsdb-server and ovs-vswitchd in NS on files in DIR (database
+# DIR/db.sock, a bridge's OpenFlow socket DIR/BRIDGE.mgmt, logs DIR/*.log), never the
+# machine's own; they go with NS (topo_down). `tso`: with userspace TSO (read at start; the
+# datapath then takes offloaded frames, and keeps a veth's unfinished checksums as such).
+# vsctl DIR ARGS... / ofctl DIR BRIDGE ARGS... talk to it.
 ovs_up() {
-    local ns=$1 d=$2
+    local ns=$1 d=$2 tso=${3:-}
     mkdir -p "$d"
     run ovsdb-tool create "$d/conf.db" /usr/share/openvswitch/vswitch.ovsschema
     ip netns exec "$ns" env OVS_RUNDIR="$d" OVS_LOGDIR="$d" OVS_DBDIR="$d" ovsdb-server "$d/conf.db" \
         --remote=punix:"$d/db.sock" --pidfile="$d/ovsdb-server.pid" --unixctl="$d/ovsdb-server.ctl" \
         --log-file="$d/ovsdb-server.log" --detach >>"$d/start.log" 2>&1 || fail "ovsdb-server in $ns: $(tail -n 3 "$d/start.log")"
     run vsctl "$d" --no-wait init
+    [ "$tso" = tso ] && run vsctl "$d" --no-wait set Open_vSwitch . other_config:userspace-tso-enable=true
     ip netns exec "$ns" env OVS_RUNDIR="$d" OVS_LOGDIR="$d" OVS_DBDIR="$d" ovs-vswitchd unix:"$d/db.sock" \
         --pidfile="$d/ovs-vswitchd.pid" --unixctl="$d/ovs-vswitchd.ctl" --log-file="$d/ovs-vswitchd.log" \
         --detach >>"$d/start.log" 2>&1 || fail "ovs-vswitchd in $ns: $(tail -n 3 "$d/start.log")"
