@@ -118,7 +118,7 @@ run ip -n sd-ioc link set dev sdp-host1 mtu 1400
 eventually 5 mtu_is 1400 || fail "host 1's sd0 MTU with its port at 1400: $(sd0_mtu sd-host)"
 run ip -n sd-ioc link set dev sdp-host1 mtu 1500
 eventually 5 mtu_is 1500 || fail "host 1's sd0 MTU with its port back at 1500: $(sd0_mtu sd-host)"
-ping_ok sd-host 10.50.0.2 -s 1472 -M do
+ping_ok sd-host 10.50.0.2 -s 1472 -M "do"
 
 # An IOC restart: the ports stay (no carrier meanwhile), and serve the hosts after it.
 stop_ioc
