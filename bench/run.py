@@ -9,7 +9,10 @@ messages: one-way), every latency as average and p99, CPU seconds and TCP retran
 GB moved; then splitnet with 1, 2, 4 and 8 hosts sharing one IOC (aggregate), one
 host with 1 and 2 TAP queues under 4 TCP flows, and the slow-consumer figure (a host that
 stops reading while the LAN floods it: the other host's throughput before and during). Prints a table of absolute figures and
-ratios, writes bench/out/results.json and bench/out/chart.svg.
+ratios, writes bench/out/results.json and bench/out/chart.svg. Ports mode (lan.mode = "ports")
+is measured on a Linux bridge (splitnet-ports, by default) and, with --only, on Open vSwitch's
+userspace datapath without offloads (splitnet-ports-ovs) and with userspace TSO
+(splitnet-ports-ovs-tso), both with net.core.rmem_default raised as README advises; its ratios to shared mode over TCP are ports_*_vs_splitnet.
 
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
                       [--only direct,vxlan,...] [--sched fifo:10|nice:-10] [--express]
@@ -21,6 +24,7 @@ Needs root, iperf3, sockperf, openvpn, iputils-ping, iproute2, and `cargo build 
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,6 +67,8 @@ def cleanup():
             pass
     procs.clear()
     sh("pkill -9 -f 'openvpn --dev tap' ; true", check=False)
+    if RMEM_DEFAULT:
+        sh(f"sysctl -qw net.core.rmem_default={RMEM_DEFAULT.pop()}", check=False)
     for n in NS:
         sh(f"ip netns del {n}", check=False)
 
@@ -206,12 +212,13 @@ def with_sched(text):
     return text.replace('\nclass = "normal"\n', new)
 
 
-def ioc_config(local=False, plain=False):
+def ioc_config(local=False, plain=False, ports=None):
     """The shipped IOC configuration with its key and the bench's hosts admitted (`plain`:
     open admission), with `--workers` workers when given, and listening on LOCAL_SOCKET too
-    when `local`."""
+    when `local`; `ports` ("bridge", "ovs", "ovs-tso"): in ports mode, each host's port in
+    sd-ioc's br0 (joined directly, or by hooks/port-ovs)."""
     src = os.path.join(ROOT, "systemd", "ioc.toml")
-    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{SCHED}-{int(local)}-{int(plain)}.toml"
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{SCHED}-{int(local)}-{int(plain)}-{ports}.toml"
     _, host_pubs = keys()
     with open(src) as f, open(path, "w") as out:
         text = with_sched(f.read())
@@ -224,6 +231,15 @@ def ioc_config(local=False, plain=False):
         text = text.replace("\n# private_key_file = ", f'\nprivate_key_file = "{KEYS}/ioc.key"\n# was: ')
         if plain:
             text = text.replace('\nadmission = "keys"\n', '\nadmission = "open"\n')
+        if ports:
+            lan = '\nmode = "ports"\n' + ('bridge = "br0"\n' if ports == "bridge" else
+                                           f'port_hook = "{ROOT}/hooks/port-ovs"\n')
+            text, n = re.subn(r'\ninterface = [^\n]*\n', lan, text, count=1)
+            if ports == "ovs":
+                # OVS's userspace datapath reads the ports as plain packet sockets.
+                text = text.replace("\noffload = true\n", "\noffload = false\n")
+            if not n:
+                sys.exit("no lan.interface line in the shipped ioc.toml")
         for k, pub in enumerate(host_pubs, 1):
             # Every queue count the bench runs a host with ([[auth.hosts]] queues).
             text += f'\n[[auth.hosts]]\nname = "host{k}"\npublic_key = "{pub}"\nqueues = 16\n'
@@ -231,13 +247,62 @@ def ioc_config(local=False, plain=False):
     return path
 
 
-def setup_splitnet(hosts=1, queues=1, drivers=None, local=None, plain=False, sealed=False):
+OVS_DIR = "/tmp/sd-bench-ovs"
+# The machine's net.core.rmem_default while an OVS mode raised it (cleanup puts it back).
+RMEM_DEFAULT = []
+# What README advises for OVS's userspace datapath: the packet socket it reads each port
+# with takes the default receive buffer, which at 208 KiB holds three 64 KiB TSO frames.
+OVS_RMEM = 4 << 20
+
+
+def switch_up(ports):
+    """sd-ioc's switch for ports mode: br0 holding lan0, a Linux bridge or an Open vSwitch
+    of the bench's own (userspace datapath, files in OVS_DIR; "ovs-tso": with userspace TSO;
+    net.core.rmem_default at OVS_RMEM meanwhile, the machine's own: not namespaced).
+    Returns the environment the IOC's hook needs."""
+    if ports == "bridge":
+        sh("ip -n sd-ioc link add br0 type bridge; ip -n sd-ioc link set lan0 master br0")
+        sh("ip -n sd-ioc link set br0 up")
+        return ""
+    shutil.rmtree(OVS_DIR, ignore_errors=True)
+    os.makedirs(OVS_DIR)
+    with open("/proc/sys/net/core/rmem_default") as f:
+        RMEM_DEFAULT.append(int(f.read()))
+    sh(f"sysctl -qw net.core.rmem_default={OVS_RMEM}")
+    d = OVS_DIR
+    env = f"env OVS_RUNDIR={d} OVS_LOGDIR={d} OVS_DBDIR={d}"
+    sh(f"ovsdb-tool create {d}/conf.db /usr/share/openvswitch/vswitch.ovsschema")
+    bg(f"ip netns exec sd-ioc {env} ovsdb-server {d}/conf.db --remote=punix:{d}/db.sock "
+       f"--pidfile={d}/ovsdb.pid --unixctl={d}/ovsdb.ctl", f"{d}/ovsdb-server.out")
+    vsctl = f"ovs-vsctl --timeout=10 --db=unix:{d}/db.sock"
+    for _ in range(100):
+        if os.path.exists(f"{d}/db.sock"):
+            break
+        time.sleep(0.05)
+    sh(f"{vsctl} --no-wait init")
+    if ports == "ovs-tso":
+        sh(f"{vsctl} --no-wait set Open_vSwitch . other_config:userspace-tso-enable=true")
+    else:
+        # Without userspace TSO, OVS forwards what it reads from lan0 as it is: a veth
+        # peer's frames with their checksums left to offload would reach the hosts unfinished
+        # (a real NIC's frames arrive complete), so the LAN peer computes its own.
+        sh("ip netns exec sd-lan ethtool -K lan1 tx off")
+    bg(f"ip netns exec sd-ioc {env} ovs-vswitchd unix:{d}/db.sock --pidfile={d}/vswitchd.pid "
+       f"--unixctl={d}/vswitchd.ctl", f"{d}/ovs-vswitchd.out")
+    sh(f"{vsctl} add-br br0 -- set bridge br0 datapath_type=netdev -- add-port br0 lan0")
+    return f"SPLITNET_OVS_BRIDGE=br0 SPLITNET_OVS_DB=unix:{d}/db.sock "
+
+
+def setup_splitnet(hosts=1, queues=1, drivers=None, local=None, plain=False, sealed=False,
+                   ports=None):
     """The IOC and `drivers` (default: all) of `hosts` host namespaces with a host-driver;
     `local` ("shm", "unix"): over the IOC's local Unix socket (daemons on one machine);
     `plain`: open admission and hosts without keys (no handshake proof, control unsealed);
-    `sealed`: hosts that encrypt their data channel."""
+    `sealed`: hosts that encrypt their data channel; `ports`: the IOC in ports mode on a
+    switch of that kind (switch_up)."""
     base(hosts, bridge_fabric=hosts > 1)
-    bg(f"ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config(local is not None, plain)}"
+    env = switch_up(ports) if ports else ""
+    bg(f"{env}ip netns exec sd-ioc {BIN}/ioc-driver --config {ioc_config(local is not None, plain, ports)}"
        " --control-socket /tmp/sd-bench-ioc.sock", "/tmp/sd-bench-ioc.log")
     time.sleep(0.5)
     drivers = hosts if drivers is None else drivers
@@ -354,6 +419,8 @@ def ping_under_load(secs, reverse, rate=None):
 
 def daemons_of(mode):
     """The processes that carry `mode`'s traffic, by name (none: the kernel alone)."""
+    if mode.startswith("splitnet-ports-ovs"):
+        return ("ioc-driver", "host-driver", "ovs-vswitchd")
     if mode.startswith("splitnet"):
         return ("ioc-driver", "host-driver")
     return ("openvpn",) if mode == "openvpn" else ()
@@ -667,7 +734,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hosts", default="1,2,4,8")
     ap.add_argument("--queues", default="1,2", help="TAP queues of one host to compare (4 flows)")
-    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet,splitnet-shm,splitnet-unix",
+    ap.add_argument("--only", default="direct,vxlan,openvpn,splitnet,splitnet-shm,splitnet-unix,splitnet-ports",
                     help="modes to measure; a splitnet mode ending in -qN (splitnet-shm-q4)"
                          " gives its host N TAP queues")
     ap.add_argument("--workers", type=int, default=None,
@@ -719,7 +786,8 @@ def main():
     setups = {"direct": setup_direct, "vxlan": setup_vxlan, "openvpn": setup_openvpn}
     variants = {"splitnet": {}, "splitnet-plain": {"plain": True},
                 "splitnet-encrypted": {"sealed": True}, "splitnet-shm": {"local": "shm"},
-                "splitnet-unix": {"local": "unix"}}
+                "splitnet-unix": {"local": "unix"}, "splitnet-ports": {"ports": "bridge"},
+                "splitnet-ports-ovs": {"ports": "ovs"}, "splitnet-ports-ovs-tso": {"ports": "ovs-tso"}}
     for m in a.only.split(","):
         # A splitnet mode with "-qN": its host with N TAP queues.
         base, _, q = m.rpartition("-q")
@@ -764,7 +832,8 @@ def main():
     # splitnet over TCP (two machines); on one machine over shared memory ("shm_") and over
     # the IOC's local socket ("unix_").
     for mode, pre in (("splitnet", ""), ("splitnet-shm", "shm_"), ("splitnet-unix", "unix_"),
-                      ("splitnet-encrypted", "enc_")):
+                      ("splitnet-encrypted", "enc_"), ("splitnet-ports", "ports_"),
+                      ("splitnet-ports-ovs", "ovs_"), ("splitnet-ports-ovs-tso", "ovs_tso_")):
         s = by.get(mode)
         for peer in ("direct", "vxlan", "openvpn", "splitnet", "splitnet-plain"):
             p = by.get(peer)

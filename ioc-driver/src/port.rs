@@ -273,7 +273,12 @@ fn run_hook(hook: &std::path::Path, action: Action, spec: &PortSpec, bridge: &st
         .output();
     match out {
         Ok(o) if o.status.success() => {
-            info!(port = %spec.port, host = %spec.host, action = action.as_str(), "port hook ran")
+            info!(port = %spec.port, host = %spec.host, action = action.as_str(), "port hook ran");
+            // A hook that succeeds may still have a word for the operator.
+            let said = String::from_utf8_lossy(&o.stderr);
+            if !said.trim().is_empty() {
+                warn!(port = %spec.port, action = action.as_str(), "port hook: {}", said.trim());
+            }
         }
         Ok(o) => warn!(
             port = %spec.port,

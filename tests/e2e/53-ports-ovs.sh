@@ -10,6 +10,7 @@
 # - the hook records the host in the Interface (splitnet-host, attached-mac) and sets
 #   iface-id while the host's session is up, removed when it ends; a reload's change of a
 #   host's VLAN moves the port's tag;
+# - the hook warns (in the IOC's log) of a receive buffer too small for the userspace datapath;
 # - an OpenFlow rule that drops ICMP from host 1's port stops exactly host 1's pings;
 # - a reload that removes host 2's entry takes its port out of the bridge.
 . "$(dirname "$0")/../lib.sh"
@@ -71,6 +72,13 @@ assert_eq "$(vsctl "$OVS" get Port sdp-host1 tag)" 10 "sdp-host1's tag"
 assert_eq "$(vsctl "$OVS" get Port sdp-host2 tag)" 20 "sdp-host2's tag"
 assert_eq "$(iface sdp-host1 splitnet-host)" host1 "sdp-host1's splitnet-host"
 assert_eq "$(iface sdp-host1 iface-id)" "" "sdp-host1's iface-id before its host connects"
+# The hook's word on the userspace datapath's receive buffer reaches the IOC's log.
+hint="port hook: port-ovs: br0 is a userspace datapath and net.core.rmem_default"
+if [ "$(cat /proc/sys/net/core/rmem_default)" -lt 4194304 ]; then
+    eventually 5 grep -q "$hint" "$T/ioc.log" || fail "no rmem_default warning of the hook's in the IOC's log"
+else
+    assert_no_grep "$T/ioc.log" "$hint" "a rmem_default warning with rmem_default large enough"
+fi
 
 start_host 1; start_host 2
 wait_carrier sd-host up 10; wait_carrier sd-host2 up 10
