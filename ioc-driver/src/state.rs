@@ -752,18 +752,9 @@ impl WorkerState {
             return ErrorCode::Ok;
         }
         let (mac, key, name) = (h.mac, h.key, h.policy.name.clone().unwrap_or_default());
-        self.evict_squatter(mac, key.as_ref(), &name);
-        if self.by_mac.contains_key(&mac)
-            || self
-                .shard
-                .claim_mac(&*self.nic, std::iter::once(mac))
-                .is_none()
-        {
-            warn!(session, name, mac = %fmt_mac(&mac), "a standby host asked to be activated, and its MAC is another host's here: refused");
-            return ErrorCode::Refused;
-        }
+        // Its port's queue first: a refusal after the MAC's claim would leave it claimed.
         let port = match self.ports {
-            true => match open_port(self.hosts[&session].policy.port.as_deref()) {
+            true => match open_port(h.policy.port.as_deref()) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     warn!(
@@ -775,6 +766,16 @@ impl WorkerState {
             },
             false => None,
         };
+        self.evict_squatter(mac, key.as_ref(), &name);
+        if self.by_mac.contains_key(&mac)
+            || self
+                .shard
+                .claim_mac(&*self.nic, std::iter::once(mac))
+                .is_none()
+        {
+            warn!(session, name, mac = %fmt_mac(&mac), "a standby host asked to be activated, and its MAC is another host's here: refused");
+            return ErrorCode::Refused;
+        }
         self.by_mac.insert(mac, session);
         if let Some(h) = self.hosts.get_mut(&session) {
             h.standby = false;
@@ -863,6 +864,14 @@ impl WorkerState {
                         "its entry's mac changed from {} to {}: it reconnects to take the new one",
                         h.policy.mac.map_or("none".into(), |m| fmt_mac(&m)),
                         p.mac.map_or("none".into(), |m| fmt_mac(&m)),
+                    ),
+                )),
+                Some(p) if self.ports && p.port != h.policy.port => Some((
+                    ErrorCode::Refused,
+                    format!(
+                        "its port changed from {} to {}: it reconnects to take the new one",
+                        h.policy.port.as_deref().unwrap_or("none"),
+                        p.port.as_deref().unwrap_or("none"),
                     ),
                 )),
                 Some(_) if self.reserved_for_other(&h.mac, h.key.as_ref()) => Some((
@@ -985,7 +994,11 @@ impl WorkerState {
     /// Ports mode: tells the port hook that first queue `session` took its port (`up`),
     /// left it (`down`) or changed its MAC or MTU there (`change`), with those it has now.
     pub fn port_changed(&mut self, session: u64, action: Action) {
-        let Some(h) = self.hosts.get_mut(&session).filter(|h| h.port.is_some()) else {
+        let Some(h) = self.hosts.get_mut(&session) else {
+            return;
+        };
+        // The port the session has: a reload may have named another in its entry.
+        let Some(port) = h.port.as_ref().map(|p| p.name.clone()) else {
             return;
         };
         let entry = h.key.as_ref().and_then(|k| self.cfg.auth.host(k));
@@ -993,6 +1006,7 @@ impl WorkerState {
             return;
         };
         let spec = PortSpec {
+            port,
             mac: Some(h.mac),
             mtu: Some(h.mtu),
             ..spec

@@ -16,6 +16,8 @@
 # - the ports survive an IOC restart (no carrier meanwhile) and serve the hosts after it;
 # - a reload that removes host 2's entry ends its session and removes its port from the
 #   bridge and the machine; host 1 goes on.
+# - a reload that renames host 1's port ends its session (the hook's down on the old port,
+#   then remove) and the host comes back on the new one, in the bridge.
 . "$(dirname "$0")/../lib.sh"
 need_root; need_tool ip ping iperf3 python3 dumpcap tshark bridge; need_daemons
 CTL=$BIN/splitnetctl
@@ -149,4 +151,19 @@ assert_eq "$(grep " sdp-host2 " "$T/hook.log" | tail -2 | cut -d' ' -f1 | tr '\n
     "the hook's last two calls for sdp-host2"
 ip -n sd-ioc link show sdp-host1 >/dev/null 2>&1 || fail "sdp-host1 went with host 2's entry"
 ping_ok sd-host 10.50.0.2
+
+# A reload that renames host 1's port: its session ends and comes back on the new port.
+sed -i 's/^name = "host1"$/name = "host1"\nport = "sdp-web1"/' "$IOC_CONF"
+grep -q '^port = "sdp-web1"$' "$IOC_CONF" || fail "cannot name host 1's port"
+"$CTL" -s "$T/ioc.sock" reload >"$T/reload.out" 2>&1 || fail "reload refused: $(cat "$T/reload.out")"
+eventually 10 port_up sdp-web1 || fail "host 1 not back on sdp-web1: $(tail -n 5 "$T/ioc.log")"
+port_gone1() { ! ip -n sd-ioc link show sdp-host1 >/dev/null 2>&1; }
+eventually 10 port_gone1 || fail "sdp-host1 still there after host 1's port was renamed"
+bridge -n sd-ioc link show | grep -q "sdp-web1.*master br0" || fail "sdp-web1 not in br0: $(bridge -n sd-ioc link show)"
+grep -q "its port changed from sdp-host1 to sdp-web1" "$T/ioc.log" || fail "the IOC did not say why host 1's session ended"
+eventually 5 grep -q "^up sdp-web1 host1 " "$T/hook.log" || fail "no up of sdp-web1 in the hook's log"
+assert_eq "$(grep " sdp-host1 " "$T/hook.log" | tail -2 | cut -d' ' -f1 | tr '\n' ' ')" "down remove " \
+    "the hook's last two calls for sdp-host1"
+ping_ok sd-host 10.50.0.2
+log "reload: host 1's port renamed to sdp-web1; its session moved there, sdp-host1 removed"
 pass "ports on a Linux bridge"

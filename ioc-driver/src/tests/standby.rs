@@ -84,6 +84,36 @@ fn a_standby_claims_nothing_gets_nothing_and_sends_nothing() {
 }
 
 #[test]
+fn an_activation_refused_for_want_of_its_port_claims_nothing() {
+    let (mut ioc, nic, s, mut p) = standby_host();
+    // Ports mode, and the host's port is not there (its setup failed, say).
+    ioc.ports = true;
+    ioc.hosts.get_mut(&s).expect("connected").policy.port = Some("sdp-unit-none".into());
+    p.events.clear();
+    p.link.session_mut().cfg_request(CfgCode::Activate, &[]);
+    pump(&mut ioc, &mut p, s, true);
+    let status = p.events.iter().find_map(|e| match e {
+        LinkEvent::CfgReply {
+            code: CfgCode::Activate,
+            status,
+            ..
+        } => Some(*status),
+        _ => None,
+    });
+    assert_eq!(status, Some(ErrorCode::Refused));
+    assert!(host(&ioc, s).standby, "still a standby");
+    assert_eq!(ioc.shard.owner(&OWN), None, "its MAC not claimed");
+    assert!(ioc.by_mac.is_empty() && nic.unicast.borrow().is_empty());
+    // Back in shared mode the same host activates: nothing was left claimed.
+    ioc.ports = false;
+    assert_eq!(
+        ask(&mut ioc, &mut p, s, CfgCode::Activate, &[]),
+        ErrorCode::Ok
+    );
+    assert_eq!(ioc.by_mac.get(&OWN), Some(&s));
+}
+
+#[test]
 fn activating_claims_the_hosts_macs_and_the_frames_flow() {
     let (mut ioc, nic, s, mut p) = standby_host();
     assert_eq!(
