@@ -264,32 +264,118 @@ impl Hooks {
     }
 }
 
-fn run_hook(hook: &std::path::Path, action: Action, spec: &PortSpec, bridge: &str) {
-    let out = std::process::Command::new(hook)
-        .arg(action.as_str())
-        .envs(spec.env())
-        .env("SPLITNET_BRIDGE", bridge)
+/// Longest one hook call may run; then it is killed with what it started, so that one hung
+/// call cannot hold every call behind it (port-ovs gives ovs-vsctl 10 s).
+const HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long what a hook started may keep its standard error open after it exited.
+const HOOK_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Most bytes of a hook's standard error kept for the log; the rest is read and dropped.
+const HOOK_STDERR_MAX: u64 = 4096;
+
+/// How a hook call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HookEnd {
+    /// It exited with `status`, having said `said` on its standard error.
+    Exited {
+        status: std::process::ExitStatus,
+        said: String,
+    },
+    /// It ran beyond its time and was killed, with its process group.
+    TimedOut,
+    /// It could not be started.
+    NotRun(String),
+}
+
+/// Runs `hook` once, in a process group of its own, for at most `timeout`.
+fn call_hook(mut cmd: std::process::Command, timeout: std::time::Duration) -> HookEnd {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let mut child = match cmd
         .stdin(std::process::Stdio::null())
-        .output();
-    match out {
-        Ok(o) if o.status.success() => {
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return HookEnd::NotRun(e.to_string()),
+    };
+    let stderr = child.stderr.take();
+    let (said_tx, said_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut said = Vec::new();
+        if let Some(mut e) = stderr {
+            let _ = e.by_ref().take(HOOK_STDERR_MAX).read_to_end(&mut said);
+            let _ = io::copy(&mut e, &mut io::sink());
+        }
+        let _ = said_tx.send(String::from_utf8_lossy(&said).trim().to_string());
+    });
+    let until = std::time::Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            _ => break None,
+        }
+    };
+    match status {
+        Some(status) => {
+            // What it started may hold its standard error open: a moment's grace, then it
+            // goes (its group is not empty while it does, so the group's id is still its).
+            let said = said_rx.recv_timeout(HOOK_GRACE).unwrap_or_else(|_| {
+                kill_group(&child);
+                said_rx.recv().unwrap_or_default()
+            });
+            HookEnd::Exited { status, said }
+        }
+        None => {
+            kill_group(&child);
+            let _ = child.wait();
+            let _ = said_rx.recv();
+            HookEnd::TimedOut
+        }
+    }
+}
+
+/// Kills the process group `child` leads (its own, [`call_hook`]); a group already gone is
+/// no error worth a word.
+fn kill_group(child: &std::process::Child) {
+    let _ = splitnet_service::process::kill_group(child.id());
+}
+
+fn run_hook(hook: &std::path::Path, action: Action, spec: &PortSpec, bridge: &str) {
+    let mut cmd = std::process::Command::new(hook);
+    cmd.arg(action.as_str())
+        .envs(spec.env())
+        .env("SPLITNET_BRIDGE", bridge);
+    match call_hook(cmd, HOOK_TIMEOUT) {
+        HookEnd::Exited { status, said } if status.success() => {
             info!(port = %spec.port, host = %spec.host, action = action.as_str(), "port hook ran");
             // A hook that succeeds may still have a word for the operator.
-            let said = String::from_utf8_lossy(&o.stderr);
-            if !said.trim().is_empty() {
-                warn!(port = %spec.port, action = action.as_str(), "port hook: {}", said.trim());
+            if !said.is_empty() {
+                warn!(port = %spec.port, action = action.as_str(), "port hook: {said}");
             }
         }
-        Ok(o) => warn!(
+        HookEnd::Exited { status, said } => warn!(
             port = %spec.port,
             host = %spec.host,
             action = action.as_str(),
-            "port hook {} failed ({}): {}",
+            "port hook {} failed ({status}): {said}",
             hook.display(),
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
         ),
-        Err(e) => warn!(
+        HookEnd::TimedOut => warn!(
+            port = %spec.port,
+            host = %spec.host,
+            action = action.as_str(),
+            "port hook {} ran beyond {} s: killed",
+            hook.display(),
+            HOOK_TIMEOUT.as_secs()
+        ),
+        HookEnd::NotRun(e) => warn!(
             port = %spec.port,
             action = action.as_str(),
             "port hook {} could not run: {e}",
@@ -418,6 +504,61 @@ mod tests {
     use super::*;
 
     const MAC: [u8; 6] = [2, 0x5d, 0, 0, 0, 1];
+
+    fn sh(script: &str) -> std::process::Command {
+        let mut c = std::process::Command::new("/bin/sh");
+        c.arg("-c").arg(script);
+        c
+    }
+
+    #[test]
+    fn a_hook_beyond_its_time_is_killed_with_what_it_started() {
+        let dir = std::env::temp_dir().join(format!("splitnet-hook-kill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let late = dir.join("late");
+        // The hook and a child it left behind would each write `late` after a second.
+        let script = format!("(sleep 1; touch {0}) & sleep 1; touch {0}", late.display());
+        let end = call_hook(sh(&script), std::time::Duration::from_millis(100));
+        assert_eq!(end, HookEnd::TimedOut);
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        assert!(!late.exists(), "neither the hook nor its child ran on");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_hook_that_exits_leaving_a_child_on_its_standard_error_ends() {
+        let end = call_hook(
+            sh("echo started >&2; sleep 30 & exit 0"),
+            std::time::Duration::from_secs(20),
+        );
+        let HookEnd::Exited { status, said } = end else {
+            panic!("it exited: {end:?}");
+        };
+        assert!(status.success());
+        assert_eq!(
+            said, "started",
+            "its child killed after the grace, its words kept"
+        );
+    }
+
+    #[test]
+    fn a_hooks_standard_error_is_kept_bounded() {
+        let end = call_hook(
+            sh("echo one >&2; head -c 100000 /dev/zero | tr '\\0' x >&2; exit 3"),
+            std::time::Duration::from_secs(20),
+        );
+        let HookEnd::Exited { status, said } = end else {
+            panic!("it exited: {end:?}");
+        };
+        assert_eq!(status.code(), Some(3));
+        assert!(said.starts_with("one"), "{said:.40}");
+        assert!(said.len() <= HOOK_STDERR_MAX as usize);
+        let missing = std::process::Command::new("/nonexistent/splitnet-hook");
+        assert!(matches!(
+            call_hook(missing, std::time::Duration::from_secs(1)),
+            HookEnd::NotRun(_)
+        ));
+    }
 
     #[test]
     fn a_port_passes_what_a_nics_filter_would() {

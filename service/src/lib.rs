@@ -17,6 +17,7 @@ pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod privilege;
+pub mod process;
 pub mod sched;
 
 use std::io;
