@@ -436,27 +436,14 @@ impl Ports {
     /// removes the ports of entries gone. A port that cannot be made is logged, and its
     /// host's sessions are refused until a reload makes it.
     pub fn sync(&mut self, auth: &IocAuth) {
-        let want: BTreeMap<String, PortSpec> = auth
-            .hosts
-            .iter()
-            .map(|h| (h.port_name(), PortSpec::of(h)))
-            .collect();
-        let gone: Vec<String> = self
-            .made
-            .keys()
-            .filter(|p| !want.contains_key(*p))
-            .cloned()
-            .collect();
-        for port in gone {
-            if let Some(spec) = self.made.remove(&port) {
-                self.hooks.run(Action::Remove, &spec);
-                match remove(&port) {
-                    Ok(()) => info!(%port, host = %spec.host, "port removed with its entry"),
-                    Err(e) => warn!(%port, "cannot remove the port: {e}"),
-                }
-            }
-        }
-        for (port, spec) in want {
+        self.make_wanted(auth);
+        self.remove_gone(auth);
+    }
+
+    /// The first half of [`Ports::sync`], before a reload reaches the workers: the ports of
+    /// new entries are there (and their hook's `add` queued) before a session can take one.
+    pub fn make_wanted(&mut self, auth: &IocAuth) {
+        for (port, spec) in wanted(auth) {
             match self.made.get(&port) {
                 Some(old) if *old == spec => {}
                 Some(_) => {
@@ -474,6 +461,35 @@ impl Ports {
             }
         }
     }
+
+    /// The second half of [`Ports::sync`], once the workers ended the sessions of entries
+    /// gone (their hook's `down` before this `remove`): removes those entries' ports.
+    pub fn remove_gone(&mut self, auth: &IocAuth) {
+        let want = wanted(auth);
+        let gone: Vec<String> = self
+            .made
+            .keys()
+            .filter(|p| !want.contains_key(*p))
+            .cloned()
+            .collect();
+        for port in gone {
+            if let Some(spec) = self.made.remove(&port) {
+                self.hooks.run(Action::Remove, &spec);
+                match remove(&port) {
+                    Ok(()) => info!(%port, host = %spec.host, "port removed with its entry"),
+                    Err(e) => warn!(%port, "cannot remove the port: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// Each entry's port, by name.
+fn wanted(auth: &IocAuth) -> BTreeMap<String, PortSpec> {
+    auth.hosts
+        .iter()
+        .map(|h| (h.port_name(), PortSpec::of(h)))
+        .collect()
 }
 
 /// Makes (or takes) persistent multi-queue TAP `port`: its own MAC [`PORT_MAC`], offloads

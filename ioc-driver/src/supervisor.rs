@@ -307,6 +307,10 @@ impl Cluster {
             ));
         }
         let hosts = cfg.auth.hosts.len();
+        // New entries' ports first: the host may connect as soon as the gate admits it.
+        if let Some(p) = self.ports.as_mut() {
+            p.make_wanted(&cfg.auth);
+        }
         self.gate.reload(cfg.auth.clone());
         self.cfg.auth = cfg.auth;
         let a = &self.cfg.auth;
@@ -320,10 +324,10 @@ impl Cluster {
                     .is_ok()
             })
             .count();
-        // Ports of new entries are made, of entries gone removed once the workers ended
-        // their sessions (the hook's `down` of a port before its `remove`). A worker applies
-        // [auth] in microseconds; one that does not answer within the deadline is stuck,
-        // and the ports go all the same.
+        // Ports of entries gone are removed once the workers ended their sessions (the
+        // hook's `down` of a port before its `remove`). A worker applies [auth] in
+        // microseconds; one that does not answer within the deadline is stuck, and the
+        // ports go all the same.
         if let Some(p) = self.ports.as_mut() {
             let until = Instant::now() + RELOAD_ACK_DEADLINE;
             for _ in 0..told {
@@ -333,7 +337,7 @@ impl Cluster {
                     break;
                 }
             }
-            p.sync(&self.cfg.auth);
+            p.remove_gone(&self.cfg.auth);
         }
         Ok(format!(
             "reloaded [auth]: {hosts} host(s) in [[auth.hosts]], admission {:?}, encrypt_data {}; applied to every session",
