@@ -221,12 +221,24 @@ impl PortSpec {
 #[derive(Debug, Clone)]
 pub struct Hooks {
     tx: Option<mpsc::Sender<(Action, PortSpec)>>,
+    /// Set once a successor took the ports over (an upgrade): `down` calls not yet run are
+    /// skipped, or one could undo the successor's `up` of the same port.
+    handed_over: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Hooks {
     /// No hook.
     pub fn none() -> Hooks {
-        Hooks { tx: None }
+        Hooks {
+            tx: None,
+            handed_over: Default::default(),
+        }
+    }
+
+    /// A successor process serves the ports now: no `down` of this process runs after this.
+    pub fn hand_over(&self) {
+        self.handed_over
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Hooks that run `hook`, or none, and the thread that runs them (it ends once every
@@ -240,15 +252,27 @@ impl Hooks {
         };
         let (tx, rx) = mpsc::channel::<(Action, PortSpec)>();
         let bridge = bridge.unwrap_or_default();
+        let handed_over = std::sync::Arc::<std::sync::atomic::AtomicBool>::default();
+        let skip = handed_over.clone();
         let spawned = std::thread::Builder::new()
             .name("ioc-port-hook".into())
             .spawn(move || {
                 for (action, spec) in rx {
+                    if action == Action::Down && skip.load(std::sync::atomic::Ordering::SeqCst) {
+                        info!(port = %spec.port, "port hook's down skipped: the successor has the port");
+                        continue;
+                    }
                     run_hook(&hook, action, &spec, &bridge);
                 }
             });
         match spawned {
-            Ok(t) => (Hooks { tx: Some(tx) }, Some(t)),
+            Ok(t) => (
+                Hooks {
+                    tx: Some(tx),
+                    handed_over,
+                },
+                Some(t),
+            ),
             Err(e) => {
                 warn!("lan.port_hook is not run: no thread for it: {e}");
                 (Hooks::none(), None)
@@ -674,6 +698,20 @@ mod tests {
         let want = "add p1 br0\nup p1 br0\nchange p1 br0\ndown p1 br0\nremove p2 br0\n";
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let mut got = String::new();
+        while std::time::Instant::now() < until {
+            got = std::fs::read_to_string(&log).unwrap_or_default();
+            if got.len() >= want.len() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(got, want);
+        // Handed over to a successor: its downs are skipped, the rest still runs.
+        hooks.hand_over();
+        hooks.run(Action::Down, &spec("p1"));
+        hooks.run(Action::Remove, &spec("p3"));
+        let want = format!("{want}remove p3 br0\n");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::time::Instant::now() < until {
             got = std::fs::read_to_string(&log).unwrap_or_default();
             if got.len() >= want.len() {

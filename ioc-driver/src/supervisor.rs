@@ -641,6 +641,11 @@ pub async fn run(
     };
     let (workers, ports) = {
         let mut c = cluster.borrow_mut();
+        if handed_over {
+            if let Some(p) = &c.ports {
+                p.hooks.hand_over();
+            }
+        }
         (c.stop(code), c.ports.take())
     };
     let joined = tokio::task::spawn_blocking(move || {
