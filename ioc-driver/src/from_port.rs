@@ -64,9 +64,11 @@ pub fn drive_port(st: &mut WorkerState, session: u64) -> LanProgress {
         let dst = vnet::dst_mac(buf.as_slice());
         // The first queue holds the host's filter (promiscuity, groups).
         let first = hosts.get(&session).map_or(session, |h| h.first);
-        let takes = hosts
-            .get(&first)
-            .is_some_and(|f| admits(&dst, &f.mac, &f.bridged, |g| f.wants_group(g), f.promisc));
+        let vlan = vnet::vlan_of(buf.as_slice());
+        let takes = hosts.get(&first).is_some_and(|f| {
+            f.policy.vlan.from_port(vlan)
+                && admits(&dst, &f.mac, &f.bridged, |g| f.wants_group(g), f.promisc)
+        });
         match hosts.get_mut(&session).filter(|_| takes) {
             Some(h) => h.post(buf, cache),
             None => {
