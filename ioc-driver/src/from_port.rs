@@ -66,7 +66,7 @@ pub fn drive_port(st: &mut WorkerState, session: u64) -> LanProgress {
         let first = hosts.get(&session).map_or(session, |h| h.first);
         let vlan = vnet::vlan_of(buf.as_slice());
         let takes = hosts.get(&first).is_some_and(|f| {
-            f.policy.vlan.from_port(vlan)
+            f.policy.vlan.takes_from_port(vlan)
                 && admits(&dst, &f.mac, &f.bridged, |g| f.wants_group(g), f.promisc)
         });
         match hosts.get_mut(&session).filter(|_| takes) {

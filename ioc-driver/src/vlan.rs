@@ -124,7 +124,7 @@ impl VlanMode {
     /// the port, so an access or untagged host takes untagged frames only, a trunk host its
     /// VLANs' (untagged ones where its list has 0); anything else means a switch that does
     /// not apply the host's VLANs (a bridge without `vlan_filtering`), and is not delivered.
-    pub fn from_port(&self, vlan: Option<u16>) -> bool {
+    pub fn takes_from_port(&self, vlan: Option<u16>) -> bool {
         match self {
             VlanMode::Untagged | VlanMode::Access(_) => vlan.is_none(),
             VlanMode::Trunk(set) => set.contains(vlan.unwrap_or(0)),
@@ -222,18 +222,18 @@ mod tests {
         assert_eq!(m.egress(Some(10)), Some(Egress::AsIs));
         assert_eq!(m.egress(Some(20)), None);
         assert_eq!(m.egress(None), None);
-        assert!(VlanMode::of(None, &[]).from_port(None));
-        assert!(!VlanMode::of(None, &[]).from_port(Some(10)));
+        assert!(VlanMode::of(None, &[]).takes_from_port(None));
+        assert!(!VlanMode::of(None, &[]).takes_from_port(Some(10)));
         assert!(
-            VlanMode::of(Some(10), &[]).from_port(None),
+            VlanMode::of(Some(10), &[]).takes_from_port(None),
             "the switch stripped it"
         );
-        assert!(!VlanMode::of(Some(10), &[]).from_port(Some(10)));
-        assert!(!VlanMode::of(Some(10), &[]).from_port(Some(20)));
-        assert!(VlanMode::of(None, &[10]).from_port(Some(10)));
-        assert!(!VlanMode::of(None, &[10]).from_port(Some(20)));
-        assert!(!VlanMode::of(None, &[10]).from_port(None));
-        assert!(VlanMode::of(None, &[0, 10]).from_port(None));
+        assert!(!VlanMode::of(Some(10), &[]).takes_from_port(Some(10)));
+        assert!(!VlanMode::of(Some(10), &[]).takes_from_port(Some(20)));
+        assert!(VlanMode::of(None, &[10]).takes_from_port(Some(10)));
+        assert!(!VlanMode::of(None, &[10]).takes_from_port(Some(20)));
+        assert!(!VlanMode::of(None, &[10]).takes_from_port(None));
+        assert!(VlanMode::of(None, &[0, 10]).takes_from_port(None));
         let native = VlanMode::of(None, &[0, 10]);
         assert_eq!(native.ingress(&frame(&[])), Ok(Ingress::AsIs));
         assert_eq!(native.egress(None), Some(Egress::AsIs));
