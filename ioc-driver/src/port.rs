@@ -565,15 +565,29 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// `log` once it holds `len` bytes (the hook thread's calls done), or after 10 s.
+    fn read_when(log: &std::path::Path, len: usize) -> String {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let got = std::fs::read_to_string(log).unwrap_or_default();
+            if got.len() >= len || std::time::Instant::now() >= until {
+                return got;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// How `cmd`, which must exit within 20 s, exited, and what it said.
+    fn exited(cmd: std::process::Command) -> (std::process::ExitStatus, String) {
+        match call_hook(cmd, std::time::Duration::from_secs(20)) {
+            HookEnd::Exited { status, said } => (status, said),
+            end => panic!("it exited: {end:?}"),
+        }
+    }
+
     #[test]
     fn a_hook_that_exits_leaving_a_child_on_its_standard_error_ends() {
-        let end = call_hook(
-            sh("echo started >&2; sleep 30 & exit 0"),
-            std::time::Duration::from_secs(20),
-        );
-        let HookEnd::Exited { status, said } = end else {
-            panic!("it exited: {end:?}");
-        };
+        let (status, said) = exited(sh("echo started >&2; sleep 30 & exit 0"));
         assert!(status.success());
         assert_eq!(
             said, "started",
@@ -583,13 +597,9 @@ mod tests {
 
     #[test]
     fn a_hooks_standard_error_is_kept_bounded() {
-        let end = call_hook(
-            sh("echo one >&2; head -c 100000 /dev/zero | tr '\\0' x >&2; exit 3"),
-            std::time::Duration::from_secs(20),
-        );
-        let HookEnd::Exited { status, said } = end else {
-            panic!("it exited: {end:?}");
-        };
+        let (status, said) = exited(sh(
+            "echo one >&2; head -c 100000 /dev/zero | tr '\\0' x >&2; exit 3",
+        ));
         assert_eq!(status.code(), Some(3));
         assert!(said.starts_with("one"), "{said:.40}");
         assert!(said.len() <= HOOK_STDERR_MAX as usize);
@@ -696,30 +706,13 @@ mod tests {
         hooks.run(Action::Down, &spec("p1"));
         hooks.run(Action::Remove, &spec("p2"));
         let want = "add p1 br0\nup p1 br0\nchange p1 br0\ndown p1 br0\nremove p2 br0\n";
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut got = String::new();
-        while std::time::Instant::now() < until {
-            got = std::fs::read_to_string(&log).unwrap_or_default();
-            if got.len() >= want.len() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(got, want);
+        assert_eq!(read_when(&log, want.len()), want);
         // Handed over to a successor: its downs are skipped, the rest still runs.
         hooks.hand_over();
         hooks.run(Action::Down, &spec("p1"));
         hooks.run(Action::Remove, &spec("p3"));
         let want = format!("{want}remove p3 br0\n");
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::time::Instant::now() < until {
-            got = std::fs::read_to_string(&log).unwrap_or_default();
-            if got.len() >= want.len() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(got, want);
+        assert_eq!(read_when(&log, want.len()), want);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
