@@ -89,18 +89,10 @@ fn an_activation_refused_for_want_of_its_port_claims_nothing() {
     // Ports mode, and the host's port is not there (its setup failed, say).
     ioc.ports = true;
     ioc.hosts.get_mut(&s).expect("connected").policy.port = Some("sdp-unit-none".into());
-    p.events.clear();
-    p.link.session_mut().cfg_request(CfgCode::Activate, &[]);
-    pump(&mut ioc, &mut p, s, true);
-    let status = p.events.iter().find_map(|e| match e {
-        LinkEvent::CfgReply {
-            code: CfgCode::Activate,
-            status,
-            ..
-        } => Some(*status),
-        _ => None,
-    });
-    assert_eq!(status, Some(ErrorCode::Refused));
+    assert_eq!(
+        ask(&mut ioc, &mut p, s, CfgCode::Activate, &[]),
+        ErrorCode::Refused
+    );
     assert!(host(&ioc, s).standby, "still a standby");
     assert_eq!(ioc.shard.owner(&OWN), None, "its MAC not claimed");
     assert!(ioc.by_mac.is_empty() && nic.unicast.borrow().is_empty());
