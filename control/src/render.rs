@@ -175,7 +175,7 @@ fn hosts(h: &Hosts) -> String {
         .fold(4, usize::max);
     let _ = writeln!(
         o,
-        "{:>7}  {:>5}  {:<nw$}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
+        "{:>7}  {:>5}  {:<nw$}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>11}",
         "session",
         "queue",
         "name",
@@ -187,12 +187,12 @@ fn hosts(h: &Hosts) -> String {
         "tx frames",
         "rx frames",
         "dropped",
-        "buffers"
+        "buffers KiB"
     );
     for e in &h.hosts {
         let _ = writeln!(
             o,
-            "{:>7}  {:>5}  {:<nw$}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>7}",
+            "{:>7}  {:>5}  {:<nw$}  {:<17}  {:<aw$}  {:>6}  {:>5}  {:>8}  {:>12}  {:>12}  {:>8}  {:>11}",
             e.session,
             format!("{}/{}", e.queue, e.queues),
             name(e),
@@ -204,7 +204,7 @@ fn hosts(h: &Hosts) -> String {
             e.counters.tx.frames,
             e.counters.rx.frames,
             e.counters.tx.dropped + e.counters.rx.dropped,
-            format!("{}/{}", e.buffers, e.buffer_quota)
+            format!("{}/{}", e.buffer_bytes >> 10, e.buffer_quota_bytes >> 10)
         );
         if !e.port.is_empty() {
             let _ = writeln!(o, "         port: {}", e.port);
@@ -280,8 +280,13 @@ fn stats(s: &Stats) -> String {
         counters(&mut o, "at the IOC for this host (tx: IOC to host)", c);
     }
     drops(&mut o, &s.drops);
-    if let Some((used, all)) = s.send_buffers {
-        let _ = writeln!(o, "  send buffers queued towards hosts: {used} of {all}");
+    if let Some((used, all)) = s.send_buffer_bytes {
+        let _ = writeln!(
+            o,
+            "  send buffers queued towards hosts: {} KiB of {} KiB",
+            used >> 10,
+            all >> 10
+        );
     }
     if let Some(l) = &s.tx_limit {
         let _ = writeln!(
@@ -471,8 +476,8 @@ mod tests {
             offloads: vec![],
             connected_s: 61,
             counters: Counters::default(),
-            buffers: 0,
-            buffer_quota: 512,
+            buffer_bytes: 0,
+            buffer_quota_bytes: 2 << 20,
             in_place: 0,
             ce_marked: 0,
             drops: BTreeMap::new(),

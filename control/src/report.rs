@@ -346,12 +346,14 @@ pub struct HostEntry {
     pub connected_s: u64,
     /// Its traffic (tx: IOC to host).
     pub counters: Counters,
-    /// The IOC's send buffers it holds now (frames queued towards it).
+    /// Bytes of the IOC's send buffers (their capacity) it holds now: frames queued towards
+    /// it, a small frame in a 2 KiB buffer, a larger one in a 64 KiB buffer.
     #[serde(default)]
-    pub buffers: u32,
-    /// Send buffers it may hold at most; frames for it beyond are dropped (`rx_quota`).
+    pub buffer_bytes: u64,
+    /// Bytes of send buffers it may hold at most; frames for it beyond are dropped
+    /// (`rx_quota`).
     #[serde(default)]
-    pub buffer_quota: u32,
+    pub buffer_quota_bytes: u64,
     /// LAN frames the IOC wrote straight into its pools, read from its own queue on the
     /// NIC (a host over shared memory; frames few enough for SendData go inline instead).
     #[serde(default)]
@@ -501,9 +503,9 @@ pub struct Stats {
     /// Frames dropped, by where and why (causes with a count only).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drops: BTreeMap<String, u64>,
-    /// The IOC's send buffers queued towards hosts now, and how many there are.
+    /// Bytes of the IOC's send buffers queued towards hosts now, and of all there may be.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub send_buffers: Option<(u64, u64)>,
+    pub send_buffer_bytes: Option<(u64, u64)>,
     /// The host's transmit scheduling (its first queue): the byte limit and the flow queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tx_limit: Option<TxLimit>,

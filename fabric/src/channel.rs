@@ -64,8 +64,8 @@ impl Channel for FabricChannel {
     fn pending(&self) -> usize {
         each!(self, c => c.pending())
     }
-    fn held_buffers(&self) -> usize {
-        each!(self, c => c.held_buffers())
+    fn held_bytes(&self) -> usize {
+        each!(self, c => c.held_bytes())
     }
     fn set_writes_allowed(&mut self, allowed: bool) {
         each!(self, c => c.set_writes_allowed(allowed))

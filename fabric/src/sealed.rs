@@ -19,6 +19,8 @@ pub struct SealedConn<C = StreamConn> {
     plain: Vec<u8>,
     /// Send buffers whose bytes went out sealed in a copy: returned on reclaim.
     copied: Vec<SendBuf>,
+    /// Their capacity.
+    copied_bytes: usize,
 }
 
 impl<C: Channel> SealedConn<C> {
@@ -30,6 +32,7 @@ impl<C: Channel> SealedConn<C> {
             sealer,
             plain: Vec::new(),
             copied: Vec::new(),
+            copied_bytes: 0,
         }
     }
 
@@ -56,6 +59,7 @@ impl<C: Channel> Channel for SealedConn<C> {
             Payload::Bytes(b) => plain.extend_from_slice(&b),
             Payload::Buf(b) => {
                 plain.extend_from_slice(b.as_slice());
+                self.copied_bytes += b.capacity();
                 self.copied.push(b);
             }
         }
@@ -90,6 +94,7 @@ impl<C: Channel> Channel for SealedConn<C> {
 
     fn reclaim(&mut self, cache: &mut SendBufCache) {
         for b in self.copied.drain(..) {
+            self.copied_bytes -= b.capacity();
             cache.put(b);
         }
         self.conn.reclaim(cache)
@@ -99,8 +104,8 @@ impl<C: Channel> Channel for SealedConn<C> {
         self.conn.pending()
     }
 
-    fn held_buffers(&self) -> usize {
-        self.conn.held_buffers() + self.copied.len()
+    fn held_bytes(&self) -> usize {
+        self.conn.held_bytes() + self.copied_bytes
     }
 
     fn set_writes_allowed(&mut self, allowed: bool) {

@@ -247,7 +247,7 @@ impl Snapshot {
                     .filter(|(_, n)| *n > 0)
                     .map(|(k, n)| (k.to_string(), n))
                     .collect(),
-                send_buffers: None,
+                send_buffer_bytes: None,
                 tx_limit: Some(self.tx_limit),
             }),
         }

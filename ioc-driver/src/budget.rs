@@ -10,6 +10,7 @@
 //! staging and receives), its control backlog and its own LAN queue; for each worker
 //! its send buffers and its NIC socket; and the daemon itself.
 
+use crate::host_queue::SMALL_BUFFER;
 use crate::state::{buffer_plan, MAX_CONTROL_BACKLOG};
 use splitnet_config::IocConfig;
 use splitnet_messaging::adapter::shm::setup::{Setup, RING_DATA};
@@ -34,10 +35,10 @@ pub fn budget(cfg: &IocConfig, workers: usize, tcp: u64) -> Budget {
         .max(rings + pools)
         .max(tcp / 2 + splitnet_fabric::verbs::PINNED);
     let session = pools + transport + MAX_CONTROL_BACKLOG as u64 + RCVBUF as u64;
-    let (_, buffers) = buffer_plan(cfg.fabric.max_hosts);
+    let plan = buffer_plan(cfg.fabric.max_hosts);
     // Each receive queue's socket holds up to RCVBUF; the first also sends.
     let nic = u64::from(cfg.lan.rx_queues) * RCVBUF as u64 + NIC_SNDBUF;
-    let worker = buffers as u64 * wire::MAX_SEND_DATA as u64 + nic;
+    let worker = (plan.buffers * wire::MAX_SEND_DATA + plan.small * SMALL_BUFFER) as u64 + nic;
     let workers = workers as u64;
     Budget {
         bytes: sessions * session + workers * worker + BASE,

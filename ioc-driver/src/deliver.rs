@@ -10,7 +10,7 @@
 
 use crate::counters::{IocStats, RxDrop};
 use crate::host_frame::HostFrame;
-use crate::host_queue::HostQueue;
+use crate::host_queue::{HostQueue, SMALL_BUFFER};
 use crate::shard::Shard;
 use crate::vlan::Egress;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
@@ -30,10 +30,16 @@ pub fn deliver_copy(
     let Some(egress) = host.policy.vlan.egress(vlan) else {
         return;
     };
-    if !host.make_room(cache) {
+    let len = frame.len();
+    let size = if len <= SMALL_BUFFER {
+        SMALL_BUFFER
+    } else {
+        cache.buffer_size()
+    };
+    if !host.make_room(size, cache) {
         return;
     }
-    let Some(mut b) = cache.get() else {
+    let Some(mut b) = cache.get_for(len) else {
         host.drop_rx(RxDrop::Quota);
         return;
     };

@@ -36,6 +36,12 @@ pub const RING_BYTES: u64 = 4 << 20;
 /// host that does not read is never driven into E16 by it (256 KiB).
 pub const EXPRESS_BACKLOG: usize = 64 << 10;
 
+/// Bytes of a small send buffer. A frame of at most this much (an MTU-sized frame with its
+/// headers) waits in one instead of a 64 KiB buffer, so a host's share holds 32 times as
+/// many of them as of the largest frames: 1,024 with `max_hosts` 8, about 12 ms of MTU-sized
+/// frames at 1 Gb/s, where a share of 32 buffers of any size held 0.4 ms and a host that the
+/// scheduler kept off its core for 10 ms lost frames (a NIC's ring holds 256 to 4,096).
+pub const SMALL_BUFFER: usize = 2048;
 /// CfgUtil requests a host may make per second, and at once: a host-driver asks for its
 /// counters once a second and for a handful of settings when its interface changes.
 pub const CFG_RATE: (u64, u64) = (20, 40);
@@ -110,7 +116,10 @@ pub struct HostQueue {
     /// Its socket refused a write: its task waits for writability, and no other path
     /// writes to it (they queue, within the quota).
     pub blocked: bool,
-    /// Send buffers it may hold at once (queued towards it or waiting in its receive ring).
+    /// Bytes of send buffers (their capacity) it may hold at once, queued towards it or
+    /// waiting in its receive ring ([`buffer_plan`](crate::state::buffer_plan)): a frame of up to
+    /// [`SMALL_BUFFER`] bytes takes a small buffer, so a share holds 32 of those for each
+    /// frame of the largest size.
     pub quota: usize,
     /// Keepalive timer.
     pub keepalive: Keepalive,
@@ -121,8 +130,10 @@ pub struct HostQueue {
     /// Rate of the log lines it causes.
     pub log: LogLimit,
     /// Frames for it waiting for credit, by flow (its receive ring: at most [`RING_BYTES`]
-    /// and its quota of frames; beyond, frames are dropped).
-    pub rx_ring: Scheduler<SendBuf>,
+    /// of frames and its quota of buffers; beyond, frames are dropped).
+    rx_ring: Scheduler<SendBuf>,
+    /// Bytes of the send buffers (their capacity) waiting in `rx_ring`.
+    ring_held: usize,
     /// Its own queue of LAN frames, read straight into its pools ([`crate::own_queue`]).
     pub own_queue: Option<OwnQueue>,
     /// Opening that queue failed: its frames keep the general path until this retry (or
@@ -204,7 +215,7 @@ impl HostQueue {
             log: LogLimit::new(LOG_INTERVAL),
             rx_ring: Scheduler::new(
                 FqConfig {
-                    max_frames: quota,
+                    max_frames: (quota / SMALL_BUFFER).max(1),
                     max_bytes: RING_BYTES,
                     flow_bytes: RING_BYTES / 2,
                     ..FqConfig::default()
@@ -217,6 +228,7 @@ impl HostQueue {
                 Instant::now(),
             )
             .with_express(ExpressConfig::default(), Instant::now()),
+            ring_held: 0,
             own_queue: None,
             own_queue_retry: None,
             shut_queue: None,
@@ -252,15 +264,21 @@ impl HostQueue {
         }
     }
 
-    /// Send buffers it holds: waiting in its receive ring, queued on its link, or written
-    /// and not yet taken back.
+    /// Bytes of send buffers (their capacity) it holds: waiting in its receive ring, queued
+    /// on its link, or written and not yet taken back.
     pub fn held(&self) -> usize {
-        self.rx_ring.waiting() + self.link.as_ref().map_or(0, |l| l.held_buffers())
+        self.ring_held + self.link.as_ref().map_or(0, |l| l.held_bytes())
     }
 
-    /// True when one more frame for it fits its quota.
-    pub fn has_room(&self) -> bool {
-        self.held() < self.quota
+    /// Frames waiting in its receive ring.
+    #[cfg(test)]
+    pub fn ring_waiting(&self) -> usize {
+        self.rx_ring.waiting()
+    }
+
+    /// True when one more send buffer of `size` bytes fits its quota.
+    pub fn has_room(&self, size: usize) -> bool {
+        self.held() + size <= self.quota
     }
 
     /// Counts a frame for it that was dropped.
@@ -356,8 +374,11 @@ impl HostQueue {
     /// Queues a frame for this host in its receive ring, by flow, and sends what the credits
     /// let through. A frame beyond its quota, or pushed out of a full ring, is dropped and
     /// counted.
-    pub fn post(&mut self, mut buf: SendBuf, cache: &mut SendBufCache) {
-        if !self.make_room(cache) {
+    /// A frame small enough moves to a small buffer first ([`SendBufCache::shrink`]), its
+    /// full-size one going back to be read into again.
+    pub fn post(&mut self, buf: SendBuf, cache: &mut SendBufCache) {
+        let mut buf = cache.shrink(buf);
+        if !self.make_room(buf.capacity(), cache) {
             cache.put(buf);
             return;
         }
@@ -387,33 +408,39 @@ impl HostQueue {
         }
         let len = buf.len() as u32;
         let mut dropped = 0;
+        let mut freed = 0;
+        self.ring_held += buf.capacity();
         self.rx_ring.push(flow, len, buf, &mut |b| {
+            freed += b.capacity();
             cache.put(b);
             dropped += 1;
         });
+        self.ring_held -= freed;
         for _ in 0..dropped {
             self.drop_rx(RxDrop::RingFull);
         }
         self.send_queued(cache);
     }
 
-    /// Makes room within its quota for one more frame: takes back written buffers, else
-    /// the longest flow waiting gives up its oldest frame, so that a new sparse flow still
-    /// gets in (counted as `rx_quota`). False, with the drop counted, when nothing waits
-    /// to give way: the frame must go.
-    pub fn make_room(&mut self, cache: &mut SendBufCache) -> bool {
-        if self.has_room() {
+    /// Makes room within its quota for one more send buffer of `size` bytes: takes back
+    /// written buffers, else the longest flow waiting gives up its oldest frames, so that a
+    /// new sparse flow still gets in (each counted as `rx_quota`). False when nothing waits
+    /// to give way: the frame must go (counted too).
+    pub fn make_room(&mut self, size: usize, cache: &mut SendBufCache) -> bool {
+        if self.has_room(size) {
             return true;
         }
         self.kick(cache);
-        if self.has_room() {
-            return true;
-        }
-        if let Some(old) = self.rx_ring.evict() {
+        // A large frame may take the place of several small ones.
+        while !self.has_room(size) {
+            self.drop_rx(RxDrop::Quota);
+            let Some(old) = self.rx_ring.evict() else {
+                return false;
+            };
+            self.ring_held -= old.capacity();
             cache.put(old);
         }
-        self.drop_rx(RxDrop::Quota);
-        self.has_room()
+        true
     }
 
     /// Posts waiting frames, the one that met no credit first, while the credits allow (call
@@ -431,6 +458,7 @@ impl HostQueue {
             else {
                 return;
             };
+            self.ring_held -= buf.capacity();
             let len = buf.len() as u64;
             match link.post_frame(buf) {
                 Posted::SendData | Posted::Rdma => {
@@ -438,6 +466,7 @@ impl HostQueue {
                     self.stats.rx_bytes += len;
                 }
                 Posted::Backpressure(b) => {
+                    self.ring_held += b.capacity();
                     self.rx_ring.hold(b);
                     return;
                 }
@@ -453,6 +482,7 @@ impl HostQueue {
     /// (`rx_lost_at_close`).
     pub fn take_waiting(&mut self) -> Vec<SendBuf> {
         let waiting: Vec<SendBuf> = self.rx_ring.drain().collect();
+        self.ring_held = 0;
         self.drop_rx_n(RxDrop::LostAtClose, waiting.len() as u64);
         waiting
     }

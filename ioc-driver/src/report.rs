@@ -105,8 +105,8 @@ pub struct Snapshot {
     pub credits: (u64, u64, u64, u64),
     /// Frames of the express lane to and from the hosts connected now.
     pub express: (u64, u64),
-    /// Send buffers in use, and the most there may be.
-    pub send_buffers: (u64, u64),
+    /// Bytes of send buffers in use, and the most there may be.
+    pub send_buffer_bytes: (u64, u64),
     /// Multicast groups joined on the NIC.
     pub groups: BTreeSet<[u8; 6]>,
     /// The hosts, by session.
@@ -166,8 +166,8 @@ impl WorkerState {
                     offloads: offload_names(h.features),
                     connected_s: h.since.elapsed().as_secs(),
                     counters: Counters::from(&h.stats),
-                    buffers: h.held() as u32,
-                    buffer_quota: h.quota as u32,
+                    buffer_bytes: h.held() as u64,
+                    buffer_quota_bytes: h.quota as u64,
                     in_place: h.link.as_ref().map_or(0, |l| l.stats().tx_in_place),
                     ce_marked: h.ce_marked,
                     drops: counted(h.drops.named().into_iter()),
@@ -195,7 +195,10 @@ impl WorkerState {
             past_drops: self.past_drops,
             credits,
             express,
-            send_buffers: (self.cache.in_use() as u64, self.cache.capacity() as u64),
+            send_buffer_bytes: (
+                self.cache.in_use_bytes() as u64,
+                self.cache.capacity_bytes() as u64,
+            ),
             groups: self.nic_groups.clone(),
             hosts,
         }
@@ -247,7 +250,7 @@ impl Snapshot {
             past_drops: Drops::default(),
             credits: (0, 0, 0, 0),
             express: (0, 0),
-            send_buffers: (0, 0),
+            send_buffer_bytes: (0, 0),
             groups: BTreeSet::new(),
             hosts: Vec::new(),
         }
@@ -269,8 +272,8 @@ impl Snapshot {
         self.credits.3 += o.credits.3;
         self.express.0 += o.express.0;
         self.express.1 += o.express.1;
-        self.send_buffers.0 += o.send_buffers.0;
-        self.send_buffers.1 += o.send_buffers.1;
+        self.send_buffer_bytes.0 += o.send_buffer_bytes.0;
+        self.send_buffer_bytes.1 += o.send_buffer_bytes.1;
         self.groups.extend(o.groups);
         self.hosts.extend(o.hosts);
         self.hosts.sort_by_key(|h| h.entry.session);
@@ -344,7 +347,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
                 nic: NicStats::read(lan),
                 ioc: None,
                 drops: s.named_drops(),
-                send_buffers: Some(s.send_buffers),
+                send_buffer_bytes: Some(s.send_buffer_bytes),
                 tx_limit: None,
             })
         }
@@ -477,10 +480,10 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             s.cfg_rate_limited,
         ),
         (
-            "splitnet_ioc_send_buffers",
+            "splitnet_ioc_send_buffer_bytes",
             "gauge",
-            "Send buffers in use (LAN receive and host-to-host forwarding).",
-            snap.send_buffers.0,
+            "Bytes of send buffers in use (LAN receive and host-to-host forwarding).",
+            snap.send_buffer_bytes.0,
         ),
     ];
     for (name, kind, help, value) in totals {
@@ -574,10 +577,10 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             |h| h.ce_marked,
         ),
         (
-            "splitnet_ioc_host_send_buffers",
+            "splitnet_ioc_host_send_buffer_bytes",
             "gauge",
-            "The IOC's send buffers the host holds now.",
-            |h| u64::from(h.buffers),
+            "Bytes of the IOC's send buffers the host holds now.",
+            |h| h.buffer_bytes,
         ),
     ];
     for (name, kind, help, get) in by_session {

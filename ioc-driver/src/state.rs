@@ -9,7 +9,7 @@
 
 use crate::counters::{Drops, IocStats, RxDrop};
 use crate::gate::Policy;
-use crate::host_queue::HostQueue;
+use crate::host_queue::{HostQueue, SMALL_BUFFER};
 use crate::lan_tx::LanTx;
 use crate::nic::Nic;
 use crate::own_queue::{OwnQueue, OwnQueueRetry, FRAME_MAX};
@@ -34,19 +34,35 @@ use tracing::{debug, info, warn};
 /// Send buffers for the LAN receive path and host-to-host forwarding, shared out among the
 /// sessions the IOC may serve (each buffer holds the largest frame, about 64 KiB).
 const SEND_BUFFERS: usize = 256;
-/// Fewest and most send buffers one session may hold.
+/// Fewest and most of those one session's share is worth.
 const QUOTA_RANGE: (usize, usize) = (8, 128);
 /// Bytes a host may leave unread on its control channel before its session ends: a peer
 /// that asks and never reads the answers cannot grow the IOC's memory.
 pub const MAX_CONTROL_BACKLOG: usize = 256 << 10;
 
-/// Each session's share of the send buffers, and the size of the whole pool: every session
-/// at its quota still leaves the buffer the LAN is read into, so no host can stop the
-/// others' traffic by not reading its own.
-pub fn buffer_plan(max_sessions: u32) -> (usize, usize) {
+/// What a worker's send buffers are and what one session may hold of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferPlan {
+    /// Bytes of send buffers (their capacity) one session may hold.
+    pub quota: usize,
+    /// Full-size buffers there may be.
+    pub buffers: usize,
+    /// Small buffers there may be ([`SMALL_BUFFER`]).
+    pub small: usize,
+}
+
+/// Each session's share of the send buffers, and the size of the pools: every session at
+/// its quota still leaves the buffer the LAN is read into, so no host can stop the others'
+/// traffic by not reading its own; and every session may hold its quota in small buffers.
+pub fn buffer_plan(max_sessions: u32) -> BufferPlan {
     let n = max_sessions.max(1) as usize;
-    let quota = (SEND_BUFFERS / n).clamp(QUOTA_RANGE.0, QUOTA_RANGE.1);
-    (quota, quota * n + 1)
+    let share = (SEND_BUFFERS / n).clamp(QUOTA_RANGE.0, QUOTA_RANGE.1);
+    let quota = share * wire::MAX_SEND_DATA;
+    BufferPlan {
+        quota,
+        buffers: share * n + 1,
+        small: quota / SMALL_BUFFER * n,
+    }
 }
 
 /// An unguessable 64-bit token from the operating system's random source (falling back
@@ -170,7 +186,7 @@ pub struct WorkerState {
     pub nic_mac: Option<[u8; 6]>,
     /// Send buffers.
     pub cache: SendBufCache,
-    /// Send buffers each session may hold ([`buffer_plan`]).
+    /// Bytes of send buffers each session may hold ([`buffer_plan`]).
     pub quota: usize,
     /// Drops counted against the hosts that left.
     pub past_drops: Drops,
@@ -255,7 +271,7 @@ impl WorkerState {
             .pools
             .max_granted_bytes
             .saturating_mul(u64::from(cfg.fabric.max_hosts));
-        let (quota, buffers) = buffer_plan(cfg.fabric.max_hosts);
+        let plan = buffer_plan(cfg.fabric.max_hosts);
         // This worker's socket leaves the placed MACs to their hosts' own queues.
         match nic.exclusion() {
             Ok(Some(e)) => {
@@ -273,8 +289,9 @@ impl WorkerState {
             mtu,
             nic_up,
             nic_mac: None,
-            cache: SendBufCache::new(wire::MAX_SEND_DATA, buffers),
-            quota,
+            cache: SendBufCache::new(wire::MAX_SEND_DATA, plan.buffers)
+                .with_small(SMALL_BUFFER, plan.small),
+            quota: plan.quota,
             past_drops: Drops::default(),
             log: LogLimit::new(crate::host_queue::LOG_INTERVAL),
             refusals: LogLimit::new(crate::host_queue::LOG_INTERVAL),

@@ -31,7 +31,7 @@ during=$(iperf sd-host 10.50.0.2 5302 -t 8 -R) || fail "the good host's iperf3 d
 PING_COUNT=10 ping_ok sd-host 10.50.0.2
 log "good host, LAN -> host: $during Gb/s while the slow host is flooded ($(awk -v a="$during" -v b="$before" 'BEGIN { printf "%.2f", a / b }')x)"
 assert_positive "$during" "the good host's throughput during the flood"
-held=$(json hosts "max(h['buffers'] - h['buffer_quota'] for h in d['hosts']['hosts'])")
+held=$(json hosts "max(h['buffer_bytes'] - h['buffer_quota_bytes'] for h in d['hosts']['hosts'])")
 assert_le "$held" 0 "no host holds more send buffers than its quota"
 wait "$flood" || fail "the flood failed: $(cat "$T/flood.out")"
 log "flood: $(cat "$T/flood.out")"
@@ -50,6 +50,6 @@ ping_ok sd-host 10.50.0.2
 start_host 2
 wait_carrier sd-host2 up 10
 ping_ok sd-host2 10.50.0.2
-in_use=$(json stats "d['stats']['send_buffers'][0]")
-log "IOC send buffers in use after: $in_use"
+in_use=$(json stats "d['stats']['send_buffer_bytes'][0]")
+log "IOC send buffers in use after: $in_use bytes"
 pass "a host that does not read costs only itself"

@@ -28,9 +28,9 @@ assert_no_grep "$T/host1.log" "fabric lost|connection lost" "the good host recon
 # Sessions whose data channel never came are dropped after the handshake timeout.
 hosts_listed() { [ "$(json status "d['status']['fabric']['hosts']")" = "$1" ]; }
 eventually 5 hosts_listed 1 || fail "sessions left behind"
-in_use=$(json stats "d['stats']['send_buffers'][0]")
-quota=$(json hosts "d['hosts']['hosts'][0]['buffer_quota']")
-log "send buffers in use: $in_use (the good host's quota: $quota)"
+in_use=$(json stats "d['stats']['send_buffer_bytes'][0]")
+quota=$(json hosts "d['hosts']['hosts'][0]['buffer_quota_bytes']")
+log "send buffers in use: $in_use bytes (the good host's quota: $quota bytes)"
 assert_le "$in_use" "$quota" "send buffers still held by departed sessions"
 connects=$(json status "d['status']['fabric']['connects']")
 assert_ge "$connects" 300 "sessions admitted"

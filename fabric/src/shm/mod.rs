@@ -147,8 +147,8 @@ impl Channel for ShmTransport {
         self.ch.pending()
     }
 
-    fn held_buffers(&self) -> usize {
-        self.ch.held_buffers()
+    fn held_bytes(&self) -> usize {
+        self.ch.held_bytes()
     }
 
     fn set_writes_allowed(&mut self, allowed: bool) {

@@ -210,7 +210,8 @@ pub struct VerbsTransport {
     writes_allowed: bool,
     tx: VecDeque<TxOp>,
     tx_bytes: usize,
-    tx_bufs: usize,
+    /// Capacity of the send buffers held: in `tx` and in `done`.
+    held: usize,
     done: Vec<SendBuf>,
     stage: Stage,
     next_wr: u64,
@@ -548,7 +549,9 @@ impl Channel for VerbsTransport {
             payload,
         };
         self.tx_bytes += op.len();
-        self.tx_bufs += usize::from(matches!(op.payload, Payload::Buf(_)));
+        if let Payload::Buf(b) = &op.payload {
+            self.held += b.capacity();
+        }
         self.tx.push_back(op);
     }
 
@@ -648,7 +651,6 @@ impl Channel for VerbsTransport {
             }
             self.tx_bytes -= len;
             if let Payload::Buf(b) = op.payload {
-                self.tx_bufs -= 1;
                 self.done.push(b);
             }
             self.next_wr += 1;
@@ -746,6 +748,7 @@ impl Channel for VerbsTransport {
 
     fn reclaim(&mut self, cache: &mut SendBufCache) {
         for b in self.done.drain(..) {
+            self.held -= b.capacity();
             cache.put(b);
         }
     }
@@ -756,8 +759,8 @@ impl Channel for VerbsTransport {
             + self.windows.as_ref().map_or(0, Windows::pending)
     }
 
-    fn held_buffers(&self) -> usize {
-        self.tx_bufs + self.done.len()
+    fn held_bytes(&self) -> usize {
+        self.held
     }
 
     fn set_writes_allowed(&mut self, allowed: bool) {
@@ -787,7 +790,6 @@ impl Channel for VerbsTransport {
             }
         }
         self.tx_bytes = 0;
-        self.tx_bufs = 0;
         frames
     }
 

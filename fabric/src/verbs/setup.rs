@@ -163,7 +163,7 @@ impl Prepared {
             writes_allowed: false,
             tx: VecDeque::new(),
             tx_bytes: 0,
-            tx_bufs: 0,
+            held: 0,
             done: Vec::new(),
             stage,
             next_wr: 1,

@@ -3,7 +3,7 @@
 
 use crate::from_host;
 use crate::from_lan::{self, LanProgress};
-use crate::host_queue::{HostQueue, CFG_COSTLY_RATE};
+use crate::host_queue::{HostQueue, CFG_COSTLY_RATE, SMALL_BUFFER};
 use crate::nic::fake::FakeNic;
 use crate::own_queue::{OwnQueueProgress, OWN_QUEUE_RETRY, OWN_QUEUE_RETRY_MAX};
 use crate::state::{Who, WorkerState};
@@ -305,10 +305,14 @@ fn host(ioc: &WorkerState, session: u64) -> &HostQueue {
 fn stuck_host(ioc: &mut WorkerState, nic: &FakeNic) -> (u64, Peer) {
     let (slow, mut peer) = connect(ioc, 7, true, 128);
     let to = mac(ioc, slow);
-    from_lan(ioc, nic, to, 400);
+    // More frames than its quota holds in small buffers (1,039 with max_hosts 8).
+    from_lan(ioc, nic, to, 2000);
     pump(ioc, &mut peer, slow, false);
     let h = host(ioc, slow);
-    assert_eq!(h.held(), h.quota, "the slow host's quota is all queued");
+    assert!(
+        !h.has_room(SMALL_BUFFER),
+        "the slow host's quota is all queued"
+    );
     assert!(h.drops.quota > 0, "frames beyond the quota are dropped");
     assert!(h.blocked, "its socket is full");
     (slow, peer)
@@ -344,7 +348,8 @@ fn frames_a_session_end_drops_unsent_are_counted() {
     let (mut ioc, nic) = ioc_with("");
     let (slow, _peer) = stuck_host(&mut ioc, &nic);
     let h = host(&ioc, slow);
-    let (held, drops) = (h.held() as u64, h.drops);
+    // Every frame of 1,426 bytes, each in a small buffer.
+    let (held, drops) = ((h.held() / SMALL_BUFFER) as u64, h.drops);
     assert!(h.pending() > 0, "frames wait on its full socket");
     ioc.remove_host(slow, "host disconnected", None);
     let lost = ioc.past_drops.lost_at_close - drops.lost_at_close;
@@ -429,6 +434,62 @@ fn a_host_that_stops_reading_costs_only_itself() {
 }
 
 /// Polls a notification once: true if a wake-up was stored for the task.
+/// A host that never reads, with credit for four frames of `element_size` bytes: the rest
+/// wait in its ring (or, too large for its pools, go inline).
+fn host_without_credit(ioc: &mut WorkerState, element_size: u32) -> (u64, Peer) {
+    let mut config = host_config(128);
+    config.advertise = vec![PoolSpec {
+        element_size,
+        element_count: 4,
+    }];
+    connect_with(ioc, Who::node(9), false, config)
+}
+
+#[test]
+fn a_hosts_share_holds_32_mtu_sized_frames_for_each_of_the_largest() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, _peer) = host_without_credit(&mut ioc, 2048);
+    let to = mac(&ioc, s);
+    // 1,000 frames of 1,426 bytes: 12 ms at 1 Gb/s, each in a small buffer, all kept; their
+    // full-size buffers went back to be read into again.
+    from_lan(&mut ioc, &nic, to, 1000);
+    let h = host(&ioc, s);
+    assert_eq!(h.drops, crate::counters::Drops::default());
+    assert!(h.ring_waiting() >= 990, "{} wait", h.ring_waiting());
+    assert!(h.held() <= 1000 * SMALL_BUFFER);
+    assert_eq!(
+        ioc.cache.in_use_bytes(),
+        h.held(),
+        "no full-size buffer held"
+    );
+    // A large frame takes the place of as many small ones as its buffer needs.
+    for _ in 0..3 {
+        nic.rx.borrow_mut().push_back(tso_frame(to, LAN_PEER));
+    }
+    from_lan::drive_lan(&mut ioc, 0);
+    let h = host(&ioc, s);
+    assert!(h.held() <= h.quota);
+    let evicted = h.drops.quota;
+    let need = (h.held() + 3 * wire::MAX_SEND_DATA).saturating_sub(h.quota);
+    assert!(
+        (1..=need.div_ceil(SMALL_BUFFER) as u64 + 32).contains(&evicted),
+        "{evicted} evicted"
+    );
+
+    // Only frames of the largest size: a share holds 32 of them, as before small buffers.
+    let (mut ioc, nic) = ioc_with("");
+    let (s, _peer) = host_without_credit(&mut ioc, 65_600);
+    let to = mac(&ioc, s);
+    for _ in 0..100 {
+        nic.rx.borrow_mut().push_back(tso_frame(to, LAN_PEER));
+        from_lan::drive_lan(&mut ioc, 0);
+    }
+    let h = host(&ioc, s);
+    assert!(h.held() <= h.quota);
+    assert!(h.held() / wire::MAX_SEND_DATA <= 32);
+    assert!(h.drops.quota >= 100 - 32 - 4, "{:?}", h.drops);
+}
+
 #[test]
 fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_oldest() {
     let (mut ioc, nic) = ioc_with("");
@@ -440,10 +501,11 @@ fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_old
     // The host never reads: four frames take its credits, the rest wait in its ring.
     let (s, _peer) = connect_with(&mut ioc, Who::node(9), false, config);
     let to = mac(&ioc, s);
-    from_lan(&mut ioc, &nic, to, 200);
+    from_lan(&mut ioc, &nic, to, 1200);
     let h = host(&ioc, s);
-    assert_eq!(h.held(), h.quota, "its quota is in use");
-    assert!(h.rx_ring.waiting() > 0, "frames wait in its ring");
+    assert!(!h.has_room(SMALL_BUFFER), "its quota is in use");
+    let held = h.held();
+    assert!(h.ring_waiting() > 0, "frames wait in its ring");
     let quota_drops = h.drops.quota;
     // A broadcast reaches every host through a copy; at the quota it takes the place of the
     // oldest frame waiting instead of being dropped.
@@ -452,7 +514,7 @@ fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_old
         .push_back(frame([0xff; 6], LAN_PEER, 60));
     from_lan::drive_lan(&mut ioc, 0);
     let h = host(&ioc, s);
-    assert_eq!(h.held(), h.quota);
+    assert_eq!(h.held(), held, "one small frame in place of another");
     assert_eq!(
         h.drops.quota,
         quota_drops + 1,
@@ -508,7 +570,9 @@ fn a_host_socket_that_fills_from_another_path_wakes_its_task() {
     let (slow, mut peer) = connect(&mut ioc, 7, true, 128);
     let _ = woken(host(&ioc, slow));
     let to = mac(&ioc, slow);
-    from_lan(&mut ioc, &nic, to, 400);
+    // Enough to fill its 4 KiB socket many times over; not so many that loopback TCP, whose
+    // window stays below a segment with such buffers, sends the rest one probe at a time.
+    from_lan(&mut ioc, &nic, to, 48);
     assert!(host(&ioc, slow).blocked);
     assert!(woken(host(&ioc, slow)), "told once to wait for writability");
     // Once the host reads again, its task writes everything out and is unblocked.
@@ -869,9 +933,13 @@ fn session_ids_are_not_reused_and_tokens_differ() {
 #[test]
 fn quotas_leave_the_lan_a_buffer_whatever_the_hosts_hold() {
     for max in [1, 2, 8, 16, 64] {
-        let (quota, buffers) = crate::state::buffer_plan(max);
-        assert!(quota >= 8);
-        assert!(buffers > quota * max as usize, "max_hosts {max}");
+        let p = crate::state::buffer_plan(max);
+        let (n, full) = (max as usize, wire::MAX_SEND_DATA);
+        assert!(p.quota >= 8 * full);
+        // Every session at its quota in full-size buffers leaves the LAN one, and each may
+        // hold all its quota in small ones.
+        assert!(p.buffers > p.quota / full * n, "max_hosts {max}");
+        assert!(p.small >= p.quota / SMALL_BUFFER * n, "max_hosts {max}");
     }
 }
 
@@ -1753,7 +1821,7 @@ fn auto_promiscuity_puts_the_hosts_macs_in_the_nics_filter_and_holds_promisc_for
 
 #[test]
 fn an_ecn_flow_towards_a_backlogged_host_is_marked_and_a_plain_one_is_not() {
-    // Two hosts at most: a quota of 128 send buffers each.
+    // Two hosts at most: a quota of 128 full-size send buffers each.
     let (mut ioc, nic) = ioc_with("max_hosts = 2");
     let mut cfg = host_config(128);
     cfg.advertise = vec![PoolSpec {

@@ -48,8 +48,9 @@ pub trait Channel {
     fn reclaim(&mut self, cache: &mut SendBufCache);
     /// Bytes posted but not yet written.
     fn pending(&self) -> usize;
-    /// Send buffers the channel holds (posted, or written and not yet reclaimed).
-    fn held_buffers(&self) -> usize;
+    /// Bytes of send buffers (their capacity) the channel holds: posted, or written and not
+    /// yet reclaimed.
+    fn held_bytes(&self) -> usize;
     /// Whether incoming RDMA writes are accepted (refused before placement when not: the
     /// control channel carries none).
     fn set_writes_allowed(&mut self, allowed: bool);
@@ -211,8 +212,8 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
         self.tx.queued_bytes()
     }
 
-    fn held_buffers(&self) -> usize {
-        self.tx.held_buffers()
+    fn held_bytes(&self) -> usize {
+        self.tx.held_bytes()
     }
 
     fn set_writes_allowed(&mut self, allowed: bool) {

@@ -20,7 +20,7 @@ pub enum Payload {
     Empty,
     /// An owned message (control traffic).
     Bytes(Vec<u8>),
-    /// A registered send buffer; returned through [`TxQueue::take_done`] once sent.
+    /// A registered send buffer; returned through [`TxQueue::reclaim`] once sent.
     Buf(SendBuf),
 }
 
@@ -78,8 +78,8 @@ pub struct TxQueue {
     /// Bytes of the front operation already written.
     sent: usize,
     queued: usize,
-    /// Send buffers among `ops`.
-    bufs: usize,
+    /// Capacity of the send buffers held: among `ops` and in `done`.
+    held: usize,
     done: Vec<SendBuf>,
 }
 
@@ -109,7 +109,9 @@ impl TxQueue {
             placed: false,
         };
         self.queued += op.len();
-        self.bufs += usize::from(matches!(op.payload, Payload::Buf(_)));
+        if let Payload::Buf(b) = &op.payload {
+            self.held += b.capacity();
+        }
         self.ops.push_back(op);
     }
 
@@ -131,6 +133,7 @@ impl TxQueue {
     /// until [`TxQueue::reclaim`].
     pub fn retire(&mut self, payload: Payload) {
         if let Payload::Buf(b) = payload {
+            self.held += b.capacity();
             self.done.push(b);
         }
     }
@@ -198,31 +201,26 @@ impl TxQueue {
                 ..
             }) = self.ops.pop_front()
             {
-                self.bufs -= 1;
                 self.done.push(b);
             }
         }
     }
 
-    /// Send buffers this queue holds: posted and not yet written, or written and not yet
-    /// taken back with [`TxQueue::take_done`].
-    pub fn held_buffers(&self) -> usize {
-        self.bufs + self.done.len()
-    }
-
-    /// Send buffers whose operations have been written, to be reused.
-    pub fn take_done(&mut self) -> std::vec::Drain<'_, SendBuf> {
-        self.done.drain(..)
+    /// Bytes of send buffers (their capacity) this queue holds: posted and not yet written,
+    /// or written and not yet taken back with [`TxQueue::reclaim`].
+    pub fn held_bytes(&self) -> usize {
+        self.held
     }
 
     /// Returns the send buffers of written operations to `cache`.
     pub fn reclaim(&mut self, cache: &mut SendBufCache) {
         for b in self.done.drain(..) {
+            self.held -= b.capacity();
             cache.put(b);
         }
     }
 
-    /// Drops everything queued (the connection is gone); buffers go to [`TxQueue::take_done`].
+    /// Drops everything queued (the connection is gone); buffers go to [`TxQueue::reclaim`].
     /// Returns the frames among it (writes, and sends of a send buffer), the one half
     /// written included: frames posted and never delivered, for their owner to count.
     pub fn clear(&mut self) -> usize {
@@ -235,7 +233,6 @@ impl TxQueue {
         }
         self.sent = 0;
         self.queued = 0;
-        self.bufs = 0;
         frames
     }
 }

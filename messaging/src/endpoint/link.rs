@@ -470,9 +470,10 @@ impl<C: Channel> Link<C> {
         self.ctrl.reclaim(cache);
     }
 
-    /// Send buffers the link holds (queued frames, or written and not yet reclaimed).
-    pub fn held_buffers(&self) -> usize {
-        self.ctrl.held_buffers() + self.data.held_buffers()
+    /// Bytes of send buffers (their capacity) the link holds: queued frames, or written and
+    /// not yet reclaimed.
+    pub fn held_bytes(&self) -> usize {
+        self.ctrl.held_bytes() + self.data.held_bytes()
     }
 
     /// Tears the link down: channels closed first (aborting writes in flight), every send

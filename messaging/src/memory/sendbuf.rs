@@ -126,24 +126,41 @@ impl SendBufCache {
         if buf.len() > self.small_size || buf.capacity() == self.small_size {
             return buf;
         }
-        let mut small = match self.small.pop() {
-            Some(b) => {
-                self.stats.reuses += 1;
-                b
-            }
-            None if self.small_live < self.small_max => {
-                self.small_live += 1;
-                self.stats.registrations += 1;
-                SendBuf {
-                    data: vec![0u8; self.small_size].into_boxed_slice(),
-                    len: 0,
-                }
-            }
-            None => return buf,
+        let Some(mut small) = self.small_buf() else {
+            return buf;
         };
         small.fill_from(buf.as_slice());
         self.put(buf);
         small
+    }
+
+    /// A free small buffer, or a new one while under their limit.
+    fn small_buf(&mut self) -> Option<SendBuf> {
+        if let Some(mut b) = self.small.pop() {
+            self.stats.reuses += 1;
+            b.len = 0;
+            return Some(b);
+        }
+        if self.small_live >= self.small_max {
+            return None;
+        }
+        self.small_live += 1;
+        self.stats.registrations += 1;
+        Some(SendBuf {
+            data: vec![0u8; self.small_size].into_boxed_slice(),
+            len: 0,
+        })
+    }
+
+    /// A buffer for a frame of `len` bytes: a small one when the frame fits one and one is
+    /// free or may be made, else a full-size one ([`SendBufCache::get`]).
+    pub fn get_for(&mut self, len: usize) -> Option<SendBuf> {
+        if len <= self.small_size {
+            if let Some(b) = self.small_buf() {
+                return Some(b);
+            }
+        }
+        self.get()
     }
 
     /// A buffer: a cached one if any, a newly registered one while under the limit.
@@ -218,6 +235,17 @@ impl SendBufCache {
         self.max
     }
 
+    /// Bytes of the buffers currently handed out (their capacity), small ones included.
+    pub fn in_use_bytes(&self) -> usize {
+        (self.live - self.free.len()) * self.size
+            + (self.small_live - self.small.len()) * self.small_size
+    }
+
+    /// Bytes of all the buffers there may be at once, small ones included.
+    pub fn capacity_bytes(&self) -> usize {
+        self.max * self.size + self.small_max * self.small_size
+    }
+
     /// Buffer size.
     pub fn buffer_size(&self) -> usize {
         self.size
@@ -251,6 +279,32 @@ mod tests {
         assert_eq!(c.stats().registrations, 2);
         assert_eq!(c.stats().reuses, 10);
         assert_eq!(c.in_use(), 0);
+    }
+
+    #[test]
+    fn a_buffer_for_a_small_frame_is_small_while_there_are_any() {
+        let mut c = SendBufCache::new(128, 2).with_small(16, 1);
+        let small = c.get_for(16).unwrap();
+        assert_eq!(small.capacity(), 16);
+        let full = c.get_for(16).unwrap();
+        assert_eq!(full.capacity(), 128, "no small one left: a full-size one");
+        assert_eq!(
+            c.get_for(17).unwrap().capacity(),
+            128,
+            "too large for a small one"
+        );
+        assert!(c.get_for(1).is_none(), "none of either left");
+        assert_eq!(c.in_use_bytes(), 16 + 2 * 128);
+        assert_eq!(c.capacity_bytes(), 16 + 2 * 128);
+        c.put(small);
+        assert_eq!(c.get_for(3).unwrap().capacity(), 16, "the small one again");
+        c.put(full);
+        let mut none = SendBufCache::new(128, 1);
+        assert_eq!(
+            none.get_for(1).unwrap().capacity(),
+            128,
+            "no small buffers at all"
+        );
     }
 
     #[test]

@@ -410,8 +410,8 @@ impl<M: SharedMem + Send + Sync> Channel for ShmChannel<M> {
         self.queue.queued_bytes()
     }
 
-    fn held_buffers(&self) -> usize {
-        self.queue.held_buffers()
+    fn held_bytes(&self) -> usize {
+        self.queue.held_bytes()
     }
 
     fn set_writes_allowed(&mut self, allowed: bool) {
