@@ -265,8 +265,8 @@ fn stats(s: &Stats) -> String {
     counters(&mut o, to, &s.fabric);
     let _ = writeln!(
         o,
-        "  inline (SendData) {}, waited for credit {}, credits held {} ({} in use)",
-        s.tx_inline, s.tx_backpressure, s.credits, s.credits_in_use
+        "  inline (SendData) {}, waited for credit {}, credits held {} ({} in use), credit updates sent {}",
+        s.tx_inline, s.tx_backpressure, s.credits, s.credits_in_use, s.credit_updates
     );
     let _ = writeln!(
         o,

@@ -489,6 +489,9 @@ pub struct Stats {
     pub rx_express: u64,
     /// Times a frame waited for a credit.
     pub tx_backpressure: u64,
+    /// Credit updates (BufferRecvPoolUpdate) sent to the peers: a wake-up of the peer each.
+    #[serde(default)]
+    pub credit_updates: u64,
     /// Credits held now in the peers' pools (all connections).
     pub credits: u64,
     /// Elements of the peers' pools in use now.

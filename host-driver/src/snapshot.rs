@@ -238,6 +238,7 @@ impl Snapshot {
                 tx_express: self.before.tx_express + self.link.tx_express,
                 rx_express: self.before.rx_express + self.link.rx_express,
                 tx_backpressure: self.before.tx_backpressure + self.link.tx_backpressure,
+                credit_updates: self.before.tx_credit_updates + self.link.tx_credit_updates,
                 credits: self.credits_free,
                 credits_in_use: self.credits_in_use,
                 nic: NicStats::read(&self.interface.name),
@@ -360,6 +361,12 @@ impl Snapshot {
             "counter",
             "Times a frame waited for credit.",
             l.tx_backpressure,
+        )
+        .metric(
+            "splitnet_host_credit_updates_total",
+            "counter",
+            "Credit updates (BufferRecvPoolUpdate) sent to the IOC (this connection).",
+            l.tx_credit_updates,
         )
         .metric(
             "splitnet_host_rx_frames_total",

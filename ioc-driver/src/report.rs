@@ -105,6 +105,8 @@ pub struct Snapshot {
     pub credits: (u64, u64, u64, u64),
     /// Frames of the express lane to and from the hosts connected now.
     pub express: (u64, u64),
+    /// Credit updates sent to the hosts connected now.
+    pub credit_updates: u64,
     /// Bytes of send buffers in use, and the most there may be.
     pub send_buffer_bytes: (u64, u64),
     /// Multicast groups joined on the NIC.
@@ -138,6 +140,7 @@ impl WorkerState {
         let r = self.reg.stats();
         let mut credits = (0, 0, 0, 0);
         let mut express = (0, 0);
+        let mut credit_updates = 0;
         for l in self.hosts.values().filter_map(|h| h.link.as_ref()) {
             let ini = l.session().initiator();
             credits.0 += ini.credits();
@@ -146,6 +149,7 @@ impl WorkerState {
             credits.3 += l.stats().tx_backpressure;
             express.0 += l.stats().tx_express;
             express.1 += l.stats().rx_express;
+            credit_updates += l.stats().tx_credit_updates;
         }
         let hosts = self
             .hosts
@@ -195,6 +199,7 @@ impl WorkerState {
             past_drops: self.past_drops,
             credits,
             express,
+            credit_updates,
             send_buffer_bytes: (
                 self.cache.in_use_bytes() as u64,
                 self.cache.capacity_bytes() as u64,
@@ -250,6 +255,7 @@ impl Snapshot {
             past_drops: Drops::default(),
             credits: (0, 0, 0, 0),
             express: (0, 0),
+            credit_updates: 0,
             send_buffer_bytes: (0, 0),
             groups: BTreeSet::new(),
             hosts: Vec::new(),
@@ -272,6 +278,7 @@ impl Snapshot {
         self.credits.3 += o.credits.3;
         self.express.0 += o.express.0;
         self.express.1 += o.express.1;
+        self.credit_updates += o.credit_updates;
         self.send_buffer_bytes.0 += o.send_buffer_bytes.0;
         self.send_buffer_bytes.1 += o.send_buffer_bytes.1;
         self.groups.extend(o.groups);
@@ -342,6 +349,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
                 tx_express: s.express.0,
                 rx_express: s.express.1,
                 tx_backpressure: s.credits.3,
+                credit_updates: s.credit_updates,
                 credits: s.credits.0,
                 credits_in_use: s.credits.1,
                 nic: NicStats::read(lan),

@@ -93,8 +93,8 @@ mod credits {
         }
         let ini = p.a.link.session().initiator();
         assert_eq!(ini.pool_credits().map(|(_, c)| c).sum::<u32>(), 21);
-        p.drive().unwrap();
-        // Delivered and released: credits come back (idle flush), every element granted.
+        p.settle().unwrap();
+        // Delivered, released and returned: every element granted.
         let t = p.b.link.session().target();
         assert_eq!(t.pool_usage().map(|u| u.granted).sum::<u32>(), 24);
         assert_eq!(t.pool_usage().map(|u| u.busy + u.free).sum::<u32>(), 0);
@@ -117,12 +117,73 @@ mod credits {
         p.send(Side::A, &frame(9000, 3));
         let ini = p.a.link.session().initiator();
         assert_eq!(ini.inflight_bytes(), 10_500, "inline frames take no credit");
-        p.drive().unwrap();
+        p.settle().unwrap();
         let ini = p.a.link.session_mut().initiator_mut();
         assert_eq!(ini.inflight_bytes(), 0);
         assert_eq!(ini.take_completed(), 10_500);
         assert_eq!(ini.take_completed(), 0);
     });
+
+    /// Each pool as the sender sees it and the receiver holds it: (element count, credits
+    /// the sender holds, elements freed and not yet returned, elements busy).
+    pub(super) fn pools<C: Channel>(p: &Pair<C>) -> Vec<(u32, u32, u32, u32)> {
+        let usage: Vec<_> = p.b.link.session().target().pool_usage().collect();
+        p.a.link
+            .session()
+            .initiator()
+            .pool_credits()
+            .map(|(e, credits)| {
+                let u = usage.iter().find(|u| u.pool_ref == e.pool_ref).unwrap();
+                (e.element_count, credits, u.free, u.busy)
+            })
+            .collect()
+    }
+
+    over_both!(a_sparse_flow_returns_credits_per_batch_not_per_frame, |p| {
+        // One frame per wake-up (the daemons' idle point after each): the 16-element pool
+        // never runs low, so credits go back in batches of `credit_batch` (4), not one
+        // update per frame, which would wake the sender for each.
+        let before = p.b.link.session().target().credit_updates();
+        for i in 0..40 {
+            assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma);
+            p.drive().unwrap();
+            for (count, credits, free, busy) in pools(&p) {
+                assert!(credits * 2 >= count, "{credits} of {count}");
+                assert_eq!((credits + free, busy), (count, 0));
+            }
+        }
+        assert_eq!(p.b.received.len(), 40);
+        assert_eq!(p.b.link.session().target().credit_updates() - before, 10);
+        assert_eq!(p.a.link.stats().tx_backpressure, 0);
+        assert_eq!(p.b.link.stats().tx_credit_updates - before, 10);
+    });
+
+    #[test]
+    fn freed_credits_go_back_at_the_idle_point_once_the_sender_holds_under_half_a_pool() {
+        // A batch as large as the pools: only the idle rule returns credits.
+        let mut b = config(64);
+        b.target.credit_batch = 16;
+        let mut p = Pair::new(config(64), b, 1 << 20);
+        p.drive().unwrap();
+        let large = |p: &Pair| pools(p).into_iter().find(|&(n, ..)| n == 8).unwrap();
+        let send = |p: &mut Pair, n: u8| {
+            for i in 0..n {
+                assert_eq!(p.send(Side::A, &frame(40_000, i)), Outcome::Rdma);
+            }
+            p.drive().unwrap();
+        };
+        // Five of the 8 used: the sender holds 3, under half: all five come back.
+        send(&mut p, 5);
+        assert_eq!(large(&p), (8, 8, 0, 0));
+        // Three used: it still holds 5, so they wait for more.
+        send(&mut p, 3);
+        assert_eq!(large(&p), (8, 5, 3, 0));
+        // Two more: it holds 3 again, and all five freed go back.
+        send(&mut p, 2);
+        assert_eq!(large(&p), (8, 8, 0, 0));
+        assert_eq!(p.b.received.len(), 10);
+        assert_eq!(p.a.link.stats().tx_backpressure, 0);
+    }
 
     over_both!(small_frames_go_inline_and_large_by_rdma, |p| {
         assert_eq!(p.send(Side::A, &frame(60, 1)), Outcome::Inline);
@@ -740,7 +801,7 @@ mod in_place {
         assert_eq!(ini.credits(), before - 2);
         assert_eq!(ini.inflight_bytes(), 30_000 + 65_563);
         assert_eq!(p.a.link.stats().tx_frames, 3);
-        p.drive().unwrap();
+        p.settle().unwrap();
         assert_eq!(p.b.received, frames.to_vec());
         assert_eq!(
             p.a.link.session().initiator().credits(),
@@ -864,7 +925,7 @@ mod in_place {
             p.a.link
                 .read_batch_in_place(65_600, 64, |_, _| Err("would block"));
         assert_eq!(failed, Some(Err("would block")));
-        p.drive().unwrap();
+        p.settle().unwrap();
         assert_eq!(p.a.link.session().initiator().credits(), before);
         assert_eq!(p.a.link.session().initiator().inflight_bytes(), 0);
         // No element that large: nothing taken, nothing read.
@@ -890,5 +951,74 @@ mod in_place {
         assert!(!p.a.link.places_writes());
         assert_eq!(p.a.link.read_in_place(2048, no_read, bulk), None);
         assert!(pair_shm_pools().a.link.places_writes());
+    }
+}
+
+mod credit_returns {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What the test does next: a burst of frames of one size from A, then a drive of both
+    /// peers to rest or a single step of one of them.
+    #[derive(Debug, Clone)]
+    struct Burst {
+        frames: usize,
+        len: usize,
+        drive: u8,
+    }
+
+    fn burst() -> impl Strategy<Value = Burst> {
+        (
+            1..24usize,
+            prop::sample::select(vec![100usize, 1000, 2000, 9000, 40_000, 65_000]),
+            0..4u8,
+        )
+            .prop_map(|(frames, len, drive)| Burst { frames, len, drive })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Whatever the traffic, once both peers rest every credit is with the sender or
+        /// freed at the receiver, the sender holds at least half of every pool (so it never
+        /// stalls for a credit the receiver keeps), and every frame posted arrived.
+        #[test]
+        fn credits_kept_back_never_stall_the_sender(
+            batch in 1..24u32,
+            bursts in prop::collection::vec(burst(), 1..40),
+        ) {
+            // Batches smaller and larger than the pools (16 and 8 elements).
+            let mut b = config(64);
+            b.target.credit_batch = batch;
+            let mut p = Pair::new(config(64), b, 1 << 20);
+            p.drive().unwrap();
+            let mut posted = 0;
+            for b in bursts {
+                for i in 0..b.frames {
+                    match p.send(Side::A, &frame(b.len, i as u8)) {
+                        Outcome::Rdma | Outcome::Inline => posted += 1,
+                        Outcome::Backpressure => {}
+                        Outcome::TooLarge => prop_assert!(false, "{} bytes too large", b.len),
+                    }
+                }
+                match b.drive {
+                    0 => { p.a.step().unwrap(); }
+                    1 => { p.b.step().unwrap(); }
+                    _ => {
+                        p.drive().unwrap();
+                        for (count, credits, free, busy) in credits::pools(&p) {
+                            prop_assert_eq!((credits + free, busy), (count, 0));
+                            prop_assert!(credits * 2 >= count, "{} of {}", credits, count);
+                        }
+                    }
+                }
+            }
+            p.drive().unwrap();
+            prop_assert_eq!(p.b.received.len(), posted);
+            for (count, credits, free, busy) in credits::pools(&p) {
+                prop_assert_eq!((credits + free, busy), (count, 0));
+                prop_assert!(credits * 2 >= count, "{} of {}", credits, count);
+            }
+        }
     }
 }

@@ -127,6 +127,8 @@ pub struct LinkStats {
     pub tx_express: u64,
     /// Frames received in the express lane (of those counted in `rx_frames`).
     pub rx_express: u64,
+    /// BufferRecvPoolUpdate messages sent (credits returned to the peer).
+    pub tx_credit_updates: u64,
 }
 
 impl std::ops::AddAssign for LinkStats {
@@ -142,6 +144,7 @@ impl std::ops::AddAssign for LinkStats {
         self.tx_too_large += o.tx_too_large;
         self.tx_express += o.tx_express;
         self.rx_express += o.rx_express;
+        self.tx_credit_updates += o.tx_credit_updates;
     }
 }
 
@@ -179,7 +182,10 @@ impl<C: Channel> Link<C> {
 
     /// Counters.
     pub fn stats(&self) -> LinkStats {
-        self.stats
+        LinkStats {
+            tx_credit_updates: self.session.target().credit_updates(),
+            ..self.stats
+        }
     }
 
     /// The channel carrying `lane`.

@@ -6,9 +6,12 @@
 //! when a BufferRecvPoolUpdate carries it back.
 //!
 //! Credits are returned in batches: an update is sent once `credit_batch` elements are free,
-//! or when the shell calls [`Target::flush_credits`] because its input went idle. A batch
-//! never stalls the peer for long: the batch is at most a fraction of each pool, and idle
-//! flushes return the rest.
+//! or when the shell's input went idle ([`Target::return_needed_credits`]) and the peer holds
+//! fewer than half of a pool whose credits wait here. So a sparse flow, one frame per
+//! wake-up, sends an update per batch and not per frame (each update is a wake-up of the
+//! peer), and a sender never stalls: a peer with no credit left for a pool holds fewer than
+//! half of it, so once the frames it wrote are released the next idle point returns them.
+//! [`Target::flush_credits`] returns everything at once.
 //!
 //! Flush (seed 001's quiesce): a pool being flushed is marked quiescing (no credit is
 //! returned for it any more), the writes the peer already holds credits for may still land,
@@ -103,6 +106,15 @@ struct LocalPool {
     elems: Vec<Elem>,
     /// The peer has written into it: it knows the pool.
     used: bool,
+    /// Elements in `elems` that are `Granted`.
+    granted: u32,
+}
+
+impl LocalPool {
+    /// The peer holds fewer than half its elements: freed ones go back at the next idle point.
+    fn low(&self) -> bool {
+        self.granted * 2 < self.spec.element_count
+    }
 }
 
 /// Occupancy of one pool, for operators (`splitnetctl pools`).
@@ -141,6 +153,8 @@ pub struct Target {
     returns: Vec<(u32, u32)>,
     /// Our flushes waiting for the peer's reply.
     flushes: Vec<u64>,
+    /// BufferRecvPoolUpdate messages sent.
+    updates: u64,
 }
 
 impl Target {
@@ -153,6 +167,7 @@ impl Target {
             granted_bytes: 0,
             returns: Vec::new(),
             flushes: Vec::new(),
+            updates: 0,
         }
     }
 
@@ -205,6 +220,7 @@ impl Target {
             state: PoolState::Active,
             elems: vec![Elem::Granted; spec.element_count as usize],
             used: false,
+            granted: spec.element_count,
         });
         self.granted_bytes += spec.bytes();
         Ok(PoolEntry {
@@ -263,6 +279,7 @@ impl Target {
         match imm {
             None => {
                 *slot = Elem::Written(len);
+                pool.granted -= 1;
                 Ok(None)
             }
             Some(imm) => {
@@ -279,6 +296,7 @@ impl Target {
                     });
                 }
                 *slot = Elem::Delivered;
+                pool.granted -= 1;
                 Ok(Some(Delivery {
                     pool_ref,
                     element,
@@ -325,8 +343,11 @@ impl Target {
         let Ok(pool) = self.pool_mut(d.pool_ref) else {
             return;
         };
-        if let Some(slot) = pool.elems.get_mut(d.element as usize) {
-            *slot = Elem::Free;
+        // Only a delivered element is released (a Delivery of a pool since freed and
+        // registered anew under the same reference names nothing here).
+        match pool.elems.get_mut(d.element as usize) {
+            Some(slot) if *slot == Elem::Delivered && pool.handle == d.handle => *slot = Elem::Free,
+            _ => return,
         }
         match pool.state {
             PoolState::Active => {
@@ -340,7 +361,7 @@ impl Target {
         }
     }
 
-    /// Returns every freed element now (the shell calls this when its input goes idle).
+    /// Returns every freed element now.
     pub fn flush_credits(&mut self, reg: &mut Registry, out: &mut Outbox) {
         if self.returns.is_empty() {
             return;
@@ -356,6 +377,7 @@ impl Target {
             }
             if let Some(slot) = pool.elems.get_mut(element as usize) {
                 *slot = Elem::Granted;
+                pool.granted += 1;
             }
             match runs.last_mut() {
                 Some(r) if r.pool_ref == pool_ref && r.first + r.count == element => r.count += 1,
@@ -368,6 +390,7 @@ impl Target {
         }
         self.returns.clear();
         for chunk in runs.chunks(crate::wire::MAX_POOL_RUNS) {
+            self.updates += 1;
             let txn = out.txn();
             out.push(
                 Lane::Control,
@@ -375,6 +398,26 @@ impl Target {
                 &Message::BufferRecvPoolUpdate(chunk.to_vec()),
             );
         }
+    }
+
+    /// The shell's input went idle: returns the freed elements if the peer holds fewer than
+    /// half of a pool among them, and keeps them for a later batch otherwise (the peer has
+    /// credit to go on with, and an update would only wake it).
+    pub fn return_needed_credits(&mut self, reg: &mut Registry, out: &mut Outbox) {
+        let needed = self.returns.iter().any(|&(r, _)| {
+            self.pools
+                .get(r as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|p| p.state == PoolState::Active && p.low())
+        });
+        if needed {
+            self.flush_credits(reg, out);
+        }
+    }
+
+    /// BufferRecvPoolUpdate messages sent so far.
+    pub fn credit_updates(&self) -> u64 {
+        self.updates
     }
 
     /// Credits freed but not yet returned.
@@ -534,6 +577,7 @@ impl Target {
                     *e = Elem::Free;
                 }
             }
+            pool.granted = 0;
         }
         self.try_free(reg, pool_ref);
     }
@@ -576,10 +620,11 @@ impl Target {
         self.pools.iter().enumerate().filter_map(|(i, p)| {
             let p = p.as_ref()?;
             let count = |f: fn(&Elem) -> bool| p.elems.iter().filter(|e| f(e)).count() as u32;
+            debug_assert_eq!(p.granted, count(|e| *e == Elem::Granted));
             Some(PoolUsage {
                 pool_ref: i as u32,
                 spec: p.spec,
-                granted: count(|e| *e == Elem::Granted),
+                granted: p.granted,
                 busy: count(|e| matches!(e, Elem::Written(_) | Elem::Delivered)),
                 free: count(|e| *e == Elem::Free),
                 state: match p.state {
@@ -596,7 +641,7 @@ impl Target {
         self.pools
             .iter()
             .flatten()
-            .map(|p| p.elems.iter().filter(|e| **e == Elem::Granted).count() as u64)
+            .map(|p| u64::from(p.granted))
             .sum()
     }
 }
