@@ -2,7 +2,9 @@
 //! the in-process two-peer harness.
 
 use splitnet_messaging::adapter::{Channel, Op, Payload};
-use splitnet_messaging::endpoint::{LinkError, LinkEvent, PoolGetOutcome, PoolSpec, ProtocolError};
+use splitnet_messaging::endpoint::{
+    LinkError, LinkEvent, PoolGetOutcome, PoolSpec, ProtocolError, KEPT_BYTES,
+};
 use splitnet_messaging::memory::{Handle, Registry};
 use splitnet_messaging::testing::{config, Outcome, Pair, Side};
 use splitnet_messaging::wire::{Idata, Message, PoolRun};
@@ -159,29 +161,35 @@ mod credits {
     });
 
     #[test]
-    fn freed_credits_go_back_at_the_idle_point_once_the_sender_holds_under_half_a_pool() {
-        // A batch as large as the pools: only the idle rule returns credits.
+    fn freed_credits_go_back_at_the_idle_point_once_the_sender_runs_low_on_credits_or_bytes() {
+        // A batch as large as the pools: only the idle rules return credits.
         let mut b = config(64);
         b.target.credit_batch = 16;
         let mut p = Pair::new(config(64), b, 1 << 20);
         p.drive().unwrap();
-        let large = |p: &Pair| pools(p).into_iter().find(|&(n, ..)| n == 8).unwrap();
-        let send = |p: &mut Pair, n: u8| {
+        let pool = |p: &Pair, n| pools(p).into_iter().find(|&(c, ..)| c == n).unwrap();
+        let send = |p: &mut Pair, n: u8, len: usize| {
             for i in 0..n {
-                assert_eq!(p.send(Side::A, &frame(40_000, i)), Outcome::Rdma);
+                assert_eq!(p.send(Side::A, &frame(len, i)), Outcome::Rdma);
             }
             p.drive().unwrap();
         };
-        // Five of the 8 used: the sender holds 3, under half: all five come back.
-        send(&mut p, 5);
-        assert_eq!(large(&p), (8, 8, 0, 0));
-        // Three used: it still holds 5, so they wait for more.
-        send(&mut p, 3);
-        assert_eq!(large(&p), (8, 5, 3, 0));
-        // Two more: it holds 3 again, and all five freed go back.
-        send(&mut p, 2);
-        assert_eq!(large(&p), (8, 8, 0, 0));
-        assert_eq!(p.b.received.len(), 10);
+        // Nine of the 16 small elements used: the sender holds 7, under half: all back.
+        send(&mut p, 9, 1000);
+        assert_eq!(pool(&p, 16), (16, 16, 0, 0));
+        // Seven used: it still holds 9, and 7,000 bytes are in flight: they wait for more.
+        send(&mut p, 7, 1000);
+        assert_eq!(pool(&p, 16), (16, 9, 7, 0));
+        assert_eq!(p.a.link.session().initiator().inflight_bytes(), 7000);
+        // Two more: it holds 7 again, and all nine freed go back.
+        send(&mut p, 2, 1000);
+        assert_eq!(pool(&p, 16), (16, 16, 0, 0));
+        // One large frame: the pool is far from low, but 40,000 bytes of a sender's byte
+        // limit wait on it: back at once.
+        send(&mut p, 1, 40_000);
+        assert_eq!(pool(&p, 8), (8, 8, 0, 0));
+        assert_eq!(p.a.link.session().initiator().inflight_bytes(), 0);
+        assert_eq!(p.b.received.len(), 19);
         assert_eq!(p.a.link.stats().tx_backpressure, 0);
     }
 
@@ -976,12 +984,30 @@ mod credit_returns {
             .prop_map(|(frames, len, drive)| Burst { frames, len, drive })
     }
 
+    /// Both peers at rest: every credit is with the sender or freed at the receiver, the
+    /// sender holds at least half of every pool, and what the receiver keeps back holds
+    /// less than [`KEPT_BYTES`] of the sender's frames (its bytes still in flight: a byte
+    /// limit above that never waits for them).
+    fn at_rest(p: &Pair) -> Result<(), TestCaseError> {
+        for (count, credits, free, busy) in credits::pools(p) {
+            prop_assert_eq!((credits + free, busy), (count, 0));
+            prop_assert!(credits * 2 >= count, "{} of {}", credits, count);
+        }
+        let inflight = p.a.link.session().initiator().inflight_bytes();
+        prop_assert!(
+            inflight < KEPT_BYTES,
+            "{} bytes in flight at rest",
+            inflight
+        );
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
-        /// Whatever the traffic, once both peers rest every credit is with the sender or
-        /// freed at the receiver, the sender holds at least half of every pool (so it never
-        /// stalls for a credit the receiver keeps), and every frame posted arrived.
+        /// Whatever the traffic, once both peers rest no credit the receiver keeps back can
+        /// stall the sender, by credits or by bytes in flight, and every frame posted
+        /// arrived.
         #[test]
         fn credits_kept_back_never_stall_the_sender(
             batch in 1..24u32,
@@ -1006,19 +1032,13 @@ mod credit_returns {
                     1 => { p.b.step().unwrap(); }
                     _ => {
                         p.drive().unwrap();
-                        for (count, credits, free, busy) in credits::pools(&p) {
-                            prop_assert_eq!((credits + free, busy), (count, 0));
-                            prop_assert!(credits * 2 >= count, "{} of {}", credits, count);
-                        }
+                        at_rest(&p)?;
                     }
                 }
             }
             p.drive().unwrap();
             prop_assert_eq!(p.b.received.len(), posted);
-            for (count, credits, free, busy) in credits::pools(&p) {
-                prop_assert_eq!((credits + free, busy), (count, 0));
-                prop_assert!(credits * 2 >= count, "{} of {}", credits, count);
-            }
+            at_rest(&p)?;
         }
     }
 }
