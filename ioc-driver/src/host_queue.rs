@@ -117,7 +117,7 @@ pub struct HostQueue {
     /// writes to it (they queue, within the quota).
     pub blocked: bool,
     /// Bytes of send buffers (their capacity) it may hold at once, queued towards it or
-    /// waiting in its receive ring ([`buffer_plan`](crate::state::buffer_plan)): a frame of up to
+    /// waiting in its receive ring (the worker's buffer plan gives it): a frame of up to
     /// [`SMALL_BUFFER`] bytes takes a small buffer, so a share holds 32 of those for each
     /// frame of the largest size.
     pub quota: usize,
