@@ -63,6 +63,30 @@ impl SendBuf {
     }
 }
 
+/// A buffer of `size` bytes from `free`, or a new one while fewer than `max` are `live`.
+fn take(
+    free: &mut Vec<SendBuf>,
+    live: &mut usize,
+    size: usize,
+    max: usize,
+    stats: &mut CacheStats,
+) -> Option<SendBuf> {
+    if let Some(mut b) = free.pop() {
+        stats.reuses += 1;
+        b.len = 0;
+        return Some(b);
+    }
+    if *live >= max {
+        return None;
+    }
+    *live += 1;
+    stats.registrations += 1;
+    Some(SendBuf {
+        data: vec![0u8; size].into_boxed_slice(),
+        len: 0,
+    })
+}
+
 /// Counters of the registration cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -136,20 +160,14 @@ impl SendBufCache {
 
     /// A free small buffer, or a new one while under their limit.
     fn small_buf(&mut self) -> Option<SendBuf> {
-        if let Some(mut b) = self.small.pop() {
-            self.stats.reuses += 1;
-            b.len = 0;
-            return Some(b);
-        }
-        if self.small_live >= self.small_max {
-            return None;
-        }
-        self.small_live += 1;
-        self.stats.registrations += 1;
-        Some(SendBuf {
-            data: vec![0u8; self.small_size].into_boxed_slice(),
-            len: 0,
-        })
+        let (size, max) = (self.small_size, self.small_max);
+        take(
+            &mut self.small,
+            &mut self.small_live,
+            size,
+            max,
+            &mut self.stats,
+        )
     }
 
     /// A buffer for a frame of `len` bytes: a small one when the frame fits one and one is
@@ -165,20 +183,13 @@ impl SendBufCache {
 
     /// A buffer: a cached one if any, a newly registered one while under the limit.
     pub fn get(&mut self) -> Option<SendBuf> {
-        if let Some(mut b) = self.free.pop() {
-            self.stats.reuses += 1;
-            b.len = 0;
-            return Some(b);
-        }
-        if self.live >= self.max {
-            return None;
-        }
-        self.live += 1;
-        self.stats.registrations += 1;
-        Some(SendBuf {
-            data: vec![0u8; self.size].into_boxed_slice(),
-            len: 0,
-        })
+        take(
+            &mut self.free,
+            &mut self.live,
+            self.size,
+            self.max,
+            &mut self.stats,
+        )
     }
 
     /// Returns a buffer to the cache. A buffer of another size (the properties changed) is
