@@ -424,13 +424,18 @@ impl HostQueue {
 
     /// Makes room within its quota for one more send buffer of `size` bytes: takes back
     /// written buffers, else the longest flow waiting gives up its oldest frames, so that a
-    /// new sparse flow still gets in (each counted as `rx_quota`). False when nothing waits
-    /// to give way: the frame must go (counted too).
+    /// new sparse flow still gets in (each counted as `rx_quota`). False when what waits in
+    /// its ring could not give way enough (the rest is on its link, out of reach): the frame
+    /// must go (counted too), and nothing waiting is given up for it.
     pub fn make_room(&mut self, size: usize, cache: &mut SendBufCache) -> bool {
         if self.has_room(size) {
             return true;
         }
         self.kick(cache);
+        if self.held() - self.ring_held + size > self.quota {
+            self.drop_rx(RxDrop::Quota);
+            return false;
+        }
         // A large frame may take the place of several small ones.
         while !self.has_room(size) {
             self.drop_rx(RxDrop::Quota);

@@ -491,6 +491,36 @@ fn a_hosts_share_holds_32_mtu_sized_frames_for_each_of_the_largest() {
 }
 
 #[test]
+fn a_large_frame_that_the_ring_cannot_make_room_for_costs_nothing_that_waits() {
+    let (mut ioc, nic) = ioc_with("");
+    // Credit for nearly its whole share of small frames, and a socket that takes almost
+    // nothing: its frames wait on its link, a few in its ring.
+    let mut config = host_config(128);
+    config.advertise = vec![PoolSpec {
+        element_size: 2048,
+        element_count: 1075,
+    }];
+    let (s, _peer) = connect_with(&mut ioc, Who::node(9), true, config);
+    let to = mac(&ioc, s);
+    from_lan(&mut ioc, &nic, to, 1100);
+    let h = host(&ioc, s);
+    let (waiting, ring) = (h.ring_waiting(), h.ring_waiting() * SMALL_BUFFER);
+    assert!(
+        waiting > 0 && ring < wire::MAX_SEND_DATA,
+        "{waiting} frames in the ring"
+    );
+    assert!(h.held() - ring + wire::MAX_SEND_DATA > h.quota);
+    let quota_drops = h.drops.quota;
+    // A TSO frame needs a full-size buffer: giving up the ring's small frames would not
+    // make room for it, so it alone is dropped.
+    nic.rx.borrow_mut().push_back(tso_frame(to, LAN_PEER));
+    from_lan::drive_lan(&mut ioc, 0);
+    let h = host(&ioc, s);
+    assert_eq!(h.drops.quota, quota_drops + 1);
+    assert_eq!(h.ring_waiting(), waiting, "nothing waiting given up");
+}
+
+#[test]
 fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_oldest() {
     let (mut ioc, nic) = ioc_with("");
     let mut config = host_config(128);

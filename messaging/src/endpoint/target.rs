@@ -7,10 +7,11 @@
 //!
 //! Credits are returned in batches: an update is sent once `credit_batch` elements are free,
 //! or when the shell's input went idle ([`Target::return_needed_credits`]) and either the
-//! peer holds fewer than half of a pool whose credits wait here or the frames they held come
+//! peer holds at most half of a pool whose credits wait here or the frames they held come
 //! to [`KEPT_BYTES`]. So a sparse flow of small frames, one per wake-up, sends an update per
 //! batch and not per frame (each update is a wake-up of the peer), and a sender never
-//! stalls: one with no credit left for a pool holds fewer than half of it, and one that
+//! stalls: one with no credit left for a pool holds under half of it (and at rest a peer
+//! holds more than half, more than the quarter the IOC's in-place reads leave), and one that
 //! bounds its bytes in flight by completions (host-driver's byte limit, at least 64 KiB)
 //! never waits on more than [`KEPT_BYTES`] kept here. [`Target::flush_credits`] returns
 //! everything at once.
@@ -118,9 +119,12 @@ struct LocalPool {
 }
 
 impl LocalPool {
-    /// The peer holds fewer than half its elements: freed ones go back at the next idle point.
+    /// The peer holds at most half its elements: freed ones go back at the next idle point.
+    /// (At most, not fewer than: with 2 elements the peer then holds both at rest, and a
+    /// sender that keeps a quarter of a pool back, as the IOC's own queue does, still finds
+    /// one to take.)
     fn low(&self) -> bool {
-        self.granted * 2 < self.spec.element_count
+        self.granted * 2 <= self.spec.element_count
     }
 }
 
@@ -414,7 +418,7 @@ impl Target {
         }
     }
 
-    /// The shell's input went idle: returns the freed elements if the peer holds fewer than
+    /// The shell's input went idle: returns the freed elements if the peer holds at most
     /// half of a pool among them or their frames come to [`KEPT_BYTES`], and keeps them for
     /// a later batch otherwise (the peer has credit to go on with, and an update would only
     /// wake it).
