@@ -10,7 +10,7 @@
 
 use crate::counters::{IocStats, RxDrop};
 use crate::host_frame::HostFrame;
-use crate::host_queue::{HostQueue, SMALL_BUFFER};
+use crate::host_queue::HostQueue;
 use crate::shard::Shard;
 use crate::vlan::Egress;
 use splitnet_messaging::memory::{SendBuf, SendBufCache};
@@ -31,12 +31,7 @@ pub fn deliver_copy(
         return;
     };
     let len = frame.len();
-    let size = if len <= SMALL_BUFFER {
-        SMALL_BUFFER
-    } else {
-        cache.buffer_size()
-    };
-    if !host.make_room(size, cache) {
+    if !host.make_room(cache.size_for(len), cache) {
         return;
     }
     let Some(mut b) = cache.get_for(len) else {

@@ -433,16 +433,26 @@ fn a_host_that_stops_reading_costs_only_itself() {
     assert!(m.contains(&line), "{line} not in the metrics");
 }
 
-/// Polls a notification once: true if a wake-up was stored for the task.
-/// A host that never reads, with credit for four frames of `element_size` bytes: the rest
-/// wait in its ring (or, too large for its pools, go inline).
-fn host_without_credit(ioc: &mut WorkerState, element_size: u32) -> (u64, Peer) {
+/// A host that never reads, with one pool of `element_count` elements of `element_size`
+/// bytes, over tiny sockets when `small`.
+fn host_with_pool(
+    ioc: &mut WorkerState,
+    small: bool,
+    element_size: u32,
+    element_count: u32,
+) -> (u64, Peer) {
     let mut config = host_config(128);
     config.advertise = vec![PoolSpec {
         element_size,
-        element_count: 4,
+        element_count,
     }];
-    connect_with(ioc, Who::node(9), false, config)
+    connect_with(ioc, Who::node(9), small, config)
+}
+
+/// A host that never reads, with credit for four frames of `element_size` bytes: the rest
+/// wait in its ring (or, too large for its pools, go inline).
+fn host_without_credit(ioc: &mut WorkerState, element_size: u32) -> (u64, Peer) {
+    host_with_pool(ioc, false, element_size, 4)
 }
 
 #[test]
@@ -567,12 +577,7 @@ fn a_large_frame_that_the_ring_cannot_make_room_for_costs_nothing_that_waits() {
     let (mut ioc, nic) = ioc_with("");
     // Credit for nearly its whole share of small frames, and a socket that takes almost
     // nothing: its frames wait on its link, a few in its ring.
-    let mut config = host_config(128);
-    config.advertise = vec![PoolSpec {
-        element_size: 2048,
-        element_count: 1075,
-    }];
-    let (s, _peer) = connect_with(&mut ioc, Who::node(9), true, config);
+    let (s, _peer) = host_with_pool(&mut ioc, true, 2048, 1075);
     let to = mac(&ioc, s);
     from_lan(&mut ioc, &nic, to, 1100);
     let h = host(&ioc, s);
@@ -595,13 +600,8 @@ fn a_large_frame_that_the_ring_cannot_make_room_for_costs_nothing_that_waits() {
 #[test]
 fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_oldest() {
     let (mut ioc, nic) = ioc_with("");
-    let mut config = host_config(128);
-    config.advertise = vec![PoolSpec {
-        element_size: 2048,
-        element_count: 4,
-    }];
     // The host never reads: four frames take its credits, the rest wait in its ring.
-    let (s, _peer) = connect_with(&mut ioc, Who::node(9), false, config);
+    let (s, _peer) = host_without_credit(&mut ioc, 2048);
     let to = mac(&ioc, s);
     from_lan(&mut ioc, &nic, to, 1200);
     let h = host(&ioc, s);
@@ -635,6 +635,7 @@ fn at_its_quota_a_host_still_takes_a_new_frame_in_place_of_its_longest_flows_old
     }
 }
 
+/// Polls a notification once: true if a wake-up was stored for the task.
 fn woken(h: &HostQueue) -> bool {
     let mut n = pin!(h.wake.notified());
     let mut cx = Context::from_waker(Waker::noop());

@@ -170,6 +170,17 @@ impl SendBufCache {
         )
     }
 
+    /// Bytes of the buffer a frame of `len` bytes takes: a small one where it fits one, else
+    /// a full-size one ([`SendBufCache::get_for`] gives a full-size one too when no small
+    /// one is left).
+    pub fn size_for(&self, len: usize) -> usize {
+        if len <= self.small_size && self.small_max > 0 {
+            self.small_size
+        } else {
+            self.size
+        }
+    }
+
     /// A buffer for a frame of `len` bytes: a small one when the frame fits one and one is
     /// free or may be made, else a full-size one ([`SendBufCache::get`]).
     pub fn get_for(&mut self, len: usize) -> Option<SendBuf> {
@@ -305,6 +316,7 @@ mod tests {
             "too large for a small one"
         );
         assert!(c.get_for(1).is_none(), "none of either left");
+        assert_eq!((c.size_for(16), c.size_for(17)), (16, 128));
         assert_eq!(c.in_use_bytes(), 16 + 2 * 128);
         assert_eq!(c.capacity_bytes(), 16 + 2 * 128);
         c.put(small);
@@ -316,6 +328,7 @@ mod tests {
             128,
             "no small buffers at all"
         );
+        assert_eq!(none.size_for(1), 128);
     }
 
     #[test]
