@@ -465,10 +465,7 @@ impl<'a> Conn<'a> {
                 }
             }
             self.announce_due(now);
-            self.tl
-                .link
-                .session_mut()
-                .return_needed_credits(&mut self.reg);
+            self.tl.link.session_mut().flush_credits(&mut self.reg);
             // What this wake-up moved (a frame read from the TAP, the frames credits let go,
             // credits returned) goes out before the housekeeping below, which reads /proc:
             // a sparse ping waited for it on every wake-up.
@@ -669,10 +666,7 @@ impl<'a> Conn<'a> {
                     _ => {}
                 }
             }
-            self.tl
-                .link
-                .session_mut()
-                .return_needed_credits(&mut self.reg);
+            self.tl.link.session_mut().flush_credits(&mut self.reg);
             self.refresh_counters();
             if self.keepalive_expired(Instant::now()) {
                 return StandbyEnd::Lost("IOC silent beyond the agreed liveness".into());

@@ -317,8 +317,7 @@ impl<C: Channel> Peer<C> {
     }
 
     /// One round: flush, take sent buffers back, handle every completion on both lanes,
-    /// return the credits the peer needs (as the daemons do when their input goes idle),
-    /// flush again. True if anything moved.
+    /// return credits, flush again. True if anything moved.
     pub fn step(&mut self) -> Result<bool, LinkError> {
         let before = (self.delivered, self.events.len(), self.link.pending());
         self.link.flush()?;
@@ -343,7 +342,7 @@ impl<C: Channel> Peer<C> {
             };
             while link.poll(reg, lane, 64, &mut sink, events)? {}
         }
-        self.link.session_mut().return_needed_credits(&mut self.reg);
+        self.link.session_mut().flush_credits(&mut self.reg);
         self.link.flush()?;
         let after = (self.delivered, self.events.len(), self.link.pending());
         Ok(before != after)
@@ -374,16 +373,6 @@ impl<C: Channel> Pair<C> {
                 return Ok(());
             }
         }
-    }
-
-    /// [`Pair::drive`], then every freed credit returned ([`Session::flush_credits`]) and
-    /// driven to the peer: nothing left anywhere.
-    pub fn settle(&mut self) -> Result<(), (Side, LinkError)> {
-        self.drive()?;
-        for p in [&mut self.a, &mut self.b] {
-            p.link.session_mut().flush_credits(&mut p.reg);
-        }
-        self.drive()
     }
 }
 

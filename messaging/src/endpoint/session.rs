@@ -275,15 +275,9 @@ impl Session {
         self.target.release(reg, d, &mut self.outbox);
     }
 
-    /// Returns every freed credit now.
+    /// Returns freed credits now (call when input goes idle).
     pub fn flush_credits(&mut self, reg: &mut Registry) {
         self.target.flush_credits(reg, &mut self.outbox);
-    }
-
-    /// Input went idle: returns freed credits where the peer runs low
-    /// ([`Target::return_needed_credits`]), else keeps them for a later batch.
-    pub fn return_needed_credits(&mut self, reg: &mut Registry) {
-        self.target.return_needed_credits(reg, &mut self.outbox);
     }
 
     /// Routes a frame and posts it on the data channel.

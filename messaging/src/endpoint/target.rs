@@ -6,15 +6,9 @@
 //! when a BufferRecvPoolUpdate carries it back.
 //!
 //! Credits are returned in batches: an update is sent once `credit_batch` elements are free,
-//! or when the shell's input went idle ([`Target::return_needed_credits`]) and either the
-//! peer holds at most half of a pool whose credits wait here or the frames they held come
-//! to [`KEPT_BYTES`]. So a sparse flow of small frames, one per wake-up, sends an update per
-//! batch and not per frame (each update is a wake-up of the peer), and a sender never
-//! stalls: one with no credit left for a pool holds under half of it (and at rest a peer
-//! holds more than half, more than the quarter the IOC's in-place reads leave), and one that
-//! bounds its bytes in flight by completions (host-driver's byte limit, at least 64 KiB)
-//! never waits on more than [`KEPT_BYTES`] kept here. [`Target::flush_credits`] returns
-//! everything at once.
+//! or when the shell calls [`Target::flush_credits`] because its input went idle. A batch
+//! never stalls the peer for long: the batch is at most a fraction of each pool, and idle
+//! flushes return the rest.
 //!
 //! Flush (seed 001's quiesce): a pool being flushed is marked quiescing (no credit is
 //! returned for it any more), the writes the peer already holds credits for may still land,
@@ -62,11 +56,6 @@ pub struct TargetConfig {
     /// Largest element a BufferRecvPoolGet may ask for.
     pub max_element_size: u32,
 }
-
-/// Bytes of frames whose credits a target keeps back at an idle point at most (those freed
-/// and not yet returned): below the smallest byte limit a sender may bound its frames in
-/// flight with, since a credit returned is its completion (docs/protocol.md 6.2).
-pub const KEPT_BYTES: u64 = 32 << 10;
 
 /// Smallest element a BufferRecvPoolGet may ask for (the bound of advertised pools too).
 pub const MIN_ELEMENT_SIZE: u32 = 256;
@@ -118,16 +107,6 @@ struct LocalPool {
     granted: u32,
 }
 
-impl LocalPool {
-    /// The peer holds at most half its elements: freed ones go back at the next idle point.
-    /// (At most, not fewer than: with 2 elements the peer then holds both at rest, and a
-    /// sender that keeps a quarter of a pool back, as the IOC's own queue does, still finds
-    /// one to take.)
-    fn low(&self) -> bool {
-        self.granted * 2 <= self.spec.element_count
-    }
-}
-
 /// Occupancy of one pool, for operators (`splitnetctl pools`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolUsage {
@@ -163,9 +142,6 @@ pub struct Target {
     granted_bytes: u64,
     /// Elements freed and not yet returned: pool, element.
     returns: Vec<(u32, u32)>,
-    /// Bytes of the frames they held (more, after a flush took some of them back: then
-    /// they go back sooner, never later).
-    kept_bytes: u64,
     /// Our flushes waiting for the peer's reply.
     flushes: Vec<u64>,
     /// BufferRecvPoolUpdate messages sent.
@@ -181,7 +157,6 @@ impl Target {
             pools: Vec::new(),
             granted_bytes: 0,
             returns: Vec::new(),
-            kept_bytes: 0,
             flushes: Vec::new(),
             updates: 0,
         }
@@ -368,7 +343,6 @@ impl Target {
         match pool.state {
             PoolState::Active => {
                 self.returns.push((d.pool_ref, d.element));
-                self.kept_bytes += u64::from(d.len);
                 if self.returns.len() as u32 >= self.config.credit_batch {
                     self.flush_credits(reg, out);
                 }
@@ -378,7 +352,7 @@ impl Target {
         }
     }
 
-    /// Returns every freed element now.
+    /// Returns every freed element now (the shell calls this when its input goes idle).
     pub fn flush_credits(&mut self, reg: &mut Registry, out: &mut Outbox) {
         if self.returns.is_empty() {
             return;
@@ -406,7 +380,6 @@ impl Target {
             }
         }
         self.returns.clear();
-        self.kept_bytes = 0;
         for chunk in runs.chunks(crate::wire::MAX_POOL_RUNS) {
             self.updates += 1;
             let txn = out.txn();
@@ -415,23 +388,6 @@ impl Target {
                 txn,
                 &Message::BufferRecvPoolUpdate(chunk.to_vec()),
             );
-        }
-    }
-
-    /// The shell's input went idle: returns the freed elements if the peer holds at most
-    /// half of a pool among them or their frames come to [`KEPT_BYTES`], and keeps them for
-    /// a later batch otherwise (the peer has credit to go on with, and an update would only
-    /// wake it).
-    pub fn return_needed_credits(&mut self, reg: &mut Registry, out: &mut Outbox) {
-        let needed = self.kept_bytes >= KEPT_BYTES
-            || self.returns.iter().any(|&(r, _)| {
-                self.pools
-                    .get(r as usize)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|p| p.state == PoolState::Active && p.low())
-            });
-        if needed {
-            self.flush_credits(reg, out);
         }
     }
 
@@ -631,7 +587,6 @@ impl Target {
         }
         self.pools.clear();
         self.returns.clear();
-        self.kept_bytes = 0;
         self.flushes.clear();
         self.granted_bytes = 0;
     }
