@@ -16,6 +16,7 @@ userspace datapath without offloads (splitnet-ports-ovs) and with userspace TSO
 
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
                       [--only direct,vxlan,...] [--sched fifo:10|nice:-10] [--express]
+                      [--spin-max-us US] [--ioc-spin-max-us US]
     sudo bench/run.py --syscalls [--seconds 5]   # the daemons' system calls per frame (perf)
     sudo bench/run.py --profile [--seconds 5]    # where the daemons' CPU goes (perf record)
 
@@ -38,6 +39,7 @@ BIN = os.environ.get("SPLITNET_BIN") or os.path.join(
 OUT = os.path.join(ROOT, "bench", "out")
 WORKERS = None  # the IOC's fabric.workers (--workers); None: the shipped configuration's
 SPIN_MAX_US = None  # the hosts' fabric.spin_max_us (--spin-max-us); None: the shipped one's
+IOC_SPIN_MAX_US = None  # the IOC's fabric.spin_max_us (--ioc-spin-max-us); None: the shipped one's
 SCHED = None  # both daemons' [scheduling] (--sched fifo:P or nice:N); None: the shipped "normal"
 EXPRESS = False  # the hosts' fabric.express (--express); the shipped host.toml has it off
 RX_QUEUES = None  # the IOC's lan.rx_queues (--rx-queues); None: the shipped configuration's
@@ -218,7 +220,7 @@ def ioc_config(local=False, plain=False, ports=None):
     when `local`; `ports` ("bridge", "ovs", "ovs-tso"): in ports mode, each host's port in
     sd-ioc's br0 (joined directly, or by hooks/port-ovs)."""
     src = os.path.join(ROOT, "systemd", "ioc.toml")
-    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{SCHED}-{int(local)}-{int(plain)}-{ports}.toml"
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{SCHED}-{IOC_SPIN_MAX_US}-{int(local)}-{int(plain)}-{ports}.toml"
     _, host_pubs = keys()
     with open(src) as f, open(path, "w") as out:
         text = with_sched(f.read())
@@ -226,6 +228,10 @@ def ioc_config(local=False, plain=False, ports=None):
             text = text.replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n")
         if RX_QUEUES is not None:
             text = text.replace("\nrx_queues = 1\n", f"\nrx_queues = {RX_QUEUES}\n")
+        if IOC_SPIN_MAX_US is not None:
+            if "\nspin_max_us = 0\n" not in text:
+                sys.exit("no 'spin_max_us = 0' line in the shipped ioc.toml")
+            text = text.replace("\nspin_max_us = 0\n", f"\nspin_max_us = {IOC_SPIN_MAX_US}\n")
         if local:
             text = text.replace("\n[lan]\n", f'\nlisten_local = "{LOCAL_SOCKET}"\n\n[lan]\n', 1)
         text = text.replace("\n# private_key_file = ", f'\nprivate_key_file = "{KEYS}/ioc.key"\n# was: ')
@@ -743,6 +749,8 @@ def main():
                     help="the IOC's lan.rx_queues (default: the shipped ioc.toml's)")
     ap.add_argument("--spin-max-us", type=int, default=None,
                     help="the hosts' fabric.spin_max_us (default: the shipped host.toml's)")
+    ap.add_argument("--ioc-spin-max-us", type=int, default=None,
+                    help="the IOC's fabric.spin_max_us (default: the shipped ioc.toml's)")
     ap.add_argument("--sched", default=None,
                     help="both daemons' [scheduling]: fifo:PRIORITY or nice:LEVEL (default: normal)")
     ap.add_argument("--express", action="store_true",
@@ -754,12 +762,13 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="only where the daemons' CPU goes under a full-speed transfer (perf record)")
     a = ap.parse_args()
-    global WORKERS, SPIN_MAX_US, RX_QUEUES, SCHED, EXPRESS
+    global WORKERS, SPIN_MAX_US, IOC_SPIN_MAX_US, RX_QUEUES, SCHED, EXPRESS
     WORKERS = a.workers
     EXPRESS = a.express
     SCHED = a.sched
     RX_QUEUES = a.rx_queues
     SPIN_MAX_US = a.spin_max_us
+    IOC_SPIN_MAX_US = a.ioc_spin_max_us
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
     perf_only = a.syscalls or a.profile

@@ -293,6 +293,12 @@ pub struct IocFabric {
     /// SendData on the control channel, ahead of the bulk, both ways; on by default.
     #[serde(default = "crate::common::yes")]
     pub express: bool,
+    /// The longest a worker polls its sockets, doorbells and NIC queues before it sleeps
+    /// (us; 0..=1000; 0, the default, never polls). The poll adapts below it (halt-polling
+    /// style), as host-driver's does. Off by default: on the 2-core reference machine it
+    /// did not pay (README "Polling before sleep").
+    #[serde(default)]
+    pub spin_max_us: u64,
 }
 
 fn default_max_hosts() -> u32 {
@@ -326,6 +332,11 @@ impl IocFabric {
     /// Handshake timeout.
     pub fn handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.handshake_timeout_ms)
+    }
+
+    /// The workers' longest poll before they sleep (zero: no poll).
+    pub fn spin_max(&self) -> Duration {
+        Duration::from_micros(self.spin_max_us)
     }
 }
 
@@ -520,6 +531,13 @@ impl IocConfig {
             100,
             60_000,
         )?;
+        range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
+        if self.scheduling.class == crate::common::SchedClass::Fifo && f.spin_max_us > 0 {
+            return Err(Invalid::new(
+                "fabric.spin_max_us",
+                "must be 0 with scheduling.class = \"fifo\": a real-time thread that polls takes its core from every normal thread, the hosts' applications included",
+            ));
+        }
         match self.lan.mode {
             LanMode::Shared => {
                 ifname("lan.interface", &self.lan.interface)?;

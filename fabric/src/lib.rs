@@ -233,6 +233,13 @@ impl Ready {
     }
 }
 
+impl AsFd for Ready {
+    /// The registered descriptor (a duplicate of the socket's, doorbell's or channel's).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.get_ref().as_fd()
+    }
+}
+
 fn prepare(sock: &Stream) -> io::Result<()> {
     match sock {
         Stream::Tcp(s) => {

@@ -39,6 +39,10 @@ pub struct IocStats {
     pub lan_rx_truncated: u64,
     /// CfgUtil requests answered Busy: the host asked faster than its rate allows.
     pub cfg_rate_limited: u64,
+    /// Idle periods the workers' poll before sleep caught work in (`fabric.spin_max_us`).
+    pub poll_caught: u64,
+    /// Idle periods a polling worker slept in (its poll's budget ran out or was zero).
+    pub poll_slept: u64,
 }
 
 impl IocStats {

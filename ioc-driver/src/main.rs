@@ -37,6 +37,7 @@ mod rate;
 mod report;
 mod session_task;
 mod shard;
+mod spin;
 mod state;
 mod supervisor;
 #[cfg(test)]

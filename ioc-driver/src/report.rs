@@ -232,6 +232,8 @@ impl IocStats {
         self.crossed_in += o.crossed_in;
         self.cross_dropped += o.cross_dropped;
         self.cfg_rate_limited += o.cfg_rate_limited;
+        self.poll_caught += o.poll_caught;
+        self.poll_slept += o.poll_slept;
         self.lan_rx_truncated += o.lan_rx_truncated;
         self.lan_rx_bad_frame += o.lan_rx_bad_frame;
     }
@@ -366,7 +368,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 21] = [
+    let totals: [(&str, &str, &str, u64); 23] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
@@ -486,6 +488,18 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "counter",
             "CfgUtil requests answered Busy: a host asked faster than its rate allows.",
             s.cfg_rate_limited,
+        ),
+        (
+            "splitnet_ioc_poll_caught_total",
+            "counter",
+            "Idle periods in which a worker's poll before sleep (fabric.spin_max_us) caught work.",
+            s.poll_caught,
+        ),
+        (
+            "splitnet_ioc_poll_slept_total",
+            "counter",
+            "Idle periods in which a polling worker slept (its poll's budget ran out or was zero).",
+            s.poll_slept,
         ),
         (
             "splitnet_ioc_send_buffer_bytes",

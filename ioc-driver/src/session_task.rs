@@ -6,6 +6,7 @@ use crate::from_host::{self, HostEnd};
 use crate::from_lan::{self, LanProgress};
 use crate::from_port;
 use crate::own_queue::OwnQueueProgress;
+use crate::spin;
 use crate::state::{WorkerState, MAX_CONTROL_BACKLOG};
 use splitnet_fabric::{Guard, LinkReady, Ready};
 use splitnet_messaging::endpoint::{Lane, Liveness};
@@ -53,6 +54,15 @@ pub async fn serve(
         let deadline = tokio::time::Instant::from_std(deadline);
         let (ctrl_writable, data_writable) =
             (ready.writable(Lane::Control), ready.writable(Lane::Data));
+        // What this task waits to read is in the worker's poll before sleep, if it has one
+        // (not what it does not read now: a level-readable socket would end every poll).
+        let port_ready = port.as_deref().map(|p| &p.ready).filter(|_| !port_starved);
+        let _polled = [
+            sleep_ctrl.then(|| spin::watch(&ready.ctrl)),
+            sleep.then(|| spin::watch(&ready.data)),
+            placed.as_deref().map(spin::watch),
+            port_ready.map(spin::watch),
+        ];
         let step = tokio::select! {
             r = ready.input([sleep_ctrl, sleep]) => r.map(|(lane, g)| (Some(lane), g)),
             g = ready.data.writable(), if pending && data_writable => g.map(|g| (None, Some(g))),
@@ -61,7 +71,7 @@ pub async fn serve(
                 placed_woke = true;
                 g.map(|g| (None, Some(g)))
             }
-            g = readable(port.as_deref().map(|p| &p.ready)), if !port_starved => {
+            g = readable(port_ready), if !port_starved => {
                 port_woke = true;
                 g.map(|g| (None, Some(g)))
             }

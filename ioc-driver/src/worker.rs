@@ -113,10 +113,15 @@ impl Worker {
                 let _ = started_tx.send(Err(io::Error::other(format!("scheduling: {e}"))));
                 return;
             }
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            // Its poll before sleep (fabric.spin_max_us), when configured.
+            let spin_max = spec.cfg.fabric.spin_max();
+            crate::spin::install(spin_max);
+            let mut rt = tokio::runtime::Builder::new_current_thread();
+            if !spin_max.is_zero() {
+                rt.on_thread_park(crate::spin::before_park)
+                    .on_thread_unpark(crate::spin::after_unpark);
+            }
+            let rt = match rt.enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
                     let _ = started_tx.send(Err(e));
@@ -225,6 +230,8 @@ async fn run(
             Cmd::Report(reply) => {
                 let mut st = ioc.borrow_mut();
                 from_lan::count_nic_drops(&mut st);
+                let polls = crate::spin::counts();
+                (st.stats.poll_caught, st.stats.poll_slept) = (polls.caught, polls.slept);
                 let _ = reply.send(st.snapshot());
             }
             Cmd::Auth(auth, applied) => {
@@ -247,7 +254,10 @@ async fn run(
 /// before each batch, so that a ping's reply never waits for a bulk batch's turn.
 async fn lan(ioc: Rc<RefCell<WorkerState>>, queue: usize, ready: Ready, first_first: bool) {
     loop {
-        let mut g = match ready.readable().await {
+        let polled = crate::spin::watch(&ready);
+        let readable = ready.readable().await;
+        drop(polled);
+        let mut g = match readable {
             Ok(g) => g,
             Err(e) => {
                 warn!("NIC readiness failed: {e}");

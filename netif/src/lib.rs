@@ -28,7 +28,7 @@ pub mod tap;
 pub mod trunk;
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -62,6 +62,56 @@ pub fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
     // SAFETY: one valid pollfd for the whole call; zero timeout.
     let n = cvt(unsafe { libc::poll(&mut p, 1, 0) })?;
     Ok(n == 1 && p.revents & libc::POLLIN != 0)
+}
+
+/// Descriptors asked at once whether any is readable now: one `poll(2)` with a zero timeout
+/// for the whole set, as a poll loop needs it (no allocation per call). A descriptor closed
+/// while in the set counts as ready (its `POLLNVAL`), which only ends a poll early.
+#[derive(Debug, Default)]
+pub struct PollSet(Vec<libc::pollfd>);
+
+impl PollSet {
+    /// An empty set.
+    pub fn new() -> PollSet {
+        PollSet::default()
+    }
+
+    /// Adds `fd`.
+    pub fn insert(&mut self, fd: RawFd) {
+        self.0.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+
+    /// Removes one entry of `fd`, if it has one.
+    pub fn remove(&mut self, fd: RawFd) {
+        if let Some(i) = self.0.iter().position(|p| p.fd == fd) {
+            self.0.swap_remove(i);
+        }
+    }
+
+    /// How many descriptors the set holds.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the set holds none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether any descriptor is readable now (or in error, hung up, or closed).
+    pub fn any_ready(&mut self) -> io::Result<bool> {
+        if self.0.is_empty() {
+            return Ok(false);
+        }
+        // SAFETY: the pointer and length name this vector's initialised pollfds, which
+        // nothing else touches during the call; zero timeout.
+        let n = cvt(unsafe { libc::poll(self.0.as_mut_ptr(), self.0.len() as libc::nfds_t, 0) })?;
+        Ok(n > 0)
+    }
 }
 
 /// The address and length of the bytes `b` names in shared memory, for the kernel. Formed
@@ -241,5 +291,32 @@ mod tests {
         let mut back = [0u8; 3];
         dst.copy_out(0, &mut back).unwrap();
         assert_eq!(&back, b"xyz");
+    }
+
+    #[test]
+    fn a_poll_set_says_whether_any_descriptor_is_readable() {
+        use std::io::Read;
+        use std::os::unix::net::UnixStream;
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let (mut c, d) = UnixStream::pair().unwrap();
+        let mut set = PollSet::new();
+        assert!(!set.any_ready().unwrap(), "an empty set");
+        set.insert(b.as_raw_fd());
+        set.insert(d.as_raw_fd());
+        assert_eq!(set.len(), 2);
+        assert!(!set.any_ready().unwrap(), "nothing sent");
+        c.write_all(b"x").unwrap();
+        assert!(set.any_ready().unwrap(), "the second has a byte");
+        set.remove(d.as_raw_fd());
+        assert!(!set.any_ready().unwrap(), "the readable one removed");
+        a.write_all(b"y").unwrap();
+        assert!(set.any_ready().unwrap(), "the first has one");
+        let mut buf = [0u8; 4];
+        assert_eq!(b.read(&mut buf).unwrap(), 1);
+        assert!(!set.any_ready().unwrap(), "read again");
+        // A peer gone: its end is hung up, which ends a poll too.
+        drop(a);
+        assert!(set.any_ready().unwrap(), "the peer hung up");
+        drop((c, d));
     }
 }

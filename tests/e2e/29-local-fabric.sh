@@ -14,7 +14,12 @@ need_root; need_tool ip ping iperf3 python3 ss setpriv; need_daemons; need_rogue
 open_admission
 [ -x /usr/bin/python3 ] || fail "missing /usr/bin/python3 (apt install python3): the unprivileged user of the local-socket checks runs it"
 sock=$T/run/fabric.sock
-sed "s|^listen = .*|&\nlisten_local = \"$sock\"\nlisten_local_group = \"4242\"|" "$IOC_CONF" >"$T/ioc.toml"
+# The IOC's workers poll before they sleep too, and count how their idle periods ended.
+sed -e "s|^listen = .*|&\nlisten_local = \"$sock\"\nlisten_local_group = \"4242\"|" \
+    -e "s|^spin_max_us = .*|spin_max_us = 100|" \
+    -e 's/^# listen = "127.0.0.1:9702"/listen = "127.0.0.1:9702"/' "$IOC_CONF" >"$T/ioc.toml"
+grep -q "^spin_max_us = 100" "$T/ioc.toml" || fail "could not set the IOC's spin_max_us"
+grep -q '^listen = "127.0.0.1:9702"' "$T/ioc.toml" || fail "could not set the IOC's metrics listener"
 # The shared-memory host polls before it sleeps (fabric.spin_max_us, off by default).
 # Its metrics tell how many frames it read straight into the IOC's elements.
 sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^spin_max_us = .*|spin_max_us = 100|" \
@@ -81,11 +86,18 @@ for k in 1 3; do
     log "host $k: $up Gb/s to the LAN, $down Gb/s from it"
 done
 # Host 1's frames to the LAN were read straight into the IOC's pool elements.
-metric() { ip netns exec sd-host python3 -c "import urllib.request as u
-for l in u.urlopen('http://127.0.0.1:9701/metrics', timeout=3).read().decode().splitlines():
-    if l.split(' ')[0] == '$1': print(l.split(' ')[1])"; }
-in_place=$(metric splitnet_host_tx_in_place_total)
-sent=$(metric splitnet_host_tx_frames_total)
+# metric NS PORT NAME: a counter of the daemon whose metrics listen on 127.0.0.1:PORT in NS.
+metric() { ip netns exec "$1" python3 -c "import urllib.request as u
+for l in u.urlopen('http://127.0.0.1:$2/metrics', timeout=3).read().decode().splitlines():
+    if l.split(' ')[0] == '$3': print(l.split(' ')[1])"; }
+# The IOC's workers polled before sleeping: some idle periods caught work, some slept.
+caught=$(metric sd-ioc 9702 splitnet_ioc_poll_caught_total)
+slept=$(metric sd-ioc 9702 splitnet_ioc_poll_slept_total)
+log "the IOC's poll before sleep during the transfers: $caught idle periods caught work, $slept slept"
+assert_positive "$caught" "idle periods the IOC's poll caught work in"
+assert_positive "$slept" "idle periods the IOC slept in"
+in_place=$(metric sd-host 9701 splitnet_host_tx_in_place_total)
+sent=$(metric sd-host 9701 splitnet_host_tx_frames_total)
 log "host 1: $in_place of $sent frames read from the TAP straight into the IOC's elements"
 assert_positive "$in_place" "frames read in place"
 # And the LAN's frames to host 1 were read by the IOC, from host 1's own packet socket,

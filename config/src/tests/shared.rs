@@ -232,4 +232,28 @@ fn scheduling_is_normal_by_default_and_checked_in_both_files() {
     );
     assert!(why.contains("fifo"), "{why}");
     assert!(host("spin_max_us = 50\n[scheduling]\nclass = \"nice\"").is_ok());
+    // The same holds for the IOC's workers.
+    let why = invalid(
+        super::ioc("spin_max_us = 50", "", "[scheduling]\nclass = \"fifo\""),
+        "fabric.spin_max_us",
+    );
+    assert!(why.contains("fifo"), "{why}");
+    assert!(super::ioc("spin_max_us = 50", "", "[scheduling]\nclass = \"nice\"").is_ok());
+}
+
+#[test]
+fn the_iocs_poll_before_sleep_is_off_by_default_and_bounded() {
+    use std::time::Duration;
+    let i = super::ioc("", "", "").unwrap();
+    assert_eq!(
+        i.fabric.spin_max(),
+        Duration::ZERO,
+        "polling off by default"
+    );
+    let i = super::ioc("spin_max_us = 200", "", "").unwrap();
+    assert_eq!(i.fabric.spin_max(), Duration::from_micros(200));
+    invalid(
+        super::ioc("spin_max_us = 1001", "", ""),
+        "fabric.spin_max_us",
+    );
 }
