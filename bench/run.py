@@ -16,7 +16,7 @@ userspace datapath without offloads (splitnet-ports-ovs) and with userspace TSO
 
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
                       [--only direct,vxlan,...] [--sched fifo:10|nice:-10] [--express]
-                      [--spin-max-us US] [--ioc-spin-max-us US]
+                      [--spin-max-us US] [--ioc-spin-max-us US] [--busy]
     sudo bench/run.py --syscalls [--seconds 5]   # the daemons' system calls per frame (perf)
     sudo bench/run.py --profile [--seconds 5]    # where the daemons' CPU goes (perf record)
 
@@ -42,6 +42,7 @@ SPIN_MAX_US = None  # the hosts' fabric.spin_max_us (--spin-max-us); None: the s
 IOC_SPIN_MAX_US = None  # the IOC's fabric.spin_max_us (--ioc-spin-max-us); None: the shipped one's
 SCHED = None  # both daemons' [scheduling] (--sched fifo:P or nice:N); None: the shipped "normal"
 EXPRESS = False  # the hosts' fabric.express (--express); the shipped host.toml has it off
+BUSY = False  # both daemons' fabric.busy_poll (--busy); the shipped configurations have it off
 RX_QUEUES = None  # the IOC's lan.rx_queues (--rx-queues); None: the shipped configuration's
 NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
 procs = []
@@ -178,7 +179,7 @@ def host_config(queues, local=None, plain=False, sealed=False):
     local socket, the data channel in shared memory ("shm") or on the socket ("unix");
     `sealed`: the data channel encrypted (auth.encrypt_data)."""
     src = os.path.join(ROOT, "systemd", "host.toml")
-    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{SCHED}-{int(plain)}-{int(sealed)}-{int(EXPRESS)}.toml"
+    path = f"/tmp/sd-bench-host-{queues}q-{local}-{SPIN_MAX_US}-{SCHED}-{int(BUSY)}-{int(plain)}-{int(sealed)}-{int(EXPRESS)}.toml"
     ioc_pub, _ = keys()
     with open(src) as f, open(path, "w") as out:
         text = f.read().replace("\nqueues = 1\n", f"\nqueues = {queues}\n")
@@ -194,12 +195,22 @@ def host_config(queues, local=None, plain=False, sealed=False):
             text = text.replace("\nspin_max_us = 0\n", f"\nspin_max_us = {SPIN_MAX_US}\n")
         if EXPRESS:
             text = text.replace("\nexpress = false\n", "\nexpress = true\n")
+        text = with_busy(text)
         text = with_sched(text)
         out.write(text)
     return path
 
 
 LOCAL_SOCKET = "/tmp/sd-bench-fabric.sock"
+
+
+def with_busy(text):
+    """A daemon's TOML `text` with fabric.busy_poll set when --busy."""
+    if not BUSY:
+        return text
+    if "\nbusy_poll = false\n" not in text:
+        sys.exit("no 'busy_poll = false' line in the shipped configuration")
+    return text.replace("\nbusy_poll = false\n", "\nbusy_poll = true\n")
 
 
 def with_sched(text):
@@ -220,10 +231,10 @@ def ioc_config(local=False, plain=False, ports=None):
     when `local`; `ports` ("bridge", "ovs", "ovs-tso"): in ports mode, each host's port in
     sd-ioc's br0 (joined directly, or by hooks/port-ovs)."""
     src = os.path.join(ROOT, "systemd", "ioc.toml")
-    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{SCHED}-{IOC_SPIN_MAX_US}-{int(local)}-{int(plain)}-{ports}.toml"
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{SCHED}-{IOC_SPIN_MAX_US}-{int(BUSY)}-{int(local)}-{int(plain)}-{ports}.toml"
     _, host_pubs = keys()
     with open(src) as f, open(path, "w") as out:
-        text = with_sched(f.read())
+        text = with_busy(with_sched(f.read()))
         if WORKERS is not None:
             text = text.replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n")
         if RX_QUEUES is not None:
@@ -753,6 +764,8 @@ def main():
                     help="the IOC's fabric.spin_max_us (default: the shipped ioc.toml's)")
     ap.add_argument("--sched", default=None,
                     help="both daemons' [scheduling]: fifo:PRIORITY or nice:LEVEL (default: normal)")
+    ap.add_argument("--busy", action="store_true",
+                    help="both daemons poll always (fabric.busy_poll = true): a core per data-path thread")
     ap.add_argument("--express", action="store_true",
                     help="the hosts ask for the express lane (fabric.express = true)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
@@ -762,9 +775,10 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="only where the daemons' CPU goes under a full-speed transfer (perf record)")
     a = ap.parse_args()
-    global WORKERS, SPIN_MAX_US, IOC_SPIN_MAX_US, RX_QUEUES, SCHED, EXPRESS
+    global WORKERS, SPIN_MAX_US, IOC_SPIN_MAX_US, RX_QUEUES, SCHED, EXPRESS, BUSY
     WORKERS = a.workers
     EXPRESS = a.express
+    BUSY = a.busy
     SCHED = a.sched
     RX_QUEUES = a.rx_queues
     SPIN_MAX_US = a.spin_max_us

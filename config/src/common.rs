@@ -401,6 +401,28 @@ impl Scheduling {
     }
 }
 
+/// Checks `fabric.busy_poll` against the settings it excludes: a poll before sleep (a busy
+/// thread never sleeps) and real time (a real-time thread that never sleeps holds its core
+/// from every normal thread until the kernel's throttling stops it).
+pub(crate) fn busy_poll(busy: bool, spin_max_us: u64, s: &Scheduling) -> Result<(), Invalid> {
+    if !busy {
+        return Ok(());
+    }
+    if spin_max_us > 0 {
+        return Err(Invalid::new(
+            "fabric.busy_poll",
+            "polls always: fabric.spin_max_us (a poll before sleeping) must be 0 with it",
+        ));
+    }
+    if s.class == SchedClass::Fifo {
+        return Err(Invalid::new(
+            "fabric.busy_poll",
+            "cannot be set with scheduling.class = \"fifo\": a real-time thread that never sleeps holds its core from every normal thread",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a MAC address that must be a non-zero unicast address.
 pub(crate) fn unicast(key: &str, mac: MacAddr) -> Result<(), Invalid> {
     if mac.is_zero() {

@@ -89,6 +89,10 @@ pub struct HostFabric {
     /// (halt-polling style). Off by default: on the 2-core reference machine it did not pay.
     #[serde(default = "default_spin_max")]
     pub spin_max_us: u64,
+    /// Poll always: the driver's data-path threads never sleep, each taking a core, as DPDK
+    /// users dedicate cores (off by default; README "Polling before sleep").
+    #[serde(default)]
+    pub busy_poll: bool,
     /// Stable identity of this host; `None` (key absent or 0) derives one at run time.
     #[serde(default)]
     pub node_id: Option<u64>,
@@ -315,6 +319,7 @@ impl HostConfig {
         )?;
         range("fabric.restart_grace_ms", f.restart_grace_ms, 0, 60_000)?;
         range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
+        crate::common::busy_poll(f.busy_poll, f.spin_max_us, &self.scheduling)?;
         if self.scheduling.class == SchedClass::Fifo && f.spin_max_us > 0 {
             return Err(Invalid::new(
                 "fabric.spin_max_us",

@@ -299,6 +299,10 @@ pub struct IocFabric {
     /// did not pay (README "Polling before sleep").
     #[serde(default)]
     pub spin_max_us: u64,
+    /// Poll always: the workers never sleep, each taking a core, as DPDK users dedicate
+    /// cores (off by default; README "Polling before sleep").
+    #[serde(default)]
+    pub busy_poll: bool,
 }
 
 fn default_max_hosts() -> u32 {
@@ -532,6 +536,7 @@ impl IocConfig {
             60_000,
         )?;
         range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
+        crate::common::busy_poll(f.busy_poll, f.spin_max_us, &self.scheduling)?;
         if self.scheduling.class == crate::common::SchedClass::Fifo && f.spin_max_us > 0 {
             return Err(Invalid::new(
                 "fabric.spin_max_us",

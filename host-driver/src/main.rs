@@ -85,6 +85,10 @@ fn main() -> ExitCode {
         splitnet_control::host_socket(&cfg.interface.name),
     );
     let local = tokio::task::LocalSet::new();
+    if cfg.fabric.busy_poll {
+        // The main thread serves queue 0: it polls always (README "Polling before sleep").
+        local.spawn_local(service::busy_poll());
+    }
     match local.block_on(&rt, supervisor::run(cfg, control)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

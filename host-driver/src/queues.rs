@@ -163,6 +163,9 @@ fn queue_thread(
         }
         Ok::<_, io::Error>(Ended::Lost)
     };
+    if cfg.fabric.busy_poll {
+        rt.spawn(service::busy_poll());
+    }
     let how = rt.block_on(serve).unwrap_or_else(|e| {
         warn!(queue = queue.index, "queue stopped: {e}");
         Ended::Lost

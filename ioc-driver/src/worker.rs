@@ -204,6 +204,9 @@ async fn run(
     // A task per receive queue: the runtime runs the ready ones in turn, so the queues are
     // read round robin, a batch at a time; with several, the first (frames of no flow:
     // pings, ARP, neighbour discovery) is also read before each batch of the others.
+    if ioc.borrow().cfg.fabric.busy_poll {
+        tasks.push(tokio::task::spawn_local(service::busy_poll()));
+    }
     let several = queues.len() > 1;
     for (queue, ready) in queues.into_iter().enumerate() {
         let first = several && queue > 0;

@@ -45,6 +45,16 @@ pub fn runtime() -> io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// A task that never sleeps, for `fabric.busy_poll`: it yields each time it runs, so the
+/// runtime it is spawned on never blocks; between its turns the runtime polls its reactor
+/// and timers without waiting (tokio defers a yielded task until it has), and the thread
+/// takes a core. Runs until its runtime ends.
+pub async fn busy_poll() {
+    loop {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// An answer an operator's request waits for: it owns what it needs, so the daemon's state
 /// is borrowed only while it is asked, never while the answer is awaited.
 pub type Answer = std::pin::Pin<Box<dyn std::future::Future<Output = String>>>;

@@ -99,4 +99,45 @@ out=$("$BIN/host-driver" --check-config --config "$T/host-fifo-spin.toml" 2>&1)
 rc=$?
 [ "$rc" = 2 ] || fail "a polling real-time host: exit $rc, want 2"
 echo "$out" | grep -q 'fabric.spin_max_us.*fifo' || fail "the refusal does not say why: $out"
-pass "scheduling classes: fifo and nice on exactly the data-path threads of both daemons; refusals say why"
+# Busy polling (fabric.busy_poll in both daemons): the data-path threads never sleep, so
+# with one IOC worker and one host queue each takes most of a core while no frame flows;
+# traffic and keepalives go on. With real time it is refused at set-up.
+sed -e 's/^busy_poll = false$/busy_poll = true/' -e 's/^workers = 0$/workers = 1/' "$IOC_CONF" >"$T/ioc-busy.toml"
+sed 's/^busy_poll = false$/busy_poll = true/' "$HOST_CONF" >"$T/host-busy.toml"
+grep -q '^workers = 1$' "$T/ioc-busy.toml" && grep -q '^busy_poll = true$' "$T/ioc-busy.toml" &&
+    grep -q '^busy_poll = true$' "$T/host-busy.toml" || fail "could not set busy_poll"
+# ticks PID NAME: user + system clock ticks of PID's threads named NAME.
+ticks() {
+    local f comm sum=0
+    for f in /proc/"$1"/task/*/stat; do
+        comm=$(sed 's/^[0-9]* (\(.*\)) .*/\1/' "$f")
+        # shellcheck disable=SC2254  # NAME is a glob: ioc-worker-*
+        case "$comm" in $2) sum=$((sum + $(sed 's/^.*) //' "$f" | awk '{ print $12 + $13 }'))) ;; esac
+    done
+    echo "$sum"
+}
+lost=$(grep -c 'fabric lost' "$T/host1.log")
+IOC_CONF=$T/ioc-busy.toml start_ioc
+HOST_CONF=$T/host-busy.toml start_host 1
+wait_carrier sd-host up 10
+ping_ok sd-host 10.50.0.2
+ping_ok sd-lan 10.50.0.1
+ip=$(ioc_pid "$T/ioc-busy.toml"); hp=$(host_pid "$T/host-busy.toml")
+[ -n "$ip" ] && [ -n "$hp" ] || fail "cannot find the busy daemons' pids"
+hz=$(getconf CLK_TCK)
+w0=$(ticks "$ip" 'ioc-worker-*'); h0=$(ticks "$hp" host-driver)
+sleep 2
+w1=$(ticks "$ip" 'ioc-worker-*'); h1=$(ticks "$hp" host-driver)
+log "busy polling, 2 s without traffic: the IOC's worker took $((w1 - w0)) ticks, host-driver's main thread $((h1 - h0)) (of $((2 * hz)) per core)"
+assert_ge "$((w1 - w0))" "$hz" "the busy IOC worker's CPU over 2 s idle (ticks; at least half a core)"
+assert_ge "$((h1 - h0))" "$hz" "host-driver's busy main thread's CPU over 2 s idle (ticks; at least half a core)"
+ping_ok sd-host 10.50.0.2
+assert_eq "$(grep -c 'fabric lost' "$T/host1.log")" "$lost" "the busy host's sessions lost (keepalives go on)"
+stop_host 1; stop_ioc
+run ip -n sd-host link del sd0
+sed 's/^busy_poll = false$/busy_poll = true/' "$T/host-fifo.toml" >"$T/host-fifo-busy.toml"
+out=$("$BIN/host-driver" --check-config --config "$T/host-fifo-busy.toml" 2>&1)
+rc=$?
+[ "$rc" = 2 ] || fail "a busy real-time host: exit $rc, want 2"
+echo "$out" | grep -q 'fabric.busy_poll.*fifo' || fail "the refusal does not say why: $out"
+pass "scheduling classes: fifo and nice on exactly the data-path threads of both daemons; busy polling takes a core per thread; refusals say why"

@@ -257,3 +257,33 @@ fn the_iocs_poll_before_sleep_is_off_by_default_and_bounded() {
         "fabric.spin_max_us",
     );
 }
+
+#[test]
+fn busy_polling_is_off_by_default_and_excludes_polls_before_sleep_and_real_time() {
+    assert!(!host("").unwrap().fabric.busy_poll);
+    assert!(!super::ioc("", "", "").unwrap().fabric.busy_poll);
+    assert!(host("busy_poll = true").unwrap().fabric.busy_poll);
+    assert!(super::ioc("busy_poll = true", "", "").unwrap().fabric.busy_poll);
+    for why in [
+        invalid(host("busy_poll = true\nspin_max_us = 50"), "fabric.busy_poll"),
+        invalid(
+            super::ioc("busy_poll = true\nspin_max_us = 50", "", ""),
+            "fabric.busy_poll",
+        ),
+    ] {
+        assert!(why.contains("spin_max_us"), "{why}");
+    }
+    for why in [
+        invalid(
+            host("busy_poll = true\n[scheduling]\nclass = \"fifo\""),
+            "fabric.busy_poll",
+        ),
+        invalid(
+            super::ioc("busy_poll = true", "", "[scheduling]\nclass = \"fifo\""),
+            "fabric.busy_poll",
+        ),
+    ] {
+        assert!(why.contains("fifo"), "{why}");
+    }
+    assert!(host("busy_poll = true\n[scheduling]\nclass = \"nice\"").is_ok());
+}
