@@ -263,9 +263,17 @@ fn busy_polling_is_off_by_default_and_excludes_polls_before_sleep_and_real_time(
     assert!(!host("").unwrap().fabric.busy_poll);
     assert!(!super::ioc("", "", "").unwrap().fabric.busy_poll);
     assert!(host("busy_poll = true").unwrap().fabric.busy_poll);
-    assert!(super::ioc("busy_poll = true", "", "").unwrap().fabric.busy_poll);
+    assert!(
+        super::ioc("busy_poll = true", "", "")
+            .unwrap()
+            .fabric
+            .busy_poll
+    );
     for why in [
-        invalid(host("busy_poll = true\nspin_max_us = 50"), "fabric.busy_poll"),
+        invalid(
+            host("busy_poll = true\nspin_max_us = 50"),
+            "fabric.busy_poll",
+        ),
         invalid(
             super::ioc("busy_poll = true\nspin_max_us = 50", "", ""),
             "fabric.busy_poll",
