@@ -765,7 +765,8 @@ def main():
     ap.add_argument("--sched", default=None,
                     help="both daemons' [scheduling]: fifo:PRIORITY or nice:LEVEL (default: normal)")
     ap.add_argument("--busy", action="store_true",
-                    help="both daemons poll always (fabric.busy_poll = true): a core per data-path thread")
+                    help="both daemons poll always (fabric.busy_poll = true): a core per data-path"
+                         " thread; needs --workers")
     ap.add_argument("--express", action="store_true",
                     help="the hosts ask for the express lane (fabric.express = true)")
     ap.add_argument("--no-slow", dest="slow", action="store_false",
@@ -779,6 +780,10 @@ def main():
     WORKERS = a.workers
     EXPRESS = a.express
     BUSY = a.busy
+    if BUSY and (a.spin_max_us or a.ioc_spin_max_us or (a.sched or "").startswith("fifo")
+                 or not a.workers):
+        sys.exit("--busy needs --workers N (each busy worker takes a core) and neither"
+                 " --spin-max-us, --ioc-spin-max-us nor --sched fifo (the daemons refuse them)")
     SCHED = a.sched
     RX_QUEUES = a.rx_queues
     SPIN_MAX_US = a.spin_max_us

@@ -300,7 +300,7 @@ pub struct IocFabric {
     #[serde(default)]
     pub spin_max_us: u64,
     /// Poll always: the workers never sleep, each taking a core, as DPDK users dedicate
-    /// cores (off by default; README "Polling before sleep").
+    /// cores (off by default; needs `workers` set; README "Polling before sleep").
     #[serde(default)]
     pub busy_poll: bool,
 }
@@ -537,6 +537,12 @@ impl IocConfig {
         )?;
         range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
         crate::common::busy_poll(f.busy_poll, f.spin_max_us, &self.scheduling)?;
+        if f.busy_poll && f.workers == 0 {
+            return Err(Invalid::new(
+                "fabric.busy_poll",
+                "needs fabric.workers set to the cores the workers may take: each busy worker takes a core, and workers = 0 (one per core) would take them all",
+            ));
+        }
         if self.scheduling.class == crate::common::SchedClass::Fifo && f.spin_max_us > 0 {
             return Err(Invalid::new(
                 "fabric.spin_max_us",

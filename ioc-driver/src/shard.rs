@@ -85,6 +85,12 @@ pub struct InboxRx {
 }
 
 impl InboxRx {
+    /// The bytes waiting in the inbox, as the other workers count them when they hand a
+    /// frame over (non-zero: frames wait or are on their way).
+    pub fn queued(&self) -> Arc<AtomicUsize> {
+        self.bytes.clone()
+    }
+
     /// Waits for frames and appends up to `max` of them to `out`; 0 when every other
     /// worker has gone.
     pub async fn recv(&mut self, out: &mut Vec<Crossing>, max: usize) -> usize {

@@ -7,6 +7,13 @@
 //! style): it grows after sleeps that a longer poll would have caught, shrinks after long
 //! ones, and stays zero for workers whose traffic comes in bursts far apart.
 //!
+//! Besides descriptors, the poll watches the worker's inbox of frames other workers hand it
+//! ([`watch_queued`]: its byte count), which wakes the runtime through no descriptor of its
+//! own. What else wakes it from another thread (the main thread's rare commands) and timers
+//! falling due wait at most for the budget (`spin_max_us`, at most 1 ms). Like host-driver's,
+//! the poll does not run right after the worker rang a sleeping host's doorbell ([`set_rang`]):
+//! that host is waking up, maybe on this very core.
+//!
 //! Written here: tokio has no poll before it parks, only the `on_thread_park` hook this
 //! runs from. The state is the worker thread's own ([`install`]), so the hook, the tasks
 //! that register descriptors ([`watch`]) and the report ([`counts`]) meet without locks.
@@ -15,17 +22,24 @@ use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig};
 use splitnet_netif::PollSet;
 use std::cell::RefCell;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 thread_local! {
     static POLLER: RefCell<Option<Poller>> = const { RefCell::new(None) };
 }
 
+/// Whether the worker rang a sleeping peer's doorbell since it was last asked.
+pub type RangProbe = Box<dyn FnMut() -> bool>;
+
 /// The poll of one worker thread.
-#[derive(Debug)]
 struct Poller {
     spin: Spin,
     set: PollSet,
+    /// Counts of work queued by other threads (non-zero: work waits).
+    queued: Vec<Arc<AtomicUsize>>,
+    rang: Option<RangProbe>,
     /// When the idle period the runtime is sleeping in began (it did not end in the poll).
     idle_since: Option<Instant>,
     counts: SpinCounts,
@@ -49,10 +63,32 @@ pub fn install(max: Duration) {
             ..SpinConfig::default()
         }),
         set: PollSet::new(),
+        queued: Vec::new(),
+        rang: None,
         idle_since: None,
         counts: SpinCounts::default(),
     });
     POLLER.with_borrow_mut(|p| *p = poller);
+}
+
+/// Adds to this thread's poll a count that other threads raise when they queue work for it
+/// (the inbox's bytes), for as long as the thread polls.
+pub fn watch_queued(count: Arc<AtomicUsize>) {
+    POLLER.with_borrow_mut(|p| {
+        if let Some(p) = p.as_mut() {
+            p.queued.push(count);
+        }
+    });
+}
+
+/// Sets what tells this thread's poll that the worker rang a sleeping peer's doorbell since
+/// it last asked (no poll then).
+pub fn set_rang(probe: RangProbe) {
+    POLLER.with_borrow_mut(|p| {
+        if let Some(p) = p.as_mut() {
+            p.rang = Some(probe);
+        }
+    });
 }
 
 /// A descriptor in this thread's poll until dropped. Drop it before the descriptor closes
@@ -93,14 +129,18 @@ pub fn before_park() {
         };
         let start = Instant::now();
         p.idle_since = Some(start);
+        if p.rang.as_mut().is_some_and(|rang| rang()) {
+            p.spin.rang_peer();
+        }
         let budget = p.spin.budget();
-        if budget.is_zero() || p.set.is_empty() {
+        if budget.is_zero() || p.set.is_empty() && p.queued.is_empty() {
             return;
         }
         loop {
             // An error (EINTR, ENOMEM) ends the poll like work would: the runtime's own
             // wait then says what there is.
-            if p.set.any_ready().unwrap_or(true) {
+            let queued = p.queued.iter().any(|c| c.load(Ordering::Relaxed) > 0);
+            if queued || p.set.any_ready().unwrap_or(true) {
                 p.spin.idle_ended(Idle::Caught {
                     after: start.elapsed(),
                 });
@@ -191,8 +231,8 @@ mod tests {
             before.caught,
             "no poll once long sleeps shrank it"
         );
-        // A descriptor no longer watched is not polled: with the budget grown again, the
-        // idle period still sleeps (the byte still unread).
+        // A descriptor no longer watched is not polled: with a budget again (short sleeps
+        // grow it from zero), the idle period still sleeps (the byte still unread).
         drop(w);
         for _ in 0..12 {
             idle(Duration::ZERO);
@@ -202,6 +242,34 @@ mod tests {
         after_unpark();
         assert_eq!(counts().caught, before.caught);
         assert_eq!(counts().slept, before.slept + 1);
+    }
+
+    #[test]
+    fn work_queued_by_another_thread_is_caught_and_a_rung_peer_skips_a_poll() {
+        install(Duration::from_millis(50));
+        let queued = Arc::new(AtomicUsize::new(0));
+        watch_queued(queued.clone());
+        let rang = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let probe = rang.clone();
+        set_rang(Box::new(move || probe.swap(false, Ordering::Relaxed)));
+        for _ in 0..12 {
+            idle(Duration::ZERO);
+        }
+        // Frames in the inbox end the poll.
+        queued.store(1500, Ordering::Relaxed);
+        let before = counts();
+        before_park();
+        after_unpark();
+        assert_eq!(counts().caught, before.caught + 1);
+        // Right after ringing a sleeping peer: no poll, though work waits.
+        rang.store(true, Ordering::Relaxed);
+        before_park();
+        after_unpark();
+        assert_eq!(counts().caught, before.caught + 1, "no poll after a ring");
+        // The next idle period polls again.
+        before_park();
+        after_unpark();
+        assert_eq!(counts().caught, before.caught + 2);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::shard::{Crossing, InboxRx, Shard};
 use crate::state::WorkerState;
 use splitnet_config::{IocAuth, IocConfig};
 use splitnet_fabric::Ready;
+use splitnet_messaging::adapter::Channel;
 use splitnet_messaging::wire::{self, CfgCode, ErrorCode};
 use splitnet_service as service;
 use std::cell::RefCell;
@@ -195,18 +196,37 @@ async fn run(
     ioc.borrow_mut().nic_mac = nic_mac;
     ioc.borrow_mut().hooks = hooks;
     prepare(&mut ioc.borrow_mut());
+    // Its poll before sleep (if any) watches the inbox, and skips a poll right after a
+    // host's doorbell was rung.
+    crate::spin::watch_queued(inbox.queued());
+    let weak = Rc::downgrade(&ioc);
+    crate::spin::set_rang(Box::new(move || {
+        let Some(ioc) = weak.upgrade() else {
+            return false;
+        };
+        let Ok(mut st) = ioc.try_borrow_mut() else {
+            return false;
+        };
+        let mut rang = false;
+        for l in st.hosts.values_mut().filter_map(|h| h.link.as_mut()) {
+            rang |= l.data_channel_mut().take_rang_peer();
+            rang |= l.control_channel_mut().take_rang_peer();
+        }
+        rang
+    }));
     let mut tasks = vec![
         tokio::task::spawn_local(deliver_crossed(ioc.clone(), inbox)),
         tokio::task::spawn_local(heartbeat(beat, epoch)),
         tokio::task::spawn_local(claims(ioc.clone())),
         tokio::task::spawn_local(port_links(ioc.clone())),
     ];
-    // A task per receive queue: the runtime runs the ready ones in turn, so the queues are
-    // read round robin, a batch at a time; with several, the first (frames of no flow:
-    // pings, ARP, neighbour discovery) is also read before each batch of the others.
+    // With fabric.busy_poll, a task that keeps the runtime polling: the worker never sleeps.
     if ioc.borrow().cfg.fabric.busy_poll {
         tasks.push(tokio::task::spawn_local(service::busy_poll()));
     }
+    // A task per receive queue: the runtime runs the ready ones in turn, so the queues are
+    // read round robin, a batch at a time; with several, the first (frames of no flow:
+    // pings, ARP, neighbour discovery) is also read before each batch of the others.
     let several = queues.len() > 1;
     for (queue, ready) in queues.into_iter().enumerate() {
         let first = several && queue > 0;

@@ -101,7 +101,7 @@ rc=$?
 echo "$out" | grep -q 'fabric.spin_max_us.*fifo' || fail "the refusal does not say why: $out"
 # Busy polling (fabric.busy_poll in both daemons): the data-path threads never sleep, so
 # with one IOC worker and one host queue each takes most of a core while no frame flows;
-# traffic and keepalives go on. With real time it is refused at set-up.
+# traffic and keepalives go on; both stop cleanly. With real time it is refused at set-up.
 sed -e 's/^busy_poll = false$/busy_poll = true/' -e 's/^workers = 0$/workers = 1/' "$IOC_CONF" >"$T/ioc-busy.toml"
 sed 's/^busy_poll = false$/busy_poll = true/' "$HOST_CONF" >"$T/host-busy.toml"
 grep -q '^workers = 1$' "$T/ioc-busy.toml" && grep -q '^busy_poll = true$' "$T/ioc-busy.toml" &&
@@ -129,11 +129,16 @@ w0=$(ticks "$ip" 'ioc-worker-*'); h0=$(ticks "$hp" host-driver)
 sleep 2
 w1=$(ticks "$ip" 'ioc-worker-*'); h1=$(ticks "$hp" host-driver)
 log "busy polling, 2 s without traffic: the IOC's worker took $((w1 - w0)) ticks, host-driver's main thread $((h1 - h0)) (of $((2 * hz)) per core)"
-assert_ge "$((w1 - w0))" "$hz" "the busy IOC worker's CPU over 2 s idle (ticks; at least half a core)"
-assert_ge "$((h1 - h0))" "$hz" "host-driver's busy main thread's CPU over 2 s idle (ticks; at least half a core)"
+# At least a quarter of a core each (two busy threads on two cores take about one each;
+# an idle daemon that sleeps takes well under 1%, bench/run.py's idle CPU).
+assert_ge "$((w1 - w0))" "$((hz / 2))" "the busy IOC worker's CPU over 2 s idle (ticks)"
+assert_ge "$((h1 - h0))" "$((hz / 2))" "host-driver's busy main thread's CPU over 2 s idle (ticks)"
 ping_ok sd-host 10.50.0.2
 assert_eq "$(grep -c 'fabric lost' "$T/host1.log")" "$lost" "the busy host's sessions lost (keepalives go on)"
-stop_host 1; stop_ioc
+stop_host 1
+assert_eq "$STOP_RC" 0 "the busy host-driver's exit status on SIGTERM"
+stop_ioc
+assert_eq "$STOP_RC" 0 "the busy ioc-driver's exit status on SIGTERM"
 run ip -n sd-host link del sd0
 sed 's/^busy_poll = false$/busy_poll = true/' "$T/host-fifo.toml" >"$T/host-fifo-busy.toml"
 out=$("$BIN/host-driver" --check-config --config "$T/host-fifo-busy.toml" 2>&1)

@@ -264,18 +264,21 @@ fn busy_polling_is_off_by_default_and_excludes_polls_before_sleep_and_real_time(
     assert!(!super::ioc("", "", "").unwrap().fabric.busy_poll);
     assert!(host("busy_poll = true").unwrap().fabric.busy_poll);
     assert!(
-        super::ioc("busy_poll = true", "", "")
+        super::ioc("busy_poll = true\nworkers = 1", "", "")
             .unwrap()
             .fabric
             .busy_poll
     );
+    // Each busy worker takes a core: one per core (workers = 0) would take them all.
+    let why = invalid(super::ioc("busy_poll = true", "", ""), "fabric.busy_poll");
+    assert!(why.contains("workers"), "{why}");
     for why in [
         invalid(
             host("busy_poll = true\nspin_max_us = 50"),
             "fabric.busy_poll",
         ),
         invalid(
-            super::ioc("busy_poll = true\nspin_max_us = 50", "", ""),
+            super::ioc("busy_poll = true\nworkers = 1\nspin_max_us = 50", "", ""),
             "fabric.busy_poll",
         ),
     ] {
@@ -287,7 +290,11 @@ fn busy_polling_is_off_by_default_and_excludes_polls_before_sleep_and_real_time(
             "fabric.busy_poll",
         ),
         invalid(
-            super::ioc("busy_poll = true", "", "[scheduling]\nclass = \"fifo\""),
+            super::ioc(
+                "busy_poll = true\nworkers = 1",
+                "",
+                "[scheduling]\nclass = \"fifo\"",
+            ),
             "fabric.busy_poll",
         ),
     ] {
