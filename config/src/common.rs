@@ -401,23 +401,29 @@ impl Scheduling {
     }
 }
 
-/// Checks `fabric.busy_poll` against the settings it excludes: a poll before sleep (a busy
-/// thread never sleeps) and real time (a real-time thread that never sleeps holds its core
-/// from every normal thread until the kernel's throttling stops it).
-pub(crate) fn busy_poll(busy: bool, spin_max_us: u64, s: &Scheduling) -> Result<(), Invalid> {
-    if !busy {
-        return Ok(());
-    }
-    if spin_max_us > 0 {
+/// Checks a daemon's polling, the same in both: `fabric.spin_max_us` within 0..=1000, and
+/// neither it nor `fabric.busy_poll` with real time (a real-time thread that polls holds its
+/// core from every normal thread, the applications included, until the kernel's throttling
+/// stops it); `busy_poll` (a thread that never sleeps) excludes a poll before sleep.
+pub(crate) fn polling(spin_max_us: u64, busy: bool, s: &Scheduling) -> Result<(), Invalid> {
+    range("fabric.spin_max_us", spin_max_us, 0, 1000)?;
+    let fifo = s.class == SchedClass::Fifo;
+    if busy && spin_max_us > 0 {
         return Err(Invalid::new(
             "fabric.busy_poll",
             "polls always: fabric.spin_max_us (a poll before sleeping) must be 0 with it",
         ));
     }
-    if s.class == SchedClass::Fifo {
+    if busy && fifo {
         return Err(Invalid::new(
             "fabric.busy_poll",
             "cannot be set with scheduling.class = \"fifo\": a real-time thread that never sleeps holds its core from every normal thread",
+        ));
+    }
+    if fifo && spin_max_us > 0 {
+        return Err(Invalid::new(
+            "fabric.spin_max_us",
+            "must be 0 with scheduling.class = \"fifo\": a real-time thread that polls takes its core from every normal thread, the applications included",
         ));
     }
     Ok(())

@@ -2,7 +2,7 @@
 
 use crate::common::{
     ifname, keepalive, range, unicast, Control, FabricAddr, Log, MacAddr, Metrics, Pools,
-    SchedClass, Scheduling,
+    Scheduling,
 };
 use crate::error::Invalid;
 use crate::key::Key;
@@ -318,14 +318,7 @@ impl HostConfig {
             600_000,
         )?;
         range("fabric.restart_grace_ms", f.restart_grace_ms, 0, 60_000)?;
-        range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
-        crate::common::busy_poll(f.busy_poll, f.spin_max_us, &self.scheduling)?;
-        if self.scheduling.class == SchedClass::Fifo && f.spin_max_us > 0 {
-            return Err(Invalid::new(
-                "fabric.spin_max_us",
-                "must be 0 with scheduling.class = \"fifo\": a real-time thread that polls takes its core from every normal thread, the applications included",
-            ));
-        }
+        crate::common::polling(f.spin_max_us, f.busy_poll, &self.scheduling)?;
         if let FabricAddr::Tcp(a) | FabricAddr::Rdma(a) = f.ioc {
             if a.port() == 0 || a.ip().is_unspecified() {
                 return Err(Invalid::new(

@@ -535,18 +535,11 @@ impl IocConfig {
             100,
             60_000,
         )?;
-        range("fabric.spin_max_us", f.spin_max_us, 0, 1000)?;
-        crate::common::busy_poll(f.busy_poll, f.spin_max_us, &self.scheduling)?;
+        crate::common::polling(f.spin_max_us, f.busy_poll, &self.scheduling)?;
         if f.busy_poll && f.workers == 0 {
             return Err(Invalid::new(
                 "fabric.busy_poll",
                 "needs fabric.workers set to the cores the workers may take: each busy worker takes a core, and workers = 0 (one per core) would take them all",
-            ));
-        }
-        if self.scheduling.class == crate::common::SchedClass::Fifo && f.spin_max_us > 0 {
-            return Err(Invalid::new(
-                "fabric.spin_max_us",
-                "must be 0 with scheduling.class = \"fifo\": a real-time thread that polls takes its core from every normal thread, the hosts' applications included",
             ));
         }
         match self.lan.mode {

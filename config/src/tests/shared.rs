@@ -272,33 +272,20 @@ fn busy_polling_is_off_by_default_and_excludes_polls_before_sleep_and_real_time(
     // Each busy worker takes a core: one per core (workers = 0) would take them all.
     let why = invalid(super::ioc("busy_poll = true", "", ""), "fabric.busy_poll");
     assert!(why.contains("workers"), "{why}");
-    for why in [
-        invalid(
-            host("busy_poll = true\nspin_max_us = 50"),
-            "fabric.busy_poll",
-        ),
-        invalid(
-            super::ioc("busy_poll = true\nworkers = 1\nspin_max_us = 50", "", ""),
-            "fabric.busy_poll",
-        ),
+    // With a poll before sleep, or with real time: refused in both daemons, saying why.
+    for (fabric, rest, word) in [
+        ("busy_poll = true\nspin_max_us = 50", "", "spin_max_us"),
+        ("busy_poll = true", "[scheduling]\nclass = \"fifo\"", "fifo"),
     ] {
-        assert!(why.contains("spin_max_us"), "{why}");
-    }
-    for why in [
-        invalid(
-            host("busy_poll = true\n[scheduling]\nclass = \"fifo\""),
-            "fabric.busy_poll",
-        ),
-        invalid(
-            super::ioc(
-                "busy_poll = true\nworkers = 1",
-                "",
-                "[scheduling]\nclass = \"fifo\"",
+        for why in [
+            invalid(host(&format!("{fabric}\n{rest}")), "fabric.busy_poll"),
+            invalid(
+                super::ioc(&format!("{fabric}\nworkers = 1"), "", rest),
+                "fabric.busy_poll",
             ),
-            "fabric.busy_poll",
-        ),
-    ] {
-        assert!(why.contains("fifo"), "{why}");
+        ] {
+            assert!(why.contains(word), "{why}");
+        }
     }
     assert!(host("busy_poll = true\n[scheduling]\nclass = \"nice\"").is_ok());
 }
