@@ -12,7 +12,6 @@ use crate::report::{Reporter, StatusLine};
 use crate::spin;
 use splitnet_config::HostConfig;
 use splitnet_fabric::{self as fabric, FabricChannel, RegisteredLink};
-use splitnet_messaging::adapter::shm::Spin;
 use splitnet_messaging::endpoint::{Keepalive, Lane, LinkEvent, Liveness, Session};
 use splitnet_messaging::memory::{DomainId, Registry};
 use splitnet_messaging::sched::LimitConfig;
@@ -141,7 +140,7 @@ pub struct Conn<'a> {
     /// Where it reports: the snapshot (first queue) or its published counters.
     report: Reporter,
     /// Over shared memory: how long to poll before sleeping (`None`: never poll).
-    spin: Option<Spin>,
+    poll: Option<spin::Poll>,
     role: Role,
     /// A standby's IOC: its MAC matches sd0's (`None`: not answered yet), its NIC is up.
     standby_mac: Option<bool>,
@@ -215,7 +214,7 @@ impl<'a> Conn<'a> {
             true => LimitConfig::default(),
             false => LimitConfig::stream(),
         };
-        let spin = spin::configured(cfg, &tl.ready);
+        let poll = spin::Poll::configured(cfg, &tl.ready, tap);
         let settings = Settings::new(cfg, features, queue.is_first());
         let watch = Watch::new(&cfg.interface.name, queue.is_first());
         let watch_ready = watch.socket().and_then(|w| fabric::Ready::reading(w).ok());
@@ -238,7 +237,7 @@ impl<'a> Conn<'a> {
             carrier: Carrier::new(false),
             rx_drops: Drops::default(),
             report,
-            spin,
+            poll,
             role: Role::Active,
             standby_mac: None,
             standby_nic: false,
@@ -370,19 +369,24 @@ impl<'a> Conn<'a> {
             let due = self.announce.as_ref().map(Announce::next);
             let deadline = self.keepalive.deadline().min(due.unwrap_or(far_future()));
             let deadline = tokio::time::Instant::from_std(deadline);
-            // Shared memory: ask for the doorbell; records may be waiting already. Before
-            // sleeping, poll a while (adaptively) for what would wake us.
+            // Shared memory: ask for the doorbell; records may be waiting already (a queue
+            // pair: arm it). Before sleeping, poll a while (adaptively) for what would wake
+            // us: over a socket or queue pair the control lane too, so it is asked first.
+            let polls_ctrl = self.poll.as_ref().is_some_and(|p| p.covers(Lane::Control));
             let mut sleep = self.tl.link.prepare_sleep(Lane::Data);
+            let mut sleep_ctrl = polls_ctrl && self.tl.link.prepare_sleep(Lane::Control);
             let mut idle_since = None;
-            if sleep {
+            if sleep && (sleep_ctrl || !polls_ctrl) {
                 (sleep, idle_since) = spin::poll_before_sleep(
-                    self.spin.as_mut(),
+                    self.poll.as_mut(),
                     &mut self.tl.link,
                     self.tap,
                     tap_wanted,
                 );
             }
-            let sleep_ctrl = self.tl.link.prepare_sleep(Lane::Control);
+            if !polls_ctrl {
+                sleep_ctrl = self.tl.link.prepare_sleep(Lane::Control);
+            }
             let RegisteredLink { ready, link } = &mut self.tl;
             let (ctrl_writable, data_writable) =
                 (ready.writable(Lane::Control), ready.writable(Lane::Data));
@@ -410,7 +414,7 @@ impl<'a> Conn<'a> {
                         if g.is_some() {
                             // Woken by that lane's doorbell (or socket): withdraw its request.
                             link.wake(lane);
-                            woke_for_input |= lane == Lane::Data;
+                            woke_for_input |= lane == Lane::Data || polls_ctrl;
                         }
                         rx_seen = true;
                         datapath::poll_lane(link, &mut self.reg, Some(self.tap), &mut self.rx_drops, lane, g, &mut events)
@@ -455,7 +459,7 @@ impl<'a> Conn<'a> {
                 return End::Lost(why);
             }
             let now = Instant::now();
-            spin::woke(self.spin.as_mut(), idle_since, woke_for_input, now);
+            spin::woke(self.poll.as_mut(), idle_since, woke_for_input, now);
             if rx_seen {
                 self.keepalive.on_rx(now);
             }
@@ -735,14 +739,19 @@ impl<'a> Conn<'a> {
     /// queues' added in) or its published counters.
     fn refresh_counters(&self) {
         let drops = self.rx_drops + self.out.drops();
+        let polls = self
+            .poll
+            .as_ref()
+            .map(spin::Poll::counts)
+            .unwrap_or_default();
         let link = &self.tl.link;
         match self.queue.is_first() {
             true => {
                 let carrier = self.carrier.is_on();
                 self.report
-                    .refresh_snapshot(link, drops, self.out.limit(), carrier)
+                    .refresh_snapshot(link, drops, polls, self.out.limit(), carrier)
             }
-            false => self.report.publish(link, drops),
+            false => self.report.publish(link, drops, polls),
         }
     }
 

@@ -7,6 +7,7 @@ use crate::drops::Drops;
 use crate::snapshot::Snapshot;
 use splitnet_control::report::{offload_names, Counters, TxLimit};
 use splitnet_fabric::FabricChannel;
+use splitnet_messaging::adapter::shm::SpinCounts;
 use splitnet_messaging::endpoint::{Link, LinkStats, Session};
 use splitnet_messaging::wire::{self, CfgCode};
 use splitnet_netif::netdev;
@@ -24,17 +25,20 @@ const STATS_EVERY: Duration = Duration::from_secs(1);
 pub struct QueueCounters {
     link: LinkStats,
     drops: Drops,
+    polls: SpinCounts,
     credits_free: u64,
     credits_in_use: u64,
 }
 
 impl QueueCounters {
-    /// The counters of a connection on `link` that dropped `drops`.
-    fn of(link: &Link<FabricChannel>, drops: Drops) -> QueueCounters {
+    /// The counters of a connection on `link` that dropped `drops` and whose idle periods
+    /// ended as `polls` counts.
+    fn of(link: &Link<FabricChannel>, drops: Drops, polls: SpinCounts) -> QueueCounters {
         let ini = link.session().initiator();
         QueueCounters {
             link: link.stats(),
             drops,
+            polls,
             credits_free: ini.credits(),
             credits_in_use: ini.in_use(),
         }
@@ -78,9 +82,9 @@ impl Reporter {
     }
 
     /// A further queue: publishes its counters for the first queue's snapshot.
-    pub fn publish(&self, link: &Link<FabricChannel>, drops: Drops) {
+    pub fn publish(&self, link: &Link<FabricChannel>, drops: Drops, polls: SpinCounts) {
         if let Some(Ok(mut p)) = self.publish.as_ref().map(|p| p.lock()) {
-            *p = QueueCounters::of(link, drops);
+            *p = QueueCounters::of(link, drops, polls);
         }
     }
 
@@ -90,14 +94,16 @@ impl Reporter {
         &self,
         link: &Link<FabricChannel>,
         drops: Drops,
+        polls: SpinCounts,
         tx_limit: TxLimit,
         carrier: bool,
     ) {
         let Some(snap) = &self.snap else { return };
-        let mut sum = QueueCounters::of(link, drops);
+        let mut sum = QueueCounters::of(link, drops, polls);
         for o in self.others.iter().filter_map(|o| o.lock().ok().map(|g| *g)) {
             sum.link += o.link;
             sum.drops += o.drops;
+            sum.polls += o.polls;
             sum.credits_free += o.credits_free;
             sum.credits_in_use += o.credits_in_use;
         }
@@ -105,6 +111,7 @@ impl Reporter {
         g.tx_limit = tx_limit;
         g.interface.carrier = carrier;
         g.drops = sum.drops;
+        g.polls = sum.polls;
         g.credits_free = sum.credits_free;
         g.credits_in_use = sum.credits_in_use;
         g.link = sum.link;

@@ -9,6 +9,7 @@ use splitnet_control::report::{
     Counters, Direction, Fabric, Interface, IocMove, IocRole, NicStats, PeerPools, Pools, Reply,
     Request, Role, Stats, Status, TxLimit,
 };
+use splitnet_messaging::adapter::shm::SpinCounts;
 use splitnet_messaging::endpoint::{LinkStats, Session};
 use splitnet_service::{metrics, Answer, Introspect};
 use std::sync::Arc;
@@ -38,6 +39,10 @@ pub struct Snapshot {
     before: LinkStats,
     /// Frames the connections before it dropped.
     drops_before: Drops,
+    /// How this connection's idle periods ended (`fabric.spin_max_us`; every queue's).
+    pub polls: SpinCounts,
+    /// The same, of the connections before it.
+    polls_before: SpinCounts,
     /// Connections ended by a protocol error of the IOC.
     pub protocol_errors: u64,
     /// Connections ended by a protection error (a write our adapter refused).
@@ -74,6 +79,8 @@ impl Snapshot {
             link: LinkStats::default(),
             before: LinkStats::default(),
             drops_before: Drops::default(),
+            polls: SpinCounts::default(),
+            polls_before: SpinCounts::default(),
             protocol_errors: 0,
             protection_errors: 0,
             interface,
@@ -138,6 +145,7 @@ impl Snapshot {
     pub fn disconnected(&mut self) {
         self.before += self.link;
         self.drops_before += self.drops;
+        self.polls_before += std::mem::take(&mut self.polls);
         self.tx_limit = TxLimit::default();
         self.link = LinkStats::default();
         self.drops = Drops::default();
@@ -439,6 +447,18 @@ impl Snapshot {
             "counter",
             "Connections ended by a write the adapter refused.",
             self.protection_errors,
+        )
+        .metric(
+            "splitnet_host_poll_caught_total",
+            "counter",
+            "Idle periods the poll before sleep ended by finding work (fabric.spin_max_us).",
+            self.polls_before.caught + self.polls.caught,
+        )
+        .metric(
+            "splitnet_host_poll_slept_total",
+            "counter",
+            "Idle periods of a polling connection that ended in a sleep and a wake-up for input.",
+            self.polls_before.slept + self.polls.slept,
         );
         let name = "splitnet_host_dropped_total";
         e.family(

@@ -1,78 +1,143 @@
-//! Spin polling over shared memory: before the loop sleeps, it polls the IOC's ring and
-//! the TAP for an adaptive budget, which learns from how each idle period ended (caught by
-//! the poll, or woken after a sleep).
+//! A queue's poll before it sleeps (`fabric.spin_max_us`): before the loop sleeps, it looks
+//! for what would wake it, again and again for an adaptive budget that learns from how each
+//! idle period ended (caught by the poll, or woken after a sleep; [`Spin`]).
+//!
+//! - Over shared memory it reads the IOC's ring, with the doorbell request withdrawn
+//!   meanwhile (the IOC need not ring for what the poll finds), and the TAP.
+//! - Over a socket or queue pair it asks the fabric's descriptors (the sockets, or the
+//!   completion channels the loop armed) and the TAP, with one `poll(2)` over them all.
+//!
+//! What the poll finds is left to the reactor: the loop's next look finds it at once, with no
+//! wake-up of an idle vCPU. The rest (signals, rtnetlink reports, timers) waits for the
+//! budget at most (`spin_max_us`, at most 1 ms).
 
 use splitnet_config::HostConfig;
 use splitnet_fabric::{FabricChannel, LinkReady};
-use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig};
+use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig, SpinCounts};
 use splitnet_messaging::adapter::Channel;
 use splitnet_messaging::endpoint::{Lane, Link};
 use splitnet_netif::tap::Tap;
+use splitnet_netif::PollSet;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Instant;
 
-/// The poll before sleeping of a link over shared memory, if configured.
-pub fn configured(cfg: &HostConfig, ready: &LinkReady) -> Option<Spin> {
-    let max = cfg.fabric.spin_max();
-    (ready.is_shared_memory() && !max.is_zero()).then(|| {
-        Spin::new(SpinConfig {
-            max,
-            ..SpinConfig::default()
-        })
-    })
+/// A queue's poll before it sleeps.
+#[derive(Debug)]
+pub struct Poll {
+    spin: Spin,
+    /// Over a socket or queue pair: the fabric's descriptors, and the same with the TAP's.
+    /// `None` over shared memory, whose ring is read without a system call.
+    fds: Option<[PollSet; 2]>,
 }
 
-/// Over shared memory, before the loop sleeps: polls the IOC's ring, and `tap` when it is
-/// wanted, for the adaptive budget of `spin` (`adapter::shm::Spin`), with the doorbell
-/// request withdrawn meanwhile (the IOC need not ring for what the poll finds). Then
-/// asks for the doorbell again and says whether the loop may sleep ([`Link::prepare_sleep`]);
-/// a TAP frame found is left to the reactor, whose next look finds it at once. Also
-/// returns when the idle period began, if the poll found nothing. No poll while
-/// operations wait for room in the ring: the room the IOC frees is what ends that wait,
-/// and only its doorbell says so.
+impl Poll {
+    /// The poll of a connection on `ready` serving `tap`, if configured.
+    pub fn configured(cfg: &HostConfig, ready: &LinkReady, tap: &Tap) -> Option<Poll> {
+        let max = cfg.fabric.spin_max();
+        if max.is_zero() {
+            return None;
+        }
+        let fds = (!ready.is_shared_memory()).then(|| {
+            let mut fabric = PollSet::new();
+            fabric.insert(ready.data.as_fd().as_raw_fd());
+            // A control channel in shared memory has a doorbell only while asked.
+            if !ready.shm[0] {
+                fabric.insert(ready.ctrl.as_fd().as_raw_fd());
+            }
+            let mut all = fabric.clone();
+            all.insert(tap.as_fd().as_raw_fd());
+            [fabric, all]
+        });
+        Some(Poll {
+            spin: Spin::new(SpinConfig {
+                max,
+                ..SpinConfig::default()
+            }),
+            fds,
+        })
+    }
+
+    /// Whether the poll looks for input on `lane` (over shared memory, the data lane's only).
+    pub fn covers(&self, lane: Lane) -> bool {
+        self.fds.is_some() || lane == Lane::Data
+    }
+
+    /// How the idle periods ended so far.
+    pub fn counts(&self) -> SpinCounts {
+        self.spin.counts()
+    }
+}
+
+/// Before the loop sleeps, with the data lane's [`Link::prepare_sleep`] done (and over a
+/// socket or queue pair the control lane's too): polls for the budget what would wake the
+/// loop, the TAP only when it is `tap_wanted`. Says whether the loop may sleep (over shared
+/// memory the doorbell is asked for again after the poll, which may find records waiting),
+/// and when the idle period began if the poll found nothing. No poll while operations wait
+/// for room or for the socket: what frees it is what ends that wait.
 pub fn poll_before_sleep(
-    spin: Option<&mut Spin>,
+    poll: Option<&mut Poll>,
     link: &mut Link<FabricChannel>,
     tap: &Tap,
     tap_wanted: bool,
 ) -> (bool, Option<Instant>) {
-    let Some(spin) = spin else {
+    let Some(poll) = poll else {
         return (true, None);
     };
     if link.pending() > 0 {
         return (true, None);
     }
     if link.data_channel_mut().take_rang_peer() {
-        spin.rang_peer();
+        poll.spin.rang_peer();
     }
     let start = Instant::now();
-    let budget = spin.budget();
+    let budget = poll.spin.budget();
     if budget.is_zero() {
         return (true, Some(start));
     }
-    link.wake(Lane::Data);
-    let mut caught = false;
-    for i in 0u32.. {
-        caught = link.data_channel_mut().input_pending()
-            || (tap_wanted && i % 8 == 0 && tap.readable_now().unwrap_or(true));
-        if caught || start.elapsed() >= budget {
-            break;
+    let caught = match &mut poll.fds {
+        None => {
+            link.wake(Lane::Data);
+            let mut caught = false;
+            for i in 0u32.. {
+                caught = link.data_channel_mut().input_pending()
+                    || (tap_wanted && i % 8 == 0 && tap.readable_now().unwrap_or(true));
+                if caught || start.elapsed() >= budget {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            caught
         }
-        std::hint::spin_loop();
-    }
+        Some([fabric, all]) => {
+            let set = if tap_wanted { all } else { fabric };
+            loop {
+                // An error (EINTR, ENOMEM) ends the poll as work would: the reactor's own
+                // wait then says what there is.
+                if set.any_ready().unwrap_or(true) {
+                    break true;
+                }
+                if start.elapsed() >= budget {
+                    break false;
+                }
+                std::hint::spin_loop();
+            }
+        }
+    };
     if caught {
-        spin.idle_ended(Idle::Caught {
+        poll.spin.idle_ended(Idle::Caught {
             after: start.elapsed(),
         });
     }
-    let sleep = link.prepare_sleep(Lane::Data);
+    // A socket or armed queue pair needs no asking again.
+    let sleep = poll.fds.is_some() || link.prepare_sleep(Lane::Data);
     (sleep, (sleep && !caught).then_some(start))
 }
 
 /// The loop woke: if it had slept `since` an idle period began and woke for what a poll
-/// could have caught (`woke_for_input`), `spin` learns how long it slept.
-pub fn woke(spin: Option<&mut Spin>, since: Option<Instant>, woke_for_input: bool, now: Instant) {
-    if let (Some(spin), Some(since), true) = (spin, since, woke_for_input) {
-        spin.idle_ended(Idle::Slept {
+/// could have caught (`woke_for_input`), the budget learns how long it slept.
+pub fn woke(poll: Option<&mut Poll>, since: Option<Instant>, woke_for_input: bool, now: Instant) {
+    if let (Some(poll), Some(since), true) = (poll, since, woke_for_input) {
+        poll.spin.idle_ended(Idle::Slept {
             slept: now.duration_since(since),
         });
     }

@@ -18,7 +18,7 @@
 //! runs from. The state is the worker thread's own ([`install`]), so the hook, the tasks
 //! that register descriptors ([`watch`]) and the report ([`counts`]) meet without locks.
 
-use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig};
+use splitnet_messaging::adapter::shm::{Idle, Spin, SpinConfig, SpinCounts};
 use splitnet_netif::PollSet;
 use std::cell::RefCell;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
@@ -42,16 +42,6 @@ struct Poller {
     rang: Option<RangProbe>,
     /// When the idle period the runtime is sleeping in began (it did not end in the poll).
     idle_since: Option<Instant>,
-    counts: SpinCounts,
-}
-
-/// How the worker's idle periods ended since it started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SpinCounts {
-    /// Caught by the poll: work arrived before the budget ran out.
-    pub caught: u64,
-    /// Slept in the runtime and woken (the budget ran out, or was zero).
-    pub slept: u64,
 }
 
 /// Turns the poll on for this thread, up to `max` per idle period (zero: never polls, and
@@ -66,7 +56,6 @@ pub fn install(max: Duration) {
         queued: Vec::new(),
         rang: None,
         idle_since: None,
-        counts: SpinCounts::default(),
     });
     POLLER.with_borrow_mut(|p| *p = poller);
 }
@@ -145,7 +134,6 @@ pub fn before_park() {
                     after: start.elapsed(),
                 });
                 p.idle_since = None;
-                p.counts.caught += 1;
                 return;
             }
             if start.elapsed() >= budget {
@@ -166,14 +154,13 @@ pub fn after_unpark() {
             p.spin.idle_ended(Idle::Slept {
                 slept: since.elapsed(),
             });
-            p.counts.slept += 1;
         }
     });
 }
 
-/// This thread's counts (zero without a poll).
+/// How this thread's idle periods ended (zero without a poll).
 pub fn counts() -> SpinCounts {
-    POLLER.with_borrow(|p| p.as_ref().map(|p| p.counts).unwrap_or_default())
+    POLLER.with_borrow(|p| p.as_ref().map(|p| p.spin.counts()).unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ pub fn readable_now(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// Descriptors asked at once whether any is readable now: one `poll(2)` with a zero timeout
 /// for the whole set, as a poll loop needs it (no allocation per call). A descriptor closed
 /// while in the set counts as ready (its `POLLNVAL`), which only ends a poll early.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct PollSet(Vec<libc::pollfd>);
 
 impl PollSet {

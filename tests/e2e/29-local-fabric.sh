@@ -26,7 +26,11 @@ sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^spin_max_us = .*|spin_max_us =
     -e 's/^# listen = "127.0.0.1:9701"/listen = "127.0.0.1:9701"/' "$HOST_CONF" >"$T/host-shm.toml"
 grep -q "^spin_max_us = 100" "$T/host-shm.toml" || fail "could not set spin_max_us"
 grep -q '^listen = "127.0.0.1:9701"' "$T/host-shm.toml" || fail "could not set the metrics listener"
-sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^shared_memory = .*|shared_memory = false|" "$HOST_CONF" >"$T/host-unix.toml"
+# Host 3 polls too, its socket and the TAP with poll(2).
+sed -e "s|^ioc = .*|ioc = \"unix:$sock\"|" -e "s|^shared_memory = .*|shared_memory = false|" \
+    -e "s|^spin_max_us = .*|spin_max_us = 100|" \
+    -e 's/^# listen = "127.0.0.1:9701"/listen = "127.0.0.1:9701"/' "$HOST_CONF" >"$T/host-unix.toml"
+grep -q "^spin_max_us = 100" "$T/host-unix.toml" || fail "could not set host 3's spin_max_us"
 grep -q "^listen_local = \"$sock\"" "$T/ioc.toml" || fail "could not set listen_local"
 grep -q "^shared_memory = false" "$T/host-unix.toml" || fail "could not set shared_memory"
 IOC_CONF=$T/ioc.toml
@@ -85,11 +89,20 @@ caught0=$(metric sd-ioc 9702 splitnet_ioc_poll_caught_total)
 slept0=$(metric sd-ioc 9702 splitnet_ioc_poll_slept_total)
 for k in 1 3; do
     ns=$(host_ns $k)
+    hcaught0=$(metric "$ns" 9701 splitnet_host_poll_caught_total)
+    hslept0=$(metric "$ns" 9701 splitnet_host_poll_slept_total)
     up=$(iperf "$ns" 10.50.0.2 529$k -t 3) || fail "iperf3 from host $k: $up"
     down=$(iperf "$ns" 10.50.0.2 529$((k + 5)) -t 3 -R) || fail "iperf3 -R to host $k: $down"
     assert_positive "$up" "host $k's throughput to the LAN"
     assert_positive "$down" "host $k's throughput from the LAN"
     log "host $k: $up Gb/s to the LAN, $down Gb/s from it"
+    # Its poll before sleep (host 1: the IOC's ring; host 3: its sockets) caught work in
+    # some idle periods and slept in others.
+    hcaught=$(($(metric "$ns" 9701 splitnet_host_poll_caught_total) - hcaught0))
+    hslept=$(($(metric "$ns" 9701 splitnet_host_poll_slept_total) - hslept0))
+    log "host $k's poll before sleep during its transfers: $hcaught idle periods caught work, $hslept slept"
+    assert_positive "$hcaught" "idle periods host $k's poll caught work in"
+    assert_positive "$hslept" "idle periods host $k slept in"
 done
 # Host 1's frames to the LAN were read straight into the IOC's pool elements.
 # The IOC's workers polled before sleeping during the transfers: some idle periods caught

@@ -219,6 +219,13 @@ vm_configs() {
     sed -i 's/^handshake_timeout_ms = 2000$/handshake_timeout_ms = 10000/' "$dir/ioc.toml"
     grep -q '^handshake_timeout_ms = 10000$' "$dir/ioc.toml" ||
         fail "vm_configs: $IOC_CONF has no handshake_timeout_ms = 2000 to rewrite"
+    # For the same reason a 750 ms keepalive timeout is 75 ms of this machine's time: a
+    # TCG stall (the rogue's registrations in e2e 50, once in CI) ended host 1's session.
+    # Both daemons wait 5 s; no VM test waits on a keepalive to see a peer go (a killed
+    # daemon's sockets close, a killed IOC's queue pairs disconnect).
+    sed -i 's/^keepalive_timeout_ms = 750$/keepalive_timeout_ms = 5000/' "$dir/ioc.toml" "$dir/host.toml"
+    grep -q '^keepalive_timeout_ms = 5000$' "$dir/ioc.toml" && grep -q '^keepalive_timeout_ms = 5000$' "$dir/host.toml" ||
+        fail "vm_configs: $IOC_CONF or $HOST_CONF has no keepalive_timeout_ms = 750 to rewrite"
     if [ "$mode" = rdma ]; then
         sed -i 's/^rdma = false$/rdma = true/' "$dir/ioc.toml"
         sed -i 's/^ioc = "10\.201\.0\.1:7400"$/ioc = "rdma:10.201.0.1:7400"/' "$dir/host.toml"

@@ -25,4 +25,4 @@ pub use channel::{
     heap_pair, ring_config, ShmChannel, ShmError, KIND_OP, KIND_PLACED, MAX_IDLE_WAKES,
 };
 pub use ring::{ConfigError, Consumer, Producer, PushError, Pushed, Record, RingConfig, RingError};
-pub use spin::{Idle, Spin, SpinConfig};
+pub use spin::{Idle, Spin, SpinConfig, SpinCounts};

@@ -54,12 +54,29 @@ pub enum Idle {
     },
 }
 
+/// How a consumer's idle periods ended, as reported to [`Spin::idle_ended`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpinCounts {
+    /// Caught by the poll: work arrived before the budget ran out.
+    pub caught: u64,
+    /// Slept and woken (the budget ran out, or was zero).
+    pub slept: u64,
+}
+
+impl std::ops::AddAssign for SpinCounts {
+    fn add_assign(&mut self, o: SpinCounts) {
+        self.caught += o.caught;
+        self.slept += o.slept;
+    }
+}
+
 /// The adaptive spin budget of one consumer.
 #[derive(Debug, Clone)]
 pub struct Spin {
     cfg: SpinConfig,
     budget: Duration,
     rang_peer: bool,
+    counts: SpinCounts,
 }
 
 impl Spin {
@@ -70,7 +87,13 @@ impl Spin {
             cfg: SpinConfig { start, ..cfg },
             budget: Duration::ZERO,
             rang_peer: false,
+            counts: SpinCounts::default(),
         }
+    }
+
+    /// How the idle periods reported so far ended.
+    pub fn counts(&self) -> SpinCounts {
+        self.counts
     }
 
     /// How long to poll before arming the doorbell and sleeping.
@@ -90,6 +113,10 @@ impl Spin {
     /// Reports how the idle period that began with [`Spin::budget`] ended.
     pub fn idle_ended(&mut self, how: Idle) {
         let skipped = std::mem::take(&mut self.rang_peer);
+        match how {
+            Idle::Caught { .. } => self.counts.caught += 1,
+            Idle::Slept { .. } => self.counts.slept += 1,
+        }
         match how {
             Idle::Caught { .. } => {}
             Idle::Slept { slept } if slept > self.cfg.max => self.shrink(),
@@ -174,6 +201,13 @@ mod tests {
         let b = s.budget();
         s.idle_ended(Idle::Caught { after: US });
         assert_eq!(s.budget(), b);
+        assert_eq!(
+            s.counts(),
+            SpinCounts {
+                caught: 1,
+                slept: 3
+            }
+        );
     }
 
     #[test]
