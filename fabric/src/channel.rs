@@ -162,12 +162,20 @@ impl FabricChannel {
         false
     }
 
-    /// What the caller waits on for this channel's progress: its socket, or the doorbell
-    /// (readable also once the peer has gone).
-    pub(crate) fn readiness(&self) -> io::Result<Ready> {
+    /// What the caller waits on for this channel's progress from now on: its socket, or the
+    /// doorbell (readable also once the peer has gone). From this registration on, which
+    /// lasts as long as the channel, a short read proves a socket empty (one read per
+    /// wake-up: `StreamChannel::set_short_read_drains`). Not on a sealed stream, which hands
+    /// out one record's bytes per read whatever else it holds, nor before (the handshake's
+    /// waits register anew each time, and a new registration reports what is there, not
+    /// what came after a short read).
+    pub(crate) fn readiness(&mut self) -> io::Result<Ready> {
         match self {
-            FabricChannel::Stream(c) => Ready::new(c.stream()),
-            FabricChannel::Sealed(c) => c.conn().readiness(),
+            FabricChannel::Stream(c) => {
+                c.set_short_read_drains(!matches!(c.stream(), Stream::Sealed(_)));
+                Ready::new(c.stream())
+            }
+            FabricChannel::Sealed(c) => c.conn_mut().readiness(),
             // Only ever waited on to be readable (a doorbell, a completion channel).
             FabricChannel::Shm(t) => Ready::reading(t.bell()),
             #[cfg(feature = "verbs")]

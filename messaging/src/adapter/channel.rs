@@ -111,6 +111,13 @@ pub struct StreamChannel<S> {
     stream: S,
     rx: RxStream,
     tx: TxQueue,
+    /// Whether a read that fills less than it asked for proves the stream empty then
+    /// ([`StreamChannel::set_short_read_drains`]).
+    short_read_drains: bool,
+    /// The last read filled less than it asked for, on a stream where that proves it empty;
+    /// until the caller's next wake-up ([`Channel::wake`]), which may be for bytes that came
+    /// since.
+    drained: bool,
 }
 
 impl<S: Read + Write> StreamChannel<S> {
@@ -120,7 +127,21 @@ impl<S: Read + Write> StreamChannel<S> {
             stream,
             rx: RxStream::new(domain, max_send),
             tx: TxQueue::new(),
+            short_read_drains: false,
+            drained: false,
         }
+    }
+
+    /// Says that a read filling less than it asked for proves the stream empty at that
+    /// moment (`readv(2)` on a TCP or Unix stream socket without passed descriptors; not a
+    /// stream that hands out one record at a time). Then, until the caller's next wake-up
+    /// ([`Channel::wake`], which it must call on each wake-up by the stream's readiness),
+    /// a [`Channel::poll_recv`] with nothing decoded left says the stream is empty without
+    /// another read: one read call per wake-up spared, as tokio does for its sockets. An
+    /// edge-triggered reactor reports the bytes that came since the short read.
+    pub fn set_short_read_drains(&mut self, yes: bool) {
+        self.short_read_drains = yes;
+        self.drained = false;
     }
 
     /// The underlying stream.
@@ -183,12 +204,17 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
             if let Some(c) = self.rx.poll_staged(reg)? {
                 return Ok(Some(c));
             }
+            if std::mem::take(&mut self.drained) {
+                return Ok(None);
+            }
             let (payload, ahead) = self.rx.buffers(reg);
+            let asked = payload.len() + ahead.len();
             let mut iov = [IoSliceMut::new(payload), IoSliceMut::new(ahead)];
             let k = if iov[1].is_empty() { 1 } else { 2 };
             match self.stream.read_vectored(&mut iov[..k]) {
                 Ok(0) => return Err(ChannelError::Closed),
                 Ok(n) => {
+                    self.drained = self.short_read_drains && n < asked;
                     if let Some(c) = self.rx.advance(n, reg)? {
                         return Ok(Some(c));
                     }
@@ -206,6 +232,12 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
 
     fn reclaim(&mut self, cache: &mut SendBufCache) {
         self.tx.reclaim(cache);
+    }
+
+    /// A wake-up by the stream's readiness may be for bytes that came after the last short
+    /// read: the next poll reads.
+    fn wake(&mut self) {
+        self.drained = false;
     }
 
     fn pending(&self) -> usize {

@@ -5,7 +5,7 @@ use crate::memory::{
     Access, DomainId, Handle, ProtectionError, RegionSpec, Registry, SendBufCache,
 };
 use proptest::prelude::*;
-use std::io::Read;
+use std::io::{self, Read};
 
 pub(super) const PD: DomainId = DomainId(7);
 
@@ -345,5 +345,158 @@ fn large_writes_are_placed_with_one_read_each_and_no_copy() {
     );
     for i in 0..frames {
         assert_eq!(reg.element(h, i, 1500).unwrap(), &[i as u8; 1500][..]);
+    }
+}
+
+/// A pipe end that counts its reads, and those that found it empty.
+struct Counting {
+    end: PipeEnd,
+    reads: usize,
+    empty: usize,
+}
+
+impl Read for Counting {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_vectored(&mut [io::IoSliceMut::new(buf)])
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        self.reads += 1;
+        let r = self.end.read_vectored(bufs);
+        self.empty += usize::from(matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock));
+        r
+    }
+}
+
+impl io::Write for Counting {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.end.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A sender and a receiver that counts its reads, `drains` telling it whether short reads
+/// prove the stream empty.
+fn counting_pair(drains: bool) -> (StreamChannel<PipeEnd>, StreamChannel<Counting>) {
+    let (a, b) = pipe(1 << 20);
+    let mut b = StreamChannel::new(
+        Counting {
+            end: b,
+            reads: 0,
+            empty: 0,
+        },
+        PD,
+        4096,
+    );
+    b.set_short_read_drains(drains);
+    (StreamChannel::new(a, PD, 4096), b)
+}
+
+#[test]
+fn a_short_read_spares_the_read_that_would_find_the_stream_empty() {
+    for drains in [true, false] {
+        let mut reg = Registry::new(1 << 20);
+        let (mut a, mut b) = counting_pair(drains);
+        a.post(Op::Send, b"", Payload::Bytes(b"one".to_vec()));
+        assert!(a.flush().unwrap());
+        assert_eq!(drain(&mut b, &mut reg).len(), 1);
+        let s = b.stream();
+        // With drains: one read, which filled less than it asked; without: a second one,
+        // which found the pipe empty.
+        assert_eq!((s.reads, s.empty), if drains { (1, 0) } else { (2, 1) });
+        // Bytes that come later are read (a reactor reports them): nothing is lost.
+        a.post(Op::Send, b"", Payload::Bytes(b"two".to_vec()));
+        assert!(a.flush().unwrap());
+        let got = drain(&mut b, &mut reg);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1, b"two");
+    }
+}
+
+#[test]
+fn reads_that_fill_all_they_asked_for_go_on_until_a_short_one() {
+    let mut reg = Registry::new(1 << 20);
+    let (mut a, mut b) = counting_pair(true);
+    // Far more than one read asks for (the read-ahead is 2 KiB).
+    for i in 0..100u8 {
+        a.post(Op::Send, b"", Payload::Bytes(vec![i; 1000]));
+    }
+    assert!(a.flush().unwrap());
+    let got = drain(&mut b, &mut reg);
+    assert_eq!(got.len(), 100);
+    for (i, (_, bytes)) in got.iter().enumerate() {
+        assert_eq!(bytes, &vec![i as u8; 1000]);
+    }
+    assert!(b.stream().reads > 1);
+    assert_eq!(
+        b.stream().empty,
+        0,
+        "the last read was short: no read found the pipe empty"
+    );
+}
+
+/// What the receiver does next in [`short_reads_lose_nothing`].
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// The sender sends a message of this many bytes (1 more).
+    Send(usize),
+    /// The receiver polls once, not woken (as after a turn that ran out of budget).
+    PollOnce,
+    /// The reactor wakes the receiver, if the stream is readable: it polls until empty.
+    WakeUp,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0usize..3000).prop_map(Step::Send),
+        Just(Step::PollOnce),
+        Just(Step::WakeUp),
+    ]
+}
+
+proptest! {
+    /// Whatever the sizes and the interleaving of sends, polls and wake-ups, every message
+    /// arrives, in order, with short reads taken as proof of an empty stream, given a
+    /// reactor as tokio's: each send makes the stream readable, and a wake-up that ends
+    /// with the channel empty clears that (no send can come in between here).
+    #[test]
+    fn short_reads_lose_nothing(steps in proptest::collection::vec(step(), 1..80)) {
+        let mut reg = Registry::new(1 << 20);
+        let (mut a, mut b) = counting_pair(true);
+        let (mut sent, mut got) = (Vec::new(), Vec::new());
+        let mut readable = false;
+        let take = |c: RxCompletion, b: &StreamChannel<Counting>| {
+            let is_recv = matches!(c, RxCompletion::Recv { .. });
+            prop_assert!(is_recv, "a SEND's completion, got {:?}", c);
+            Ok(b.received().to_vec())
+        };
+        for s in steps.into_iter().chain([Step::WakeUp]) {
+            match s {
+                Step::Send(len) => {
+                    let msg = vec![sent.len() as u8; len + 1];
+                    a.post(Op::Send, b"", Payload::Bytes(msg.clone()));
+                    sent.push(msg);
+                    prop_assert!(a.flush().unwrap());
+                    readable = true;
+                }
+                Step::PollOnce => {
+                    if let Some(c) = b.poll_recv(&mut reg).unwrap() {
+                        got.push(take(c, &b)?);
+                    }
+                }
+                Step::WakeUp if readable => {
+                    b.wake();
+                    while let Some(c) = b.poll_recv(&mut reg).unwrap() {
+                        got.push(take(c, &b)?);
+                    }
+                    readable = false;
+                }
+                Step::WakeUp => {}
+            }
+        }
+        prop_assert_eq!(got, sent);
     }
 }
