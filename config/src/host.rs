@@ -84,8 +84,8 @@ pub struct HostFabric {
     /// than over the socket.
     #[serde(default = "crate::common::yes")]
     pub shared_memory: bool,
-    /// The longest the driver polls what would wake it (the IOC's ring or the fabric's
-    /// descriptors, and the TAP) before it sleeps (us; 0..=1000; 0, the default, never
+    /// The longest the driver polls what would wake it (the IOC's ring, the completion
+    /// queue or the fabric's sockets, and the TAP) before it sleeps (us; 0..=1000; 0, the default, never
     /// polls). The poll adapts below it
     /// (halt-polling style). Off by default: on the 2-core reference machine it did not pay.
     #[serde(default = "default_spin_max")]

@@ -371,7 +371,7 @@ impl<'a> Conn<'a> {
             let deadline = tokio::time::Instant::from_std(deadline);
             // Shared memory: ask for the doorbell; records may be waiting already (a queue
             // pair: arm it). Before sleeping, poll a while (adaptively) for what would wake
-            // us: over a socket or queue pair the control lane too, so it is asked first.
+            // us: over a socket the control lane too.
             let polls_ctrl = self.poll.as_ref().is_some_and(|p| p.covers(Lane::Control));
             let mut sleep = self.tl.link.prepare_sleep(Lane::Data);
             let mut sleep_ctrl = polls_ctrl && self.tl.link.prepare_sleep(Lane::Control);

@@ -3,9 +3,13 @@
 //! idle period ended (caught by the poll, or woken after a sleep; [`Spin`]).
 //!
 //! - Over shared memory it reads the IOC's ring, with the doorbell request withdrawn
-//!   meanwhile (the IOC need not ring for what the poll finds), and the TAP.
-//! - Over a socket or queue pair it asks the fabric's descriptors (the sockets, or the
-//!   completion channels the loop armed) and the TAP, with one `poll(2)` over them all.
+//!   meanwhile (the IOC need not ring for what the poll finds), and the TAP; over RDMA
+//!   likewise the data queue pair's completion queue (`Channel::input_pending`: no system
+//!   call for either).
+//! - Over a socket it asks the fabric's sockets and the TAP, with one `poll(2)` over them.
+//!
+//! Work found at the first look is no idle period (the last turn left it, or it came
+//! meanwhile): the loop goes on at once, and neither the budget nor the counts change.
 //!
 //! What the poll finds is left to the reactor: the loop's next look finds it at once, with no
 //! wake-up of an idle vCPU. The rest (signals, rtnetlink reports, timers) waits for the
@@ -25,8 +29,8 @@ use std::time::Instant;
 #[derive(Debug)]
 pub struct Poll {
     spin: Spin,
-    /// Over a socket or queue pair: the fabric's descriptors, and the same with the TAP's.
-    /// `None` over shared memory, whose ring is read without a system call.
+    /// Over a socket: the fabric's sockets, and the same with the TAP's. `None` where the
+    /// data channel tells its input without a system call (shared memory, RDMA).
     fds: Option<[PollSet; 2]>,
 }
 
@@ -37,13 +41,11 @@ impl Poll {
         if max.is_zero() {
             return None;
         }
+        // `is_shared_memory`: no socket to wait on for writing (a ring or a queue pair).
         let fds = (!ready.is_shared_memory()).then(|| {
             let mut fabric = PollSet::new();
             fabric.insert(ready.data.as_fd().as_raw_fd());
-            // A control channel in shared memory has a doorbell only while asked.
-            if !ready.shm[0] {
-                fabric.insert(ready.ctrl.as_fd().as_raw_fd());
-            }
+            fabric.insert(ready.ctrl.as_fd().as_raw_fd());
             let mut all = fabric.clone();
             all.insert(tap.as_fd().as_raw_fd());
             [fabric, all]
@@ -57,7 +59,8 @@ impl Poll {
         })
     }
 
-    /// Whether the poll looks for input on `lane` (over shared memory, the data lane's only).
+    /// Whether the poll looks for input on `lane` (over shared memory and RDMA, the data
+    /// lane's only).
     pub fn covers(&self, lane: Lane) -> bool {
         self.fds.is_some() || lane == Lane::Data
     }
@@ -69,11 +72,11 @@ impl Poll {
 }
 
 /// Before the loop sleeps, with the data lane's [`Link::prepare_sleep`] done (and over a
-/// socket or queue pair the control lane's too): polls for the budget what would wake the
-/// loop, the TAP only when it is `tap_wanted`. Says whether the loop may sleep (over shared
-/// memory the doorbell is asked for again after the poll, which may find records waiting),
-/// and when the idle period began if the poll found nothing. No poll while operations wait
-/// for room or for the socket: what frees it is what ends that wait.
+/// socket the control lane's too): polls for the budget what would wake the loop, the TAP
+/// only when it is `tap_wanted`. Says whether the loop may sleep (over shared memory or
+/// RDMA the data channel is asked to wake it again after the poll, which may find input
+/// waiting), and when the idle period began if the poll found nothing. No poll while
+/// operations wait for room or for the socket: what frees it is what ends that wait.
 pub fn poll_before_sleep(
     poll: Option<&mut Poll>,
     link: &mut Link<FabricChannel>,
@@ -94,43 +97,50 @@ pub fn poll_before_sleep(
     if budget.is_zero() {
         return (true, Some(start));
     }
-    let caught = match &mut poll.fds {
+    // The turn at which the poll found work, if it did.
+    let found = match &mut poll.fds {
         None => {
             link.wake(Lane::Data);
-            let mut caught = false;
+            let mut found = None;
             for i in 0u32.. {
-                caught = link.data_channel_mut().input_pending()
-                    || (tap_wanted && i % 8 == 0 && tap.readable_now().unwrap_or(true));
-                if caught || start.elapsed() >= budget {
+                if link.data_channel_mut().input_pending()
+                    || (tap_wanted && i % 8 == 0 && tap.readable_now().unwrap_or(true))
+                {
+                    found = Some(i);
+                }
+                if found.is_some() || start.elapsed() >= budget {
                     break;
                 }
                 std::hint::spin_loop();
             }
-            caught
+            found
         }
         Some([fabric, all]) => {
             let set = if tap_wanted { all } else { fabric };
-            loop {
+            let mut found = None;
+            for i in 0u32.. {
                 // An error (EINTR, ENOMEM) ends the poll as work would: the reactor's own
                 // wait then says what there is.
                 if set.any_ready().unwrap_or(true) {
-                    break true;
+                    found = Some(i);
                 }
-                if start.elapsed() >= budget {
-                    break false;
+                if found.is_some() || start.elapsed() >= budget {
+                    break;
                 }
                 std::hint::spin_loop();
             }
+            found
         }
     };
-    if caught {
+    // Found at the first look: work was waiting, no idle period to learn from.
+    if found.is_some_and(|i| i > 0) {
         poll.spin.idle_ended(Idle::Caught {
             after: start.elapsed(),
         });
     }
-    // A socket or armed queue pair needs no asking again.
+    // A socket needs no asking again.
     let sleep = poll.fds.is_some() || link.prepare_sleep(Lane::Data);
-    (sleep, (sleep && !caught).then_some(start))
+    (sleep, (sleep && found.is_none()).then_some(start))
 }
 
 /// The loop woke: if it had slept `since` an idle period began and woke for what a poll
