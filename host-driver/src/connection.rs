@@ -441,7 +441,9 @@ impl<'a> Conn<'a> {
             };
             if let Err(why) = step {
                 // A leaving IOC sends Goodbye on the control channel and closes both; the
-                // data channel's end of stream may be seen first.
+                // data channel's end of stream may be seen first. The control channel is
+                // read anew (its last short read says nothing of what came since).
+                self.tl.link.withdraw(Lane::Control);
                 let _ = datapath::poll_lane(
                     &mut self.tl.link,
                     &mut self.reg,

@@ -178,8 +178,12 @@ pub async fn serve(
                     }
                 }
                 // A peer that leaves sends Goodbye on the control channel and closes both;
-                // the other channel's end of stream may be seen first.
+                // the other channel's end of stream may be seen first. The control channel
+                // is read anew (its last short read says nothing of what came since).
                 Err(HostEnd::Failed(e)) if lane == Some(Lane::Data) => {
+                    if let Some(l) = st.hosts.get_mut(&session).and_then(|h| h.link.as_mut()) {
+                        l.withdraw(Lane::Control);
+                    }
                     match from_host::drive_host(&mut st, session, Lane::Control) {
                         Err(HostEnd::Closed(why)) => break Err(HostEnd::Closed(why)),
                         _ => break Err(HostEnd::Failed(e)),
