@@ -97,41 +97,33 @@ pub fn poll_before_sleep(
     if budget.is_zero() {
         return (true, Some(start));
     }
+    if poll.fds.is_none() {
+        link.wake(Lane::Data);
+    }
     // The turn at which the poll found work, if it did.
-    let found = match &mut poll.fds {
-        None => {
-            link.wake(Lane::Data);
-            let mut found = None;
-            for i in 0u32.. {
-                if link.data_channel_mut().input_pending()
+    let mut found = None;
+    for i in 0u32.. {
+        let ready = match &mut poll.fds {
+            None => {
+                link.data_channel_mut().input_pending()
                     || (tap_wanted && i % 8 == 0 && tap.readable_now().unwrap_or(true))
-                {
-                    found = Some(i);
-                }
-                if found.is_some() || start.elapsed() >= budget {
-                    break;
-                }
-                std::hint::spin_loop();
             }
-            found
-        }
-        Some([fabric, all]) => {
-            let set = if tap_wanted { all } else { fabric };
-            let mut found = None;
-            for i in 0u32.. {
-                // An error (EINTR, ENOMEM) ends the poll as work would: the reactor's own
-                // wait then says what there is.
-                if set.any_ready().unwrap_or(true) {
-                    found = Some(i);
-                }
-                if found.is_some() || start.elapsed() >= budget {
-                    break;
-                }
-                std::hint::spin_loop();
+            // An error (EINTR, ENOMEM) ends the poll as work would: the reactor's own wait
+            // then says what there is.
+            Some([fabric, all]) => {
+                let set = if tap_wanted { all } else { fabric };
+                set.any_ready().unwrap_or(true)
             }
-            found
+        };
+        if ready {
+            found = Some(i);
+            break;
         }
-    };
+        if start.elapsed() >= budget {
+            break;
+        }
+        std::hint::spin_loop();
+    }
     // Found at the first look: work was waiting, no idle period to learn from.
     if found.is_some_and(|i| i > 0) {
         poll.spin.idle_ended(Idle::Caught {
