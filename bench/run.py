@@ -16,7 +16,7 @@ userspace datapath without offloads (splitnet-ports-ovs) and with userspace TSO
 
     sudo bench/run.py [--seconds 5] [--runs 3] [--hosts 1,2,4,8] [--queues 1,2]
                       [--only direct,vxlan,...] [--sched fifo:10|nice:-10] [--express]
-                      [--spin-max-us US] [--ioc-spin-max-us US] [--busy]
+                      [--spin-max-us US] [--ioc-spin-max-us US] [--busy] [--rx-ring]
     sudo bench/run.py --syscalls [--seconds 5]   # the daemons' system calls per frame (perf)
     sudo bench/run.py --profile [--seconds 5]    # where the daemons' CPU goes (perf record)
 
@@ -43,6 +43,7 @@ IOC_SPIN_MAX_US = None  # the IOC's fabric.spin_max_us (--ioc-spin-max-us); None
 SCHED = None  # both daemons' [scheduling] (--sched fifo:P or nice:N); None: the shipped "normal"
 EXPRESS = False  # the hosts' fabric.express (--express); the shipped host.toml has it off
 BUSY = False  # both daemons' fabric.busy_poll (--busy); the shipped configurations have it off
+RX_RING = False  # the IOC's lan.rx_ring (--rx-ring); the shipped configuration has it off
 RX_QUEUES = None  # the IOC's lan.rx_queues (--rx-queues); None: the shipped configuration's
 NS = ["sd-host", "sd-ioc", "sd-lan"] + [f"sd-host{k}" for k in range(2, 9)]
 procs = []
@@ -231,7 +232,7 @@ def ioc_config(local=False, plain=False, ports=None):
     when `local`; `ports` ("bridge", "ovs", "ovs-tso"): in ports mode, each host's port in
     sd-ioc's br0 (joined directly, or by hooks/port-ovs)."""
     src = os.path.join(ROOT, "systemd", "ioc.toml")
-    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{SCHED}-{IOC_SPIN_MAX_US}-{int(BUSY)}-{int(local)}-{int(plain)}-{ports}.toml"
+    path = f"/tmp/sd-bench-ioc-{WORKERS}w-{RX_QUEUES}rq-{int(RX_RING)}r-{SCHED}-{IOC_SPIN_MAX_US}-{int(BUSY)}-{int(local)}-{int(plain)}-{ports}.toml"
     _, host_pubs = keys()
     with open(src) as f, open(path, "w") as out:
         text = with_busy(with_sched(f.read()))
@@ -239,6 +240,10 @@ def ioc_config(local=False, plain=False, ports=None):
             text = text.replace("\nworkers = 0\n", f"\nworkers = {WORKERS}\n")
         if RX_QUEUES is not None:
             text = text.replace("\nrx_queues = 1\n", f"\nrx_queues = {RX_QUEUES}\n")
+        if RX_RING:
+            if "\nrx_ring = false\n" not in text:
+                sys.exit("no 'rx_ring = false' line in the shipped ioc.toml")
+            text = text.replace("\nrx_ring = false\n", "\nrx_ring = true\n")
         if IOC_SPIN_MAX_US is not None:
             if "\nspin_max_us = 0\n" not in text:
                 sys.exit("no 'spin_max_us = 0' line in the shipped ioc.toml")
@@ -758,6 +763,8 @@ def main():
                     help="the IOC's fabric.workers (default: the shipped ioc.toml's)")
     ap.add_argument("--rx-queues", type=int, default=None,
                     help="the IOC's lan.rx_queues (default: the shipped ioc.toml's)")
+    ap.add_argument("--rx-ring", action="store_true",
+                    help="the IOC reads the NIC through mapped rings (lan.rx_ring = true)")
     ap.add_argument("--spin-max-us", type=int, default=None,
                     help="the hosts' fabric.spin_max_us (default: the shipped host.toml's)")
     ap.add_argument("--ioc-spin-max-us", type=int, default=None,
@@ -776,7 +783,8 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="only where the daemons' CPU goes under a full-speed transfer (perf record)")
     a = ap.parse_args()
-    global WORKERS, SPIN_MAX_US, IOC_SPIN_MAX_US, RX_QUEUES, SCHED, EXPRESS, BUSY
+    global WORKERS, SPIN_MAX_US, IOC_SPIN_MAX_US, RX_QUEUES, RX_RING, SCHED, EXPRESS, BUSY
+    RX_RING = a.rx_ring
     WORKERS = a.workers
     EXPRESS = a.express
     BUSY = a.busy

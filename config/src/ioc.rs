@@ -416,6 +416,11 @@ pub struct Lan {
     /// so that a bulk flow's backlog waits in its own queue and not in front of a ping.
     #[serde(default = "default_rx_queues")]
     pub rx_queues: u32,
+    /// Each receive queue reads the NIC through a ring mapped from the kernel
+    /// (`PACKET_RX_RING`): frames of a usual MTU without a system call, longer ones as
+    /// without it. Off by default (README, "The NIC's mapped ring").
+    #[serde(default)]
+    pub rx_ring: bool,
 }
 
 fn default_storm_control_pps() -> u32 {

@@ -16,6 +16,7 @@ use splitnet_config::IocConfig;
 use splitnet_messaging::adapter::shm::setup::{Setup, RING_DATA};
 use splitnet_messaging::wire;
 use splitnet_netif::packet::RCVBUF;
+use splitnet_netif::rx_ring::RING_BYTES;
 use splitnet_service::memory::{mib, Budget};
 
 /// The IOC serving no host (code, runtimes, stacks, allocator): 6.5 MiB resident measured
@@ -36,8 +37,14 @@ pub fn budget(cfg: &IocConfig, workers: usize, tcp: u64) -> Budget {
         .max(tcp / 2 + splitnet_fabric::verbs::PINNED);
     let session = pools + transport + MAX_CONTROL_BACKLOG as u64 + RCVBUF as u64;
     let plan = buffer_plan(cfg.fabric.max_hosts);
-    // Each receive queue's socket holds up to RCVBUF; the first also sends.
-    let nic = u64::from(cfg.lan.rx_queues) * RCVBUF as u64 + NIC_SNDBUF;
+    // Each receive queue's socket holds up to RCVBUF, and its mapped ring if it has one; the
+    // first also sends.
+    let ring = if cfg.lan.rx_ring {
+        RING_BYTES as u64
+    } else {
+        0
+    };
+    let nic = u64::from(cfg.lan.rx_queues) * (RCVBUF as u64 + ring) + NIC_SNDBUF;
     let worker = (plan.buffers * wire::MAX_SEND_DATA + plan.small * SMALL_BUFFER) as u64 + nic;
     let workers = workers as u64;
     Budget {
@@ -100,6 +107,7 @@ mod tests {
         );
         let more_workers = budget(&config(base), 2, 20 << 20);
         let more_queues = budget(&config(&format!("{base}rx_queues = 4\n")), 1, 20 << 20);
+        let rings = budget(&config(&format!("{base}rx_ring = true\n")), 1, 20 << 20);
         let bigger_sockets = budget(&config(base), 1, 200 << 20);
         let bigger_pools = budget(
             &config(&format!("{base}[pools]\nmax_granted_bytes = 268435456\n")),
@@ -110,6 +118,7 @@ mod tests {
             ("hosts", &more_hosts),
             ("workers", &more_workers),
             ("receive queues", &more_queues),
+            ("mapped rings", &rings),
             ("sockets", &bigger_sockets),
             ("pools", &bigger_pools),
         ] {

@@ -37,6 +37,8 @@ pub struct IocStats {
     /// LAN frames longer than a send buffer (a GRO or BIG TCP frame beyond 64 KiB), cut by
     /// the read: dropped.
     pub lan_rx_truncated: u64,
+    /// LAN frames read from a mapped ring's slots, without a system call (`lan.rx_ring`).
+    pub lan_rx_ring: u64,
     /// CfgUtil requests answered Busy: the host asked faster than its rate allows.
     pub cfg_rate_limited: u64,
     /// Idle periods the workers' poll before sleep caught work in (`fabric.spin_max_us`).

@@ -161,6 +161,7 @@ pub fn drive_lan(st: &mut WorkerState, queue: usize) -> LanProgress {
 /// (the kernel keeps them until they are read).
 pub fn count_nic_drops(st: &mut WorkerState) {
     st.stats.lan_rx_dropped += st.nic.take_drops();
+    st.stats.lan_rx_ring += st.nic.take_ring_frames();
     st.count_own_queue_drops();
 }
 

@@ -102,6 +102,10 @@ pub trait Nic: std::fmt::Debug {
     fn take_drops(&self) -> u64 {
         0
     }
+    /// Frames read from a mapped ring's slots since the last call.
+    fn take_ring_frames(&self) -> u64 {
+        0
+    }
     /// Joins (`join`) or leaves a link-layer multicast group.
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()>;
     /// Adds (`add`) or removes a MAC in the NIC's unicast filter.
@@ -159,19 +163,24 @@ impl Nic for NoNic {
     }
 }
 
-/// Opens `queues` packet sockets per worker on `name` (its receive queues), for `n`
-/// workers, in one fanout group when there are several: worker `w`'s are the group's sockets
+/// Opens `queues` packet sockets per worker on `name` (its receive queues, each with a
+/// mapped ring if `ring`), for `n` workers, in one fanout group when there are several: worker `w`'s are the group's sockets
 /// `w * queues ..`, and until the workers steer their MACs every frame goes by flow hash.
 pub fn open_lan(
     name: &str,
     n: usize,
     queues: usize,
     promisc: bool,
+    ring: bool,
 ) -> io::Result<Vec<Vec<PacketSocket>>> {
     let mut socks = Vec::with_capacity(n * queues);
     let mut group = None;
     for _ in 0..n * queues {
-        let s = PacketSocket::open(name)?;
+        let s = if ring {
+            PacketSocket::open_ring(name)?
+        } else {
+            PacketSocket::open(name)?
+        };
         if n * queues > 1 {
             group = Some(s.join_fanout(group)?);
         }
@@ -276,6 +285,10 @@ impl Nic for LanQueues {
     /// Every queue's (a failed read counts nothing).
     fn take_drops(&self) -> u64 {
         self.socks.iter().map(|s| s.take_drops().unwrap_or(0)).sum()
+    }
+
+    fn take_ring_frames(&self) -> u64 {
+        self.socks.iter().map(PacketSocket::take_ring_frames).sum()
     }
 
     fn set_multicast(&self, group: [u8; 6], join: bool) -> io::Result<()> {

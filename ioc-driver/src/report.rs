@@ -235,6 +235,7 @@ impl IocStats {
         self.poll_caught += o.poll_caught;
         self.poll_slept += o.poll_slept;
         self.lan_rx_truncated += o.lan_rx_truncated;
+        self.lan_rx_ring += o.lan_rx_ring;
         self.lan_rx_bad_frame += o.lan_rx_bad_frame;
     }
 }
@@ -368,7 +369,7 @@ pub fn answer(cfg: &IocConfig, s: &Snapshot, request: Request) -> Reply {
 pub fn metrics_text(snap: &Snapshot) -> String {
     let s = &snap.stats;
     let mut e = Exposition::new();
-    let totals: [(&str, &str, &str, u64); 23] = [
+    let totals: [(&str, &str, &str, u64); 24] = [
         (
             "splitnet_ioc_hosts",
             "gauge",
@@ -482,6 +483,12 @@ pub fn metrics_text(snap: &Snapshot) -> String {
             "counter",
             "LAN frames longer than a send buffer, cut by the read and dropped.",
             s.lan_rx_truncated,
+        ),
+        (
+            "splitnet_ioc_lan_rx_ring_total",
+            "counter",
+            "LAN frames read from a mapped ring's slots, without a system call (lan.rx_ring).",
+            s.lan_rx_ring,
         ),
         (
             "splitnet_ioc_cfg_rate_limited_total",

@@ -447,11 +447,12 @@ pub async fn run(
         // promiscuous while one of its hosts is (`WorkerState::sync_nic_filter`).
         let promisc = cfg.lan.promiscuous == Promiscuous::On;
         let queues = rx_queues(cfg.lan.rx_queues as usize, n);
-        let socks: Vec<Option<Vec<PacketSocket>>> = open_lan(&name, n, queues, promisc)
-            .map_err(lan_err)?
-            .into_iter()
-            .map(Some)
-            .collect();
+        let socks: Vec<Option<Vec<PacketSocket>>> =
+            open_lan(&name, n, queues, promisc, cfg.lan.rx_ring)
+                .map_err(lan_err)?
+                .into_iter()
+                .map(Some)
+                .collect();
         let mtu = match cfg.lan.mtu {
             Some(m) => m,
             None => netdev::mtu(&name).map_err(lan_err)?,

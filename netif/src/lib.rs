@@ -24,6 +24,7 @@ pub mod link_watch;
 pub mod membership;
 pub mod netdev;
 pub mod packet;
+pub mod rx_ring;
 pub mod tap;
 pub mod trunk;
 

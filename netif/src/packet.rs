@@ -6,6 +6,7 @@
 //! sent carry their tags inline and leave as they are.
 
 use super::bpf::Insn;
+use super::rx_ring::{self, RxRing, Slot, TP_STATUS_VLAN_TPID_VALID, TP_STATUS_VLAN_VALID};
 use super::{cvt, netdev, write};
 use splitnet_messaging::memory::SharedBytes;
 use splitnet_messaging::vnet::{
@@ -26,13 +27,15 @@ const PACKET_FANOUT: libc::c_int = 18;
 const PACKET_FANOUT_DATA: libc::c_int = 22;
 const PACKET_FANOUT_CBPF: u32 = 6;
 const PACKET_STATISTICS: libc::c_int = 6;
+const PACKET_RX_RING: libc::c_int = 5;
+const PACKET_COPY_THRESH: libc::c_int = 7;
+const PACKET_VERSION: libc::c_int = 10;
+const TPACKET_V2: libc::c_int = 1;
 /// The group ignores frames sent on the interface, as [`PACKET_IGNORE_OUTGOING`] does for
 /// one socket (a socket in a group receives through the group's hook, not its own).
 const PACKET_FANOUT_FLAG_IGNORE_OUTGOING: u32 = 0x4000;
 /// The kernel picks an unused group id (for the group's first socket).
 const PACKET_FANOUT_FLAG_UNIQUEID: u32 = 0x2000;
-const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
-const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 const ETH_P_ALL: u16 = 0x0003;
 const ETH_P_8021Q: u16 = 0x8100;
 
@@ -82,6 +85,8 @@ pub const SEND_BATCH: usize = 64;
 pub struct PacketSocket {
     fd: OwnedFd,
     ifindex: u32,
+    /// The mapped receive ring, when the socket has one ([`PacketSocket::open_ring`]).
+    ring: Option<RxRing>,
 }
 
 /// Sets the receive buffer to `bytes`: with SO_RCVBUFFORCE, which passes over
@@ -134,7 +139,25 @@ impl PacketSocket {
     /// Opens a socket on `ifname` receiving every frame but its own, with virtio-net headers
     /// in both directions.
     pub fn open(ifname: &str) -> io::Result<PacketSocket> {
-        PacketSocket::open_filtered(netdev::index(ifname)?, None)
+        PacketSocket::open_filtered(netdev::index(ifname)?, None, false)
+    }
+
+    /// Opens a socket as [`PacketSocket::open`] does, receiving through a mapped ring
+    /// ([`super::rx_ring`]): frames that fit a slot arrive without a system call, longer ones
+    /// as before, all in the order they came.
+    pub fn open_ring(ifname: &str) -> io::Result<PacketSocket> {
+        PacketSocket::open_filtered(netdev::index(ifname)?, None, true)
+    }
+
+    /// Whether frames arrive through a mapped ring.
+    pub fn has_ring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Frames read from the mapped ring's slots (not from the socket's queue) since the
+    /// last call; 0 without a ring.
+    pub fn take_ring_frames(&self) -> u64 {
+        self.ring.as_ref().map_or(0, RxRing::take_taken)
     }
 
     /// Bytes of frames the socket's buffer holds (what the kernel granted of [`RCVBUF`], which
@@ -148,11 +171,15 @@ impl PacketSocket {
     /// takes (see [`super::filter`]), from its very first frame; otherwise as
     /// [`PacketSocket::open`].
     pub fn open_sibling(&self, filter: &[Insn]) -> io::Result<PacketSocket> {
-        PacketSocket::open_filtered(self.ifindex, Some(filter))
+        PacketSocket::open_filtered(self.ifindex, Some(filter), false)
     }
 
     /// The socket of [`PacketSocket::open`], with `filter` set before it receives anything.
-    fn open_filtered(ifindex: u32, filter: Option<&[Insn]>) -> io::Result<PacketSocket> {
+    fn open_filtered(
+        ifindex: u32,
+        filter: Option<&[Insn]>,
+        ring: bool,
+    ) -> io::Result<PacketSocket> {
         let proto = ETH_P_ALL.to_be();
         // Protocol 0: the socket receives nothing until it is bound below, to one interface
         // and with its filter already set (a socket opened with ETH_P_ALL would queue the
@@ -179,6 +206,16 @@ impl PacketSocket {
         if let Some(prog) = filter {
             set_filter(&fd, prog)?;
         }
+        // Before the socket is bound, so that no frame waits in its queue outside the ring.
+        let ring = if ring {
+            setsockopt(&fd, libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V2)?;
+            // Frames too long for a slot are queued whole as well (any non-zero value).
+            setsockopt(&fd, libc::SOL_PACKET, PACKET_COPY_THRESH, &one)?;
+            setsockopt(&fd, libc::SOL_PACKET, PACKET_RX_RING, &rx_ring::request())?;
+            Some(RxRing::map(fd.as_fd())?)
+        } else {
+            None
+        };
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid before the fields are set.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as libc::c_ushort;
@@ -192,7 +229,7 @@ impl PacketSocket {
                 std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
             )
         })?;
-        Ok(PacketSocket { fd, ifindex })
+        Ok(PacketSocket { fd, ifindex, ring })
     }
 
     /// Puts the NIC in promiscuous mode for as long as the socket is open.
@@ -287,6 +324,32 @@ impl PacketSocket {
     /// Drops up to [`RECV_BATCH`] frames waiting, unread, with one `recvmmsg(2)`; returns
     /// how many (`WouldBlock`: none).
     pub fn discard(&self) -> io::Result<usize> {
+        if let Some(ring) = &self.ring {
+            let mut slots = 0;
+            let mut queued_too = 0;
+            while slots < RECV_BATCH {
+                let Some(q) = ring.with_next(queued) else {
+                    break;
+                };
+                ring.release();
+                slots += 1;
+                queued_too += usize::from(q);
+            }
+            if queued_too > 0 {
+                self.discard_queued(queued_too)?;
+            }
+            return if slots == 0 {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(slots)
+            };
+        }
+        self.discard_queued(RECV_BATCH)
+    }
+
+    /// Drops up to `n` frames of the socket's queue with one `recvmmsg(2)`.
+    fn discard_queued(&self, n: usize) -> io::Result<usize> {
+        let n = n.min(RECV_BATCH);
         // Room for each frame's virtio-net header, which the kernel refuses to cut (EINVAL).
         let mut heads = [[0u8; 16]; RECV_BATCH];
         let mut iovs = heads.each_mut().map(|h| libc::iovec {
@@ -294,7 +357,7 @@ impl PacketSocket {
             iov_len: h.len(),
         });
         // SAFETY: each iovec names an entry of `heads`, writable and unmoved for the call.
-        unsafe { self.recv_each(&mut iovs, &mut [0; RECV_BATCH]) }
+        unsafe { self.recv_each(&mut iovs[..n], &mut [0; RECV_BATCH]) }
     }
 
     /// A second descriptor of this socket, to set its receive filter from another thread.
@@ -331,6 +394,64 @@ impl PacketSocket {
     /// caller counts and drops it). Returns how many arrived: fewer than asked when the
     /// socket ran out, `WouldBlock` when none was there.
     pub fn recv_batch(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
+        match &self.ring {
+            Some(ring) => self.recv_ring(ring, bufs, lens),
+            None => self.recv_queued(bufs, lens),
+        }
+    }
+
+    /// [`PacketSocket::recv_batch`] through the ring: each slot's frame copied out, a run
+    /// of frames too long for their slots read from the socket's queue with one
+    /// `recvmmsg(2)`, in the ring's order.
+    fn recv_ring(
+        &self,
+        ring: &RxRing,
+        bufs: &mut [&mut [u8]],
+        lens: &mut [usize],
+    ) -> io::Result<usize> {
+        let n = bufs.len().min(lens.len()).min(RECV_BATCH);
+        let mut i = 0;
+        while i < n {
+            let Some(slot) = ring.with_next(rx_ring::parse_slot) else {
+                break;
+            };
+            match slot {
+                Ok(s) if s.queued() => {
+                    let mut run = 0;
+                    while i + run < n && ring.with_next(queued).unwrap_or(false) {
+                        ring.release();
+                        run += 1;
+                    }
+                    match self.recv_queued(&mut bufs[i..i + run], &mut lens[i..i + run]) {
+                        Ok(got) => i += got,
+                        Err(e) if i == 0 => return Err(e),
+                        Err(_) => break,
+                    }
+                }
+                Ok(s) => {
+                    let copied = ring.with_next(|b| take_slot(b, &s, bufs[i]));
+                    lens[i] = copied.unwrap_or(0);
+                    ring.release();
+                    ring.count_taken();
+                    i += 1;
+                }
+                // The kernel wrote a header that describes no frame in its slot (never
+                // seen): that frame could not be read; the next call takes the next one.
+                Err(e) if i == 0 => {
+                    ring.release();
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+                Err(_) => break,
+            }
+        }
+        if i == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(i)
+    }
+
+    /// [`PacketSocket::recv_batch`] from the socket's queue: one `recvmmsg(2)`.
+    fn recv_queued(&self, bufs: &mut [&mut [u8]], lens: &mut [usize]) -> io::Result<usize> {
         let n = bufs.len().min(lens.len()).min(RECV_BATCH);
         // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid before the fields
         // are set.
@@ -567,7 +688,13 @@ fn set_filter(fd: &OwnedFd, prog: &[Insn]) -> io::Result<()> {
 /// Puts back the VLAN tag the kernel reported beside the `n`-byte frame in `buf` (see
 /// [`PacketSocket::recv`]); returns the frame's length.
 fn restore_tag(buf: &mut [u8], n: usize, msg: &libc::msghdr) -> usize {
-    let Some(aux) = auxdata(msg) else {
+    put_tag(buf, n, auxdata(msg))
+}
+
+/// Puts back the VLAN tag `aux` reports beside the `n`-byte frame in `buf`; returns the
+/// frame's length.
+fn put_tag(buf: &mut [u8], n: usize, aux: Option<AuxData>) -> usize {
+    let Some(aux) = aux else {
         return n;
     };
     if aux.tp_status & TP_STATUS_VLAN_VALID == 0 {
@@ -581,6 +708,31 @@ fn restore_tag(buf: &mut [u8], n: usize, msg: &libc::msghdr) -> usize {
     // A frame too short for its MAC addresses or offsets the tag would overflow: as
     // received (the checks downstream refuse what is not a frame).
     insert_vlan(buf, n, tpid, aux.tp_vlan_tci).unwrap_or(n)
+}
+
+/// Whether a ring slot's frame is queued whole on the socket (a slot that describes no
+/// frame is not).
+fn queued(slot: &[u8]) -> bool {
+    rx_ring::parse_slot(slot).is_ok_and(|s| s.queued())
+}
+
+/// Copies the frame of `slot` (`s` its header) into `buf` as [`PacketSocket::recv`] gives
+/// it, the VLAN tag the kernel took out put back; returns its length, beyond `buf`'s when
+/// it does not fit or the kernel cut it.
+fn take_slot(slot: &[u8], s: &Slot, buf: &mut [u8]) -> usize {
+    let room = buf.len().saturating_sub(VLAN_TAG_LEN);
+    let data = &slot[s.data.clone()];
+    if data.len() < s.whole || data.len() > room {
+        return s.whole.max(buf.len() + 1);
+    }
+    buf[..data.len()].copy_from_slice(data);
+    let aux = s.tag.map(|(tpid, tci)| AuxData {
+        tp_status: TP_STATUS_VLAN_VALID | tpid.map_or(0, |_| TP_STATUS_VLAN_TPID_VALID),
+        tp_vlan_tci: tci,
+        tp_vlan_tpid: tpid.unwrap_or(0),
+        ..AuxData::default()
+    });
+    put_tag(buf, data.len(), aux)
 }
 
 /// Finishes a frame of `n` bytes that the kernel wrote around the gap after its MAC
@@ -844,6 +996,106 @@ pub(crate) mod tests {
             assert_eq!(lens[0], 1000, "the cut frame's whole length");
             assert_eq!(lens[1], short.len());
             assert_eq!(&b[..short.len()], &short[..]);
+        }
+
+        /// Issue 43: through the mapped ring, frames that fit a slot and longer ones (read from
+        /// the socket's queue) arrive in the order sent and as sent, tags put back; a frame too
+        /// long for its buffer says so; a full ring drops and counts what it drops.
+        #[test]
+        #[ignore = "needs root"]
+        fn the_mapped_ring_gives_every_frame_in_order() {
+            own_namespace();
+            let tx = PacketSocket::open("lo").unwrap();
+            let rx = PacketSocket::open_ring("lo").unwrap();
+            assert!(rx.has_ring());
+            let dst = [2, 0, 0, 0, 0, 1];
+            let long = |fill: u8, len: usize| {
+                let mut f = frame(dst, None, fill);
+                f.resize(len, fill);
+                f
+            };
+            let sent = [
+                frame(dst, None, 1),
+                long(2, 3000),
+                frame(dst, Some(0x2005), 3),
+                long(4, 9000),
+                long(5, 1500),
+                long(6, rx_ring::SLOT),
+                frame(dst, None, 7),
+            ];
+            for f in &sent {
+                tx.send(f).unwrap();
+            }
+            let mut bufs = vec![vec![0u8; 10_000]; sent.len()];
+            let mut lens = vec![0usize; sent.len()];
+            let mut got = 0;
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while got < sent.len() && std::time::Instant::now() < until {
+                wait_readable(&rx);
+                let mut refs: Vec<&mut [u8]> =
+                    bufs[got..].iter_mut().map(|b| b.as_mut_slice()).collect();
+                match rx.recv_batch(&mut refs, &mut lens[got..]) {
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(got, sent.len());
+            for (i, f) in sent.iter().enumerate() {
+                assert_eq!(&bufs[i][..lens[i]], &f[..], "frame {i}");
+            }
+            assert_eq!(
+                rx.take_ring_frames(),
+                4,
+                "those up to 1,500 bytes from their slots"
+            );
+            assert_eq!(tx.take_ring_frames(), 0, "no ring");
+            // Cut: its whole length, beyond the buffer's; the next one whole.
+            tx.send(&long(8, 1200)).unwrap();
+            tx.send(&frame(dst, None, 9)).unwrap();
+            let (mut a, mut b) = ([0u8; 300], [0u8; 300]);
+            let mut lens = [0usize; 2];
+            let mut got = 0;
+            while got < 2 && std::time::Instant::now() < until {
+                wait_readable(&rx);
+                let mut bufs: [&mut [u8]; 2] = [&mut a, &mut b];
+                got += rx
+                    .recv_batch(&mut bufs[got..], &mut lens[got..])
+                    .unwrap_or(0);
+            }
+            assert_eq!(lens, [1200, frame(dst, None, 9).len()]);
+            // A full ring: what does not fit is dropped and counted, the rest read in order.
+            assert_eq!(rx.take_drops().unwrap(), 0);
+            let more = rx_ring::SLOTS + 100;
+            for i in 0..more {
+                tx.send(&frame(dst, None, i as u8)).unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let mut buf = [0u8; 200];
+            let mut read = Vec::new();
+            while let Ok(n) = rx.recv(&mut buf) {
+                read.push(buf[n - 1]);
+            }
+            let drops = rx.take_drops().unwrap() as usize;
+            assert_eq!(read.len(), rx_ring::SLOTS, "the ring's slots, then drops");
+            assert_eq!(drops, more - read.len());
+            assert!(read.iter().enumerate().all(|(i, &b)| b == i as u8));
+            // Discarding releases slots (and queued frames) and the ring fills again.
+            tx.send(&long(1, 4000)).unwrap();
+            tx.send(&frame(dst, None, 2)).unwrap();
+            tx.send(&frame(dst, None, 3)).unwrap();
+            wait_readable(&rx);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert_eq!(rx.discard().unwrap(), 3);
+            assert_eq!(rx.discard().unwrap_err().kind(), io::ErrorKind::WouldBlock);
+            tx.send(&long(4, 5000)).unwrap();
+            wait_readable(&rx);
+            let mut big = vec![0u8; 6000];
+            assert_eq!(
+                rx.recv(&mut big).unwrap(),
+                5000,
+                "the queue held only this one"
+            );
         }
 
         /// The kernel sorts a NIC's frames between a host's own socket and the general one, as

@@ -180,6 +180,9 @@ fn mtu_range() {
     invalid(ioc("", "rx_queues = 0", ""), "lan.rx_queues");
     invalid(ioc("", "rx_queues = 17", ""), "lan.rx_queues");
     assert_eq!(ioc("", "rx_queues = 16", "").unwrap().lan.rx_queues, 16);
+    assert!(!ioc("", "", "").unwrap().lan.rx_ring, "off by default");
+    assert!(ioc("", "rx_ring = true", "").unwrap().lan.rx_ring);
+    assert!(ioc("", "rx_ring = 1", "").is_err(), "a boolean");
     assert_eq!(
         ioc("", "", "").unwrap().lan.rx_queues,
         crate::ioc::DEFAULT_RX_QUEUES
