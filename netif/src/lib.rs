@@ -1,6 +1,7 @@
 //! The Linux network interfaces the daemons need and no well-kept crate offers as one piece:
 //! a TAP with `IFF_VNET_HDR`, `TUNSETOFFLOAD` and `TUNSETCARRIER` ([`tap`]), an `AF_PACKET`
-//! socket with `PACKET_VNET_HDR`, batched reads and fanout ([`packet`], [`fanout`]), its
+//! socket with `PACKET_VNET_HDR`, batched reads, a mapped receive ring and fanout ([`packet`],
+//! [`rx_ring`], [`fanout`]), its
 //! classic BPF receive filters ([`bpf`], [`filter`]), and the `SIOC*IF*` ioctls for MTU, MAC
 //! and flags ([`netdev`]), the kernel's reports of interface changes over rtnetlink
 //! ([`link_watch`]), the frames that announce a moved MAC to the LAN ([`announce`]) and its multicast
