@@ -303,7 +303,10 @@ impl PacketSocket {
     /// ([`RCVBUF`]): the overflows of the NIC's receive ring, as a NIC counts them.
     pub fn take_drops(&self) -> io::Result<u64> {
         let st: TpacketStats = getsockopt(&self.fd, libc::SOL_PACKET, PACKET_STATISTICS)?;
-        Ok(u64::from(st.tp_drops))
+        // With a ring, also the long frames the full buffer could not queue whole: the
+        // kernel cut them into their slots and did not count them.
+        let cut = self.ring.as_ref().map_or(0, RxRing::take_cut);
+        Ok(u64::from(st.tp_drops) + cut)
     }
 
     /// Sets the program of the fanout group this socket is in (for every socket of it).
@@ -326,17 +329,22 @@ impl PacketSocket {
     pub fn discard(&self) -> io::Result<usize> {
         if let Some(ring) = &self.ring {
             let mut slots = 0;
-            let mut queued_too = 0;
             while slots < RECV_BATCH {
-                let Some(q) = ring.with_next(queued) else {
-                    break;
-                };
-                ring.release();
+                match ring.with_next(rx_ring::is_queued) {
+                    None => break,
+                    Some(false) => ring.release(),
+                    // Its frame waits in the queue: the slot goes back with it.
+                    Some(true) => {
+                        let read = self.discard_queued(1);
+                        let consumed = consumed_by(&read);
+                        (0..consumed).for_each(|_| ring.release());
+                        if consumed == 0 {
+                            read?;
+                            break;
+                        }
+                    }
+                }
                 slots += 1;
-                queued_too += usize::from(q);
-            }
-            if queued_too > 0 {
-                self.discard_queued(queued_too)?;
             }
             return if slots == 0 {
                 Err(io::ErrorKind::WouldBlock.into())
@@ -416,17 +424,29 @@ impl PacketSocket {
                 break;
             };
             match slot {
-                Ok(s) if s.queued() => {
-                    let mut run = 0;
-                    while i + run < n && ring.with_next(queued).unwrap_or(false) {
-                        ring.release();
+                _ if ring.with_next(rx_ring::is_queued) == Some(true) => {
+                    // A run of slots whose frames wait in the queue: each slot goes back
+                    // only once its frame was read (or consumed by a failed read), so
+                    // that the ring and the queue stay in step.
+                    let mut run = 1;
+                    while i + run < n && ring.with_ahead(run, rx_ring::is_queued) == Some(true) {
                         run += 1;
                     }
-                    match self.recv_queued(&mut bufs[i..i + run], &mut lens[i..i + run]) {
-                        Ok(got) => i += got,
+                    let read = self.recv_queued(&mut bufs[i..i + run], &mut lens[i..i + run]);
+                    (0..consumed_by(&read)).for_each(|_| ring.release());
+                    match read {
+                        Ok(got) if got == run => i += got,
+                        Ok(got) => {
+                            i += got;
+                            break;
+                        }
                         Err(e) if i == 0 => return Err(e),
                         Err(_) => break,
                     }
+                }
+                Ok(s) if s.cut() => {
+                    ring.release();
+                    ring.count_cut();
                 }
                 Ok(s) => {
                     let copied = ring.with_next(|b| take_slot(b, &s, bufs[i]));
@@ -710,10 +730,17 @@ fn put_tag(buf: &mut [u8], n: usize, aux: Option<AuxData>) -> usize {
     insert_vlan(buf, n, tpid, aux.tp_vlan_tci).unwrap_or(n)
 }
 
-/// Whether a ring slot's frame is queued whole on the socket (a slot that describes no
-/// frame is not).
-fn queued(slot: &[u8]) -> bool {
-    rx_ring::parse_slot(slot).is_ok_and(|s| s.queued())
+/// How many frames of the socket's queue a read that gave `read` took off it: the frames
+/// it gave; after an error, one when the error was the frame's own (`EINVAL`: the kernel
+/// could not describe it with a virtio-net header, and freed it; a later frame's is
+/// reported at the next call, which then takes nothing), else none (an error the socket
+/// held, as `ENETDOWN`).
+fn consumed_by(read: &io::Result<usize>) -> usize {
+    match read {
+        Ok(n) => *n,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => 1,
+        Err(_) => 0,
+    }
 }
 
 /// Copies the frame of `slot` (`s` its header) into `buf` as [`PacketSocket::recv`] gives
@@ -1096,6 +1123,55 @@ pub(crate) mod tests {
                 5000,
                 "the queue held only this one"
             );
+            // An error the socket holds (the link went down) takes no frame off the queue:
+            // the long frame and its slot come at the next call, in step.
+            let down = std::process::Command::new("ip")
+                .args(["link", "set", "lo", "down"])
+                .status()
+                .unwrap();
+            assert!(down.success());
+            netdev::set_up("lo").unwrap();
+            // The sender holds the error too, and reports it at its next send.
+            let e = tx.send(&long(5, 3000)).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NetworkDown, "{e}");
+            tx.send(&long(5, 3000)).unwrap();
+            tx.send(&frame(dst, None, 6)).unwrap();
+            wait_readable(&rx);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let (mut a, mut b) = (vec![0u8; 4000], vec![0u8; 4000]);
+            let mut lens = [0usize; 2];
+            let e = rx.recv_batch(&mut [&mut a, &mut b], &mut lens).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NetworkDown, "{e}");
+            assert_eq!(rx.recv_batch(&mut [&mut a, &mut b], &mut lens).unwrap(), 2);
+            assert_eq!(
+                (&a[..lens[0]], &b[..lens[1]]),
+                (&long(5, 3000)[..], &frame(dst, None, 6)[..])
+            );
+            // A long frame the full buffer cannot queue whole is cut into its slot: lost,
+            // and counted as the buffer's drop, never handed over cut.
+            assert_eq!(rx.take_drops().unwrap(), 0);
+            set_rcvbuf(&rx.fd, 1);
+            for fill in 7..10 {
+                tx.send(&long(fill, 3000)).unwrap();
+            }
+            tx.send(&frame(dst, None, 10)).unwrap();
+            wait_readable(&rx);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let mut got = Vec::new();
+            while let Ok(n) = rx.recv(&mut big) {
+                got.push((n, big[n - 1]));
+            }
+            let cut = rx.take_drops().unwrap();
+            assert!(cut >= 1, "the buffer held {got:?}");
+            assert_eq!(
+                got.len() as u64 + cut,
+                4,
+                "every frame read or counted: {got:?}"
+            );
+            assert_eq!(got.last(), Some(&(frame(dst, None, 10).len(), 10)));
+            assert!(got
+                .iter()
+                .all(|&(n, _)| n == 3000 || n == frame(dst, None, 10).len()));
         }
 
         /// The kernel sorts a NIC's frames between a host's own socket and the general one, as

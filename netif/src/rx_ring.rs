@@ -5,8 +5,10 @@
 //!
 //! Slots are [`SLOT`] bytes, room for a frame of the usual MTU with its virtio-net header.
 //! A longer frame (a GSO frame, a jumbo one) the kernel also queues whole on the socket and
-//! marks its slot `TP_STATUS_COPY` (with `PACKET_COPY_THRESH` set); the reader then reads
-//! it with `recvmmsg(2)` as without a ring, in the ring's order. So a ring costs a frame no
+//! marks its slot `TP_STATUS_COPY` (with `PACKET_COPY_THRESH` set), while the socket's
+//! buffer has room; the reader then reads it with `recvmmsg(2)` as without a ring, in the
+//! ring's order. Without room the slot holds the frame cut: the reader counts it as a frame
+//! the full buffer dropped, as the kernel counts its own. So a ring costs a frame no
 //! more than one copy and frees small frames from the system calls: TPACKET_V3 packs frames
 //! tighter, but wakes its reader only when a block retires (its timeout at least 1 ms), too
 //! late for a ping.
@@ -21,8 +23,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use splitnet_messaging::vnet::VNET_HDR_LEN;
 
-/// Bytes of one slot: its header (48 with the address), the kernel's alignment of the
-/// network header, the virtio-net header and a frame of 1,518 bytes fit with room to spare.
+/// Bytes of one slot: its header (52 with the address), the kernel's alignment of the
+/// network header, the virtio-net header and a frame of up to 1,972 bytes.
 pub const SLOT: usize = 2048;
 /// Slots of a ring: 4 MiB of slots, as many bytes as the socket's own buffer
 /// ([`super::packet::RCVBUF`]), which still takes the frames too long for a slot.
@@ -65,6 +67,18 @@ impl Slot {
     pub fn queued(&self) -> bool {
         self.status & TP_STATUS_COPY != 0
     }
+
+    /// The slot holds only the start of the frame, which is not queued either (the
+    /// socket's buffer was full): the frame is lost.
+    pub fn cut(&self) -> bool {
+        !self.queued() && self.data.len() < self.whole
+    }
+}
+
+/// Whether the frame of `slot` is queued whole on the socket, by its status alone (so
+/// that even a slot whose header is refused keeps the ring and the queue in step).
+pub fn is_queued(slot: &[u8]) -> bool {
+    slot.len() >= 4 && u32_at(slot, 0) & TP_STATUS_COPY != 0
 }
 
 /// A slot whose header does not describe a frame inside it.
@@ -156,6 +170,8 @@ pub(crate) struct RxRing {
     head: Cell<usize>,
     /// Frames taken from slots since [`RxRing::take_taken`].
     taken: Cell<u64>,
+    /// Frames found cut, not queued, since [`RxRing::take_cut`].
+    cut: Cell<u64>,
 }
 
 // SAFETY: the mapping belongs to this value alone (unmapped when it drops); moving it to
@@ -185,34 +201,46 @@ impl RxRing {
             map: p.cast(),
             head: Cell::new(0),
             taken: Cell::new(0),
+            cut: Cell::new(0),
         })
     }
 
-    fn status(&self) -> &AtomicU32 {
-        // SAFETY: the slot's first word lies in the mapping (head < SLOTS), 4-aligned (slots
-        // are 2 KiB apart from a page boundary); the kernel writes it too, so it is only
-        // ever accessed atomically.
-        unsafe { &*self.map.add(self.head.get() * SLOT).cast::<AtomicU32>() }
+    /// The slot `ahead` places after the next one.
+    fn index(&self, ahead: usize) -> usize {
+        (self.head.get() + ahead) % SLOTS
+    }
+
+    fn status(&self, ahead: usize) -> &AtomicU32 {
+        // SAFETY: the slot's first word lies in the mapping (index < SLOTS), 4-aligned
+        // (slots are 2 KiB apart from a page boundary); the kernel writes it too, so it is
+        // only ever accessed atomically.
+        unsafe { &*self.map.add(self.index(ahead) * SLOT).cast::<AtomicU32>() }
     }
 
     /// Calls `f` with the next slot if it holds a frame for the reader (else `None`); the
-    /// slot stays the reader's until [`RxRing::release`].
+    /// slot stays the reader's until [`RxRing::release`], which `f` must not call.
     pub(crate) fn with_next<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        if self.status().load(Ordering::Acquire) & TP_STATUS_USER == 0 {
+        self.with_ahead(0, f)
+    }
+
+    /// As [`RxRing::with_next`], for the slot `ahead` places after the next one (the
+    /// reader's only if every slot before it is too: ask them in order).
+    pub(crate) fn with_ahead<R>(&self, ahead: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        if ahead >= SLOTS || self.status(ahead).load(Ordering::Acquire) & TP_STATUS_USER == 0 {
             return None;
         }
         // SAFETY: the slot lies in the mapping; its status says the kernel finished
         // writing it (acquire) and leaves it alone until the reader hands it back, which
         // `release` does only after `f` returned (the slice cannot escape `f`).
         let slot =
-            unsafe { std::slice::from_raw_parts(self.map.add(self.head.get() * SLOT), SLOT) };
+            unsafe { std::slice::from_raw_parts(self.map.add(self.index(ahead) * SLOT), SLOT) };
         Some(f(slot))
     }
 
     /// Hands the next slot back to the kernel and moves on to the one after.
     pub(crate) fn release(&self) {
-        self.status().store(TP_STATUS_KERNEL, Ordering::Release);
-        self.head.set((self.head.get() + 1) % SLOTS);
+        self.status(0).store(TP_STATUS_KERNEL, Ordering::Release);
+        self.head.set(self.index(1));
     }
 }
 
@@ -225,6 +253,16 @@ impl RxRing {
     /// Frames taken from slots since the last call.
     pub(crate) fn take_taken(&self) -> u64 {
         self.taken.replace(0)
+    }
+
+    /// Counts a frame found cut and not queued (lost: the socket's buffer was full).
+    pub(crate) fn count_cut(&self) {
+        self.cut.set(self.cut.get() + 1);
+    }
+
+    /// Frames found cut since the last call.
+    pub(crate) fn take_cut(&self) -> u64 {
+        self.cut.replace(0)
     }
 }
 
