@@ -205,10 +205,9 @@ pub fn read_own_queue(st: &mut WorkerState, session: u64) -> OwnQueueProgress {
     let Some(h) = hosts.get_mut(&session) else {
         return OwnQueueProgress::Drained;
     };
-    let (Some(link), Some(q)) = (h.link.as_mut(), h.own_queue.as_mut()) else {
+    let Some(r) = h.read_own_queue() else {
         return OwnQueueProgress::Drained;
     };
-    let r = q.read(link);
     stats.lan_rx += r.read + r.unreadable;
     stats.lan_rx_unreadable += r.unreadable;
     stats.lan_rx_bad_frame += r.bad_frame;

@@ -9,7 +9,8 @@
 
 use crate::counters::{Drops, RxDrop, TxDrop};
 use crate::gate::Policy;
-use crate::own_queue::{OwnQueue, OwnQueueRetry};
+use crate::host_frame::HEAD;
+use crate::own_queue::{OwnQueue, OwnQueueRetry, Read};
 use crate::port::PortQueue;
 use crate::rate::RateLimit;
 use crate::shard::KeyHold;
@@ -17,7 +18,7 @@ use crate::vlan::Ingress;
 use splitnet_fabric::FabricChannel;
 use splitnet_messaging::ecn::{self, Mark};
 use splitnet_messaging::endpoint::{Keepalive, Link, LinkError, Posted};
-use splitnet_messaging::memory::{SendBuf, SendBufCache};
+use splitnet_messaging::memory::{SendBuf, SendBufCache, SharedBytes};
 use splitnet_messaging::sched::{Deficit, ExpressConfig, FqConfig, Scheduler};
 use splitnet_messaging::vnet;
 use splitnet_messaging::wire::{self, features, Queue, Stats};
@@ -369,6 +370,28 @@ impl HostQueue {
             .vlan
             .ingress(head)
             .map_err(|e| (TxDrop::Vlan, e))
+    }
+
+    /// Reads the host's own queue into its pools ([`OwnQueue::read`]); `None` without one
+    /// (or without a link). Where the host agreed to the express lane, a sparse flow's frame
+    /// takes it, as in [`HostQueue::post`]: the same rule decides, by flow, over frames of
+    /// both paths.
+    pub fn read_own_queue(&mut self) -> Option<Read> {
+        let (Some(link), Some(q)) = (self.link.as_mut(), self.own_queue.as_mut()) else {
+            return None;
+        };
+        let on = self.features & features::EXPRESS != 0;
+        let open = link.express_pending() < EXPRESS_BACKLOG;
+        let ring = &mut self.rx_ring;
+        let lane = |w: &SharedBytes<'_>, n: usize| {
+            let mut head = [0u8; HEAD];
+            let head = &mut head[..n.min(HEAD)];
+            on && w.copy_out(0, head).is_ok() && {
+                let flow = ring.flow(head);
+                ring.express(flow, n as u32, Instant::now(), open)
+            }
+        };
+        Some(q.read(link, lane))
     }
 
     /// Queues a frame for this host in its receive ring, by flow, and sends what the credits

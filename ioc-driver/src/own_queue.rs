@@ -172,8 +172,13 @@ impl OwnQueue {
     }
 
     /// Reads frames into the free elements of `link`'s peer pools and posts them, up to the
-    /// budget or until no element is free.
-    pub fn read(&mut self, link: &mut Link<FabricChannel>) -> Read {
+    /// budget or until no element is free; a frame `express` picks (given its bytes and
+    /// length) goes in the express lane instead, its element back.
+    pub fn read(
+        &mut self,
+        link: &mut Link<FabricChannel>,
+        mut express: impl FnMut(&SharedBytes<'_>, usize) -> bool,
+    ) -> Read {
         let mut r = Read {
             progress: OwnQueueProgress::Budget,
             read: 0,
@@ -204,7 +209,7 @@ impl OwnQueue {
                 }
                 Ok::<_, io::Error>(n)
             };
-            match link.read_batch_in_place(FRAME_MAX, left.min(BATCH), check) {
+            match link.read_batch_in_place(FRAME_MAX, left.min(BATCH), check, &mut express) {
                 Some(Ok(b)) => {
                     r.read += b.read as u64;
                     r.frames += b.posted as u64;

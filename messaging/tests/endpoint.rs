@@ -847,7 +847,7 @@ mod in_place {
         let frames = [Some(frame(60, 1)), None, Some(frame(40_000, 2))];
         let got =
             p.a.link
-                .read_batch_in_place(65_600, 64, reads_batch(&frames));
+                .read_batch_in_place(65_600, 64, reads_batch(&frames), bulk);
         let b = got.unwrap().unwrap();
         assert_eq!(
             (b.offered, b.read, b.posted, b.inline, b.bytes, b.dropped),
@@ -860,31 +860,96 @@ mod in_place {
         p.drive().unwrap();
         assert_eq!(p.b.received, vec![frame(60, 1), frame(40_000, 2)]);
         // `max` caps the elements offered; a frame cut short is dropped, its element back.
-        let got =
-            p.a.link
-                .read_batch_in_place(65_600, 2, |_, lens: &mut [usize]| {
-                    lens[0] = 70_000;
-                    lens[1] = 100;
-                    Ok::<_, ()>(2)
-                });
+        let got = p.a.link.read_batch_in_place(
+            65_600,
+            2,
+            |_, lens: &mut [usize]| {
+                lens[0] = 70_000;
+                lens[1] = 100;
+                Ok::<_, ()>(2)
+            },
+            bulk,
+        );
         let b = got.unwrap().unwrap();
         assert_eq!((b.offered, b.read, b.posted, b.dropped), (2, 2, 1, 1));
         assert_eq!(p.a.link.stats().tx_too_large, 1);
         // A failed read gives every element back.
         let failed =
             p.a.link
-                .read_batch_in_place(65_600, 64, |_, _| Err("would block"));
+                .read_batch_in_place(65_600, 64, |_, _| Err("would block"), bulk);
         assert_eq!(failed, Some(Err("would block")));
         p.drive().unwrap();
         assert_eq!(p.a.link.session().initiator().credits(), before);
         assert_eq!(p.a.link.session().initiator().inflight_bytes(), 0);
         // No element that large: nothing taken, nothing read.
-        let big =
-            p.a.link
-                .read_batch_in_place(1 << 20, 8, |_, _| -> Result<usize, ()> {
-                    panic!("no element to read into")
-                });
+        let big = p.a.link.read_batch_in_place(
+            1 << 20,
+            8,
+            |_, _| -> Result<usize, ()> { panic!("no element to read into") },
+            bulk,
+        );
         assert_eq!(big, None);
+    }
+
+    /// Issue 43: a host's own queue on the IOC reads frames in batches; those its express
+    /// rule picks go on the control channel, ahead of the bulk frames read before them.
+    #[test]
+    fn a_batch_read_sends_what_express_picks_on_the_control_channel() {
+        let mut p = pair_shm_pools();
+        let before = p.a.link.session().initiator().credits();
+        let frames = [
+            Some(frame(30_000, 1)),
+            Some(frame(98, 2)),
+            None,
+            Some(frame(20_000, 3)),
+            Some(frame(60, 4)),
+        ];
+        let mut asked = Vec::new();
+        let got = p.a.link.read_batch_in_place(
+            65_600,
+            64,
+            reads_batch(&frames),
+            |w: &SharedBytes<'_>, n: usize| {
+                let mut head = [0u8; 12];
+                w.copy_out(0, &mut head).unwrap();
+                asked.push(n);
+                // The closure sees each frame's bytes; the last small frame stays on the
+                // data channel, inline.
+                n == 98 && head == frame(98, 2)[..12]
+            },
+        );
+        let b = got.unwrap().unwrap();
+        assert_eq!(
+            asked,
+            vec![30_000, 98, 20_000, 60],
+            "asked of each frame in order"
+        );
+        assert_eq!(
+            (b.read, b.posted, b.express, b.inline, b.bytes),
+            (5, 4, 1, 1, 50_158)
+        );
+        let st = p.a.link.stats();
+        assert_eq!(
+            (st.tx_express, st.tx_inline, st.tx_in_place, st.tx_frames),
+            (1, 1, 2, 4)
+        );
+        assert_eq!(
+            p.a.link.session().initiator().credits(),
+            before - 2,
+            "the express and inline frames' elements went back"
+        );
+        p.drive().unwrap();
+        // Polled control first: the express frame arrives ahead of the frames before it.
+        assert_eq!(
+            p.b.received,
+            vec![
+                frame(98, 2),
+                frame(30_000, 1),
+                frame(20_000, 3),
+                frame(60, 4)
+            ]
+        );
+        assert_eq!(p.b.link.stats().rx_express, 1);
     }
 
     #[test]

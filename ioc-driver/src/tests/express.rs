@@ -111,3 +111,52 @@ fn a_sparse_flows_small_lan_frames_reach_an_agreeing_host_on_the_control_channel
     );
     assert_eq!(host(&ioc, s).link.as_ref().unwrap().stats().tx_express, 2);
 }
+
+/// Issue 43: over shared memory a host's unicast LAN frames come from its own queue, read
+/// straight into its pools; a sparse flow's small frames take the lane from there too, by
+/// the same rule as on the general path.
+#[test]
+fn frames_from_a_hosts_own_queue_take_the_lane_by_the_same_rule() {
+    let (mut ioc, nic) = ioc_with("");
+    let (s, mut peer) = connect_shm_with(&mut ioc, 3, large_pools());
+    let own = mac(&ioc, s);
+    nic.host_queue(own).expect("the host's own queue");
+    nic.arrive(frame(own, LAN_PEER, 84));
+    from_lan::read_own_queue(&mut ioc, s);
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(
+        (peer.frames, peer.link.stats().rx_express),
+        (1, 0),
+        "not agreed"
+    );
+    let bits = features::VNET_HDR | features::EXPRESS;
+    assert_eq!(set_features(&mut ioc, &mut peer, s, bits), ErrorCode::Ok);
+    peer.kept = Some(Vec::new());
+    let sent: Vec<Vec<u8>> = [84, 84, 1400, 84]
+        .iter()
+        .map(|&len| frame(own, LAN_PEER, len))
+        .collect();
+    for f in &sent {
+        nic.arrive(f.clone());
+        from_lan::read_own_queue(&mut ioc, s);
+    }
+    pump(&mut ioc, &mut peer, s, true);
+    assert_eq!(
+        peer.link.stats().rx_express,
+        2,
+        "the two frames before the large one"
+    );
+    assert_eq!(
+        peer.frames, 3,
+        "on the data channel: the first frame, the large one and the one after it"
+    );
+    let bulk: Vec<usize> = peer.kept.as_ref().unwrap().iter().map(Vec::len).collect();
+    assert!(
+        peer.kept.as_ref().unwrap()[..] == sent[2..],
+        "the large frame and the one after it on the data channel, in order: {bulk:?}"
+    );
+    let link = host(&ioc, s).link.as_ref().unwrap();
+    assert_eq!(link.stats().tx_express, 2);
+    assert_eq!(host(&ioc, s).stats.rx_frames, 5);
+    assert_eq!(ioc.reg.stats().protection_errors, 0);
+}

@@ -406,22 +406,30 @@ impl<C: Channel> Link<C> {
     }
 
     /// Reads up to `max` frames straight into the peer's memory over shared memory and posts
-    /// their writes (see [`Session::read_batch_in_place`]); frames posted are counted as
-    /// sent, frames cut short as too large.
+    /// their writes, or sends them in the express lane where `express` says so (see
+    /// [`Session::read_batch_in_place`]); frames posted are counted as sent, frames cut
+    /// short as too large.
     pub fn read_batch_in_place<E>(
         &mut self,
         size: u32,
         max: usize,
         read: impl FnOnce(&[SharedBytes<'_>], &mut [usize]) -> Result<usize, E>,
+        express: impl FnMut(&SharedBytes<'_>, usize) -> bool,
     ) -> Option<Result<Batch, E>> {
-        let got = self
-            .session
-            .read_batch_in_place(&mut self.data, size, max, read);
+        let got = self.session.read_batch_in_place(
+            &mut self.data,
+            &mut self.ctrl,
+            size,
+            max,
+            read,
+            express,
+        );
         if let Some(Ok(b)) = &got {
             self.stats.tx_frames += b.posted as u64;
             self.stats.tx_bytes += b.bytes;
-            self.stats.tx_in_place += (b.posted - b.inline) as u64;
+            self.stats.tx_in_place += (b.posted - b.inline - b.express) as u64;
             self.stats.tx_inline += b.inline as u64;
+            self.stats.tx_express += b.express as u64;
             self.stats.tx_too_large += b.dropped as u64;
         }
         got

@@ -59,6 +59,9 @@ pub struct Batch {
     pub posted: usize,
     /// Of those, the ones sent inline (copied; their elements went back).
     pub inline: usize,
+    /// Of those, the ones sent in the express lane (copied onto the control channel; their
+    /// elements went back).
+    pub express: usize,
     /// Their bytes.
     pub bytes: u64,
     /// Frames the read said were longer than their element (cut short): dropped.
@@ -380,15 +383,18 @@ impl Session {
     /// Reads up to `max` frames straight into free elements of the peer's of at least `size`
     /// bytes each, as [`Session::read_in_place`] does one: `read` gets the elements' bytes,
     /// fills as many as it has frames (their lengths into its second argument, in order; 0
-    /// for a frame that is not to be posted) and says how many it read. `None` when the
+    /// for a frame that is not to be posted) and says how many it read; `express`, asked of
+    /// each frame in order, sends it in the express lane on `ctrl` instead. `None` when the
     /// transport does not place writes or no such element is free; else what became of the
-    /// frames, or the read's error. Every element not posted goes back.
+    /// frames, or the read's error. Every element not posted in place goes back.
     pub fn read_batch_in_place<C: Channel, E>(
         &mut self,
         data: &mut C,
+        ctrl: &mut C,
         size: u32,
         max: usize,
         read: impl FnOnce(&[SharedBytes<'_>], &mut [usize]) -> Result<usize, E>,
+        mut express: impl FnMut(&SharedBytes<'_>, usize) -> bool,
     ) -> Option<Result<Batch, E>> {
         if !data.places_writes() {
             return None;
@@ -427,6 +433,23 @@ impl Session {
             if i >= n || len == 0 {
                 self.initiator.untake(t);
                 continue;
+            }
+            if len <= t.size as usize {
+                if let Some(frame) = data
+                    .peer_window(t.addr, len)
+                    .filter(|w| express(w, len))
+                    .and_then(|w| {
+                        let mut frame = vec![0u8; len];
+                        w.copy_out(0, &mut frame).is_ok().then_some(frame)
+                    })
+                {
+                    self.initiator.untake(t);
+                    ctrl.post(Op::Send, &send_data_prefix(len), Payload::Bytes(frame));
+                    batch.posted += 1;
+                    batch.express += 1;
+                    batch.bytes += len as u64;
+                    continue;
+                }
             }
             match self.post_read(data, t, len) {
                 Some(inline) => {
