@@ -471,7 +471,7 @@ impl<'a> Conn<'a> {
                 }
             }
             self.announce_due(now);
-            self.tl.link.session_mut().flush_credits(&mut self.reg);
+            self.tl.link.session_mut().flush_idle(&mut self.reg);
             // What this wake-up moved (a frame read from the TAP, the frames credits let go,
             // credits returned) goes out before the housekeeping below, which reads /proc:
             // a sparse ping waited for it on every wake-up.

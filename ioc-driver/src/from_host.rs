@@ -234,7 +234,7 @@ pub fn drive_host(st: &mut WorkerState, session: u64, lane: Lane) -> Result<bool
     if let (Some(h), Some(drr)) = (hosts.get_mut(&session), drr) {
         h.drr = drr;
     }
-    link.session_mut().flush_credits(reg);
+    link.session_mut().flush_idle(reg);
     if let Some(h) = hosts.get_mut(&session) {
         h.link = Some(link);
     }

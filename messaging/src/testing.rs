@@ -37,6 +37,9 @@ pub struct Peer<C = PipeChannel> {
     pub delivered: u64,
     /// Whether delivered frames are copied into `received` (benchmarks turn this off).
     pub keep_frames: bool,
+    /// Whether a step ends as the daemons' wake-ups do, returning credits only where the
+    /// other side may wait for them ([`crate::endpoint::Session::flush_idle`]); else all.
+    pub idle_credits: bool,
     /// Events it saw, in order.
     pub events: Vec<LinkEvent>,
 }
@@ -200,6 +203,7 @@ fn peer_in<C: Channel>(
         received: Vec::new(),
         delivered: 0,
         keep_frames: true,
+        idle_credits: false,
         events: Vec::new(),
     }
 }
@@ -342,7 +346,11 @@ impl<C: Channel> Peer<C> {
             };
             while link.poll(reg, lane, 64, &mut sink, events)? {}
         }
-        self.link.session_mut().flush_credits(&mut self.reg);
+        if self.idle_credits {
+            self.link.session_mut().flush_idle(&mut self.reg);
+        } else {
+            self.link.session_mut().flush_credits(&mut self.reg);
+        }
         self.link.flush()?;
         let after = (self.delivered, self.events.len(), self.link.pending());
         Ok(before != after)

@@ -135,6 +135,133 @@ mod credits {
         assert_eq!(p.b.link.stats().tx_credit_updates - before, 5);
     });
 
+    over_both!(a_sparse_flows_credits_come_back_in_batches, |p| {
+        // Issue 43: one small frame per wake-up; the receiver returns its credits at the
+        // end of a wake-up only where the sender may wait for them. Its pool of 16 never
+        // falls to half, so they come back in batches of 4 (credit_batch): an update per
+        // four frames, not per frame, and the sender never waits.
+        p.b.idle_credits = true;
+        let before = p.b.link.session().target().credit_updates();
+        for i in 0..12 {
+            assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma);
+            p.drive().unwrap();
+        }
+        assert_eq!(p.b.link.session().target().credit_updates() - before, 3);
+        assert_eq!(p.b.delivered, 12);
+        // A frame of 32 KiB or more comes back at once: a sender's byte limit counts it.
+        for i in 0..3 {
+            assert_eq!(p.send(Side::A, &frame(40_000, i)), Outcome::Rdma);
+            p.drive().unwrap();
+            assert_eq!(p.a.link.session().initiator().inflight_bytes(), 0);
+        }
+        assert_eq!(p.b.link.session().target().credit_updates() - before, 6);
+        // A pool at half its credits or fewer comes back at once too.
+        p.a.link.session_mut().initiator_mut().take_completed();
+        let small = p.a.link.session().initiator().credits();
+        for i in 0..8 {
+            assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma);
+        }
+        p.drive().unwrap();
+        assert_eq!(p.a.link.session().initiator().credits(), small);
+    });
+
+    /// What a receiver ending its wake-ups with `flush_idle` keeps, under any traffic:
+    /// whenever both sides are idle the sender holds credit in every pool and counts less
+    /// than `KEEP_BYTES` in flight (so a byte limit, at least twice that, admits its next
+    /// frame: it never stalls), every frame arrived in order, and a flow of small frames
+    /// one per wake-up cost at most an update per `credit_batch` frames.
+    mod idle_credits {
+        use super::*;
+        use proptest::prelude::*;
+        use splitnet_messaging::endpoint::KEEP_BYTES;
+        use splitnet_messaging::sched::LimitConfig;
+
+        /// A batch larger than half a pool: the pool's credits come back once the sender
+        /// holds half of them, so it never runs dry (without that rule it would after 8).
+        #[test]
+        fn a_pool_at_half_its_credits_comes_back_whatever_the_batch() {
+            let mut c = config(64);
+            c.target.credit_batch = 64;
+            let mut p = Pair::new(config(64), c, 1 << 20);
+            p.drive().unwrap();
+            p.b.idle_credits = true;
+            for i in 0..100 {
+                assert_eq!(p.send(Side::A, &frame(1000, i)), Outcome::Rdma, "frame {i}");
+                p.drive().unwrap();
+            }
+            // 16 elements: returned each time the sender is down to 8.
+            assert_eq!(p.b.link.session().target().credit_updates(), 100 / 8);
+        }
+
+        #[test]
+        fn keep_bytes_is_below_half_of_any_byte_limit() {
+            for c in [LimitConfig::default(), LimitConfig::stream()] {
+                assert!(KEEP_BYTES * 2 <= c.min, "{c:?}");
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            #[test]
+            fn no_sender_stalls_and_sparse_flows_batch(
+                rounds in proptest::collection::vec(
+                    proptest::collection::vec(prop_oneof![60usize..2000, 2000usize..65_000], 1..6),
+                    1..40,
+                ),
+                shm in any::<bool>(),
+            ) {
+                fn run<C: splitnet_messaging::adapter::Channel>(
+                    mut p: Pair<C>,
+                    rounds: &[Vec<usize>],
+                ) -> Result<(), TestCaseError> {
+                    p.b.idle_credits = true;
+                    let mut sent = Vec::new();
+                    for (r, lens) in rounds.iter().enumerate() {
+                        for (i, &len) in lens.iter().enumerate() {
+                            let f = frame(len, (r * 7 + i) as u8);
+                            let out = p.send(Side::A, &f);
+                            prop_assert!(
+                                out == Outcome::Rdma || out == Outcome::Inline,
+                                "round {r}: {out:?}"
+                            );
+                            sent.push(f);
+                            // More than a wake-up's worth: the receiver runs between.
+                            if i % 3 == 2 {
+                                p.drive().unwrap();
+                            }
+                        }
+                        p.drive().unwrap();
+                        let ini = p.a.link.session().initiator();
+                        prop_assert!(ini.inflight_bytes() < KEEP_BYTES, "{}", ini.inflight_bytes());
+                        for u in p.b.link.session().target().pool_usage() {
+                            prop_assert!(u.free == 0 || u.granted * 2 > u.spec.element_count, "{u:?}");
+                            prop_assert_eq!(u.busy, 0);
+                        }
+                    }
+                    prop_assert!(p.b.received == sent, "every frame, in order");
+                    Ok(())
+                }
+                if shm {
+                    run(pair_shm(), &rounds)?;
+                } else {
+                    run(pair(), &rounds)?;
+                }
+            }
+
+            #[test]
+            fn a_flow_of_small_frames_costs_an_update_per_batch(n in 1u64..100) {
+                let mut p = pair();
+                p.b.idle_credits = true;
+                for i in 0..n {
+                    prop_assert_eq!(p.send(Side::A, &frame(1000, i as u8)), Outcome::Rdma);
+                    p.drive().unwrap();
+                }
+                let batch = u64::from(config(128).target.credit_batch);
+                prop_assert_eq!(p.b.link.session().target().credit_updates(), n / batch);
+            }
+        }
+    }
+
     over_both!(small_frames_go_inline_and_large_by_rdma, |p| {
         assert_eq!(p.send(Side::A, &frame(60, 1)), Outcome::Inline);
         assert_eq!(p.send(Side::A, &frame(1500, 2)), Outcome::Rdma);

@@ -17,5 +17,5 @@ pub use outbox::{Lane, Outbox};
 pub use session::{Batch, InPlace, Incoming, Session, SessionConfig};
 pub use target::{
     Delivery, PoolGetOutcome, PoolSpec, PoolUsage, Target, TargetConfig, ELEMENT_OVERHEAD,
-    MAX_ELEMENT_COUNT, MIN_ELEMENT_SIZE,
+    KEEP_BYTES, MAX_ELEMENT_COUNT, MIN_ELEMENT_SIZE,
 };

@@ -278,9 +278,15 @@ impl Session {
         self.target.release(reg, d, &mut self.outbox);
     }
 
-    /// Returns freed credits now (call when input goes idle).
+    /// Returns freed credits now.
     pub fn flush_credits(&mut self, reg: &mut Registry) {
         self.target.flush_credits(reg, &mut self.outbox);
+    }
+
+    /// Returns freed credits where the peer may be waiting for them (call at the end of a
+    /// wake-up; see [`Target::flush_idle`]).
+    pub fn flush_idle(&mut self, reg: &mut Registry) {
+        self.target.flush_idle(reg, &mut self.outbox);
     }
 
     /// Routes a frame and posts it on the data channel.

@@ -6,9 +6,12 @@
 //! when a BufferRecvPoolUpdate carries it back.
 //!
 //! Credits are returned in batches: an update is sent once `credit_batch` elements are free,
-//! or when the shell calls [`Target::flush_credits`] because its input went idle. A batch
-//! never stalls the peer for long: the batch is at most a fraction of each pool, and idle
-//! flushes return the rest.
+//! and at the end of a wake-up ([`Target::flush_idle`]) only where the peer may be waiting
+//! for them: it holds half of a pool's credits or fewer, or the frames of the credits kept
+//! come to [`KEEP_BYTES`]. So a sparse flow of small frames costs the peer a wake-up per
+//! batch, not per frame, and no sender stalls: its credits never run below half a pool, and
+//! what it counts in flight for credits kept stays below any byte limit's least
+//! ([`crate::sched::LimitConfig`]). [`Target::flush_credits`] returns everything now.
 //!
 //! Flush (seed 001's quiesce): a pool being flushed is marked quiescing (no credit is
 //! returned for it any more), the writes the peer already holds credits for may still land,
@@ -133,6 +136,11 @@ pub enum PoolGetOutcome {
     Declined(&'static str),
 }
 
+/// Bytes of frames whose credits [`Target::flush_idle`] may keep: below half the least byte
+/// limit a sender may have ([`crate::sched::LimitConfig`]), so that a sender held back by
+/// its limit always has frames it waits on that the target will still release.
+pub const KEEP_BYTES: u64 = 32 << 10;
+
 /// The pools one peer may write into.
 #[derive(Debug)]
 pub struct Target {
@@ -142,6 +150,8 @@ pub struct Target {
     granted_bytes: u64,
     /// Elements freed and not yet returned: pool, element.
     returns: Vec<(u32, u32)>,
+    /// Bytes of the frames those elements held.
+    kept_bytes: u64,
     /// Our flushes waiting for the peer's reply.
     flushes: Vec<u64>,
     /// BufferRecvPoolUpdate messages sent.
@@ -157,6 +167,7 @@ impl Target {
             pools: Vec::new(),
             granted_bytes: 0,
             returns: Vec::new(),
+            kept_bytes: 0,
             flushes: Vec::new(),
             updates: 0,
         }
@@ -343,6 +354,7 @@ impl Target {
         match pool.state {
             PoolState::Active => {
                 self.returns.push((d.pool_ref, d.element));
+                self.kept_bytes += u64::from(d.len);
                 if self.returns.len() as u32 >= self.config.credit_batch {
                     self.flush_credits(reg, out);
                 }
@@ -380,6 +392,7 @@ impl Target {
             }
         }
         self.returns.clear();
+        self.kept_bytes = 0;
         for chunk in runs.chunks(crate::wire::MAX_POOL_RUNS) {
             self.updates += 1;
             let txn = out.txn();
@@ -388,6 +401,25 @@ impl Target {
                 txn,
                 &Message::BufferRecvPoolUpdate(chunk.to_vec()),
             );
+        }
+    }
+
+    /// The end of a wake-up: returns the freed credits if the peer may be waiting for them
+    /// (it holds half of a pool's credits or fewer, for a pool with credits to return; or
+    /// the frames of the credits kept come to [`KEEP_BYTES`]); else they wait for the batch
+    /// or a later wake-up's need.
+    pub fn flush_idle(&mut self, reg: &mut Registry, out: &mut Outbox) {
+        if self.returns.is_empty() {
+            return;
+        }
+        let low = self.returns.iter().any(|&(r, _)| {
+            self.pools
+                .get(r as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|p| p.granted as usize * 2 <= p.elems.len())
+        });
+        if low || self.kept_bytes >= KEEP_BYTES {
+            self.flush_credits(reg, out);
         }
     }
 
