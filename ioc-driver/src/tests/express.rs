@@ -48,6 +48,22 @@ fn offered(ioc: &mut WorkerState, peer: &mut Peer, s: u64) -> u64 {
         .expect("a GetFeatures reply")
 }
 
+/// After frames of 84, 84, 1,400 and 84 bytes from the LAN to a host that agreed to the
+/// lane (and one before it agreed): the first two took the lane, the large one turned
+/// their flow bulk and the last followed it on the data channel.
+fn assert_lane_until_bulk(ioc: &WorkerState, peer: &Peer, s: u64) {
+    assert_eq!(
+        peer.link.stats().rx_express,
+        2,
+        "the two frames before the large one"
+    );
+    assert_eq!(
+        peer.frames, 3,
+        "on the data channel: the first frame, the large one and the one after it"
+    );
+    assert_eq!(host(ioc, s).link.as_ref().unwrap().stats().tx_express, 2);
+}
+
 #[test]
 fn a_host_frame_on_the_control_channel_passes_only_where_the_lane_is_offered() {
     for on in [true, false] {
@@ -100,16 +116,7 @@ fn a_sparse_flows_small_lan_frames_reach_an_agreeing_host_on_the_control_channel
         from_lan::drive_lan(&mut ioc, 0);
     }
     pump(&mut ioc, &mut peer, s, true);
-    assert_eq!(
-        peer.link.stats().rx_express,
-        2,
-        "the two frames before the large one"
-    );
-    assert_eq!(
-        peer.frames, 3,
-        "the first frame, the large one and the one after it"
-    );
-    assert_eq!(host(&ioc, s).link.as_ref().unwrap().stats().tx_express, 2);
+    assert_lane_until_bulk(&ioc, &peer, s);
 }
 
 /// Issue 43: over shared memory a host's unicast LAN frames come from its own queue, read
@@ -141,22 +148,12 @@ fn frames_from_a_hosts_own_queue_take_the_lane_by_the_same_rule() {
         from_lan::read_own_queue(&mut ioc, s);
     }
     pump(&mut ioc, &mut peer, s, true);
-    assert_eq!(
-        peer.link.stats().rx_express,
-        2,
-        "the two frames before the large one"
-    );
-    assert_eq!(
-        peer.frames, 3,
-        "on the data channel: the first frame, the large one and the one after it"
-    );
+    assert_lane_until_bulk(&ioc, &peer, s);
     let bulk: Vec<usize> = peer.kept.as_ref().unwrap().iter().map(Vec::len).collect();
     assert!(
         peer.kept.as_ref().unwrap()[..] == sent[2..],
         "the large frame and the one after it on the data channel, in order: {bulk:?}"
     );
-    let link = host(&ioc, s).link.as_ref().unwrap();
-    assert_eq!(link.stats().tx_express, 2);
     assert_eq!(host(&ioc, s).stats.rx_frames, 5);
     assert_eq!(ioc.reg.stats().protection_errors, 0);
 }
