@@ -420,40 +420,46 @@ impl PacketSocket {
         let n = bufs.len().min(lens.len()).min(RECV_BATCH);
         let mut i = 0;
         while i < n {
-            let Some(slot) = ring.with_next(rx_ring::parse_slot) else {
+            let Some(queued) = ring.with_next(rx_ring::is_queued) else {
                 break;
             };
-            match slot {
-                _ if ring.with_next(rx_ring::is_queued) == Some(true) => {
-                    // A run of slots whose frames wait in the queue: each slot goes back
-                    // only once its frame was read (or consumed by a failed read), so
-                    // that the ring and the queue stay in step.
-                    let mut run = 1;
-                    while i + run < n && ring.with_ahead(run, rx_ring::is_queued) == Some(true) {
-                        run += 1;
-                    }
-                    let read = self.recv_queued(&mut bufs[i..i + run], &mut lens[i..i + run]);
-                    (0..consumed_by(&read)).for_each(|_| ring.release());
-                    match read {
-                        Ok(got) if got == run => i += got,
-                        Ok(got) => {
-                            i += got;
-                            break;
-                        }
-                        Err(e) if i == 0 => return Err(e),
-                        Err(_) => break,
-                    }
+            if queued {
+                // A run of slots whose frames wait in the queue: each slot goes back
+                // only once its frame was read (or consumed by a failed read), so
+                // that the ring and the queue stay in step.
+                let mut run = 1;
+                while i + run < n && ring.with_ahead(run, rx_ring::is_queued) == Some(true) {
+                    run += 1;
                 }
-                Ok(s) if s.cut() => {
-                    ring.release();
-                    ring.count_cut();
+                let read = self.recv_queued(&mut bufs[i..i + run], &mut lens[i..i + run]);
+                (0..consumed_by(&read)).for_each(|_| ring.release());
+                match read {
+                    Ok(got) if got == run => i += got,
+                    Ok(got) => {
+                        i += got;
+                        break;
+                    }
+                    Err(e) if i == 0 => return Err(e),
+                    Err(_) => break,
                 }
-                Ok(s) => {
-                    let copied = ring.with_next(|b| take_slot(b, &s, bufs[i]));
-                    lens[i] = copied.unwrap_or(0);
+                continue;
+            }
+            // The frame in its slot, copied out unless the kernel cut it (`None`).
+            let Some(taken) = ring.with_next(|b| {
+                rx_ring::parse_slot(b).map(|s| (!s.cut()).then(|| take_slot(b, &s, bufs[i])))
+            }) else {
+                break;
+            };
+            match taken {
+                Ok(Some(len)) => {
+                    lens[i] = len;
                     ring.release();
                     ring.count_taken();
                     i += 1;
+                }
+                Ok(None) => {
+                    ring.release();
+                    ring.count_cut();
                 }
                 // The kernel wrote a header that describes no frame in its slot (never
                 // seen): that frame could not be read; the next call takes the next one.
@@ -743,13 +749,13 @@ fn consumed_by(read: &io::Result<usize>) -> usize {
     }
 }
 
-/// Copies the frame of `slot` (`s` its header) into `buf` as [`PacketSocket::recv`] gives
-/// it, the VLAN tag the kernel took out put back; returns its length, beyond `buf`'s when
-/// it does not fit or the kernel cut it.
+/// Copies the whole frame of `slot` (`s` its header, not [`Slot::cut`]) into `buf` as
+/// [`PacketSocket::recv`] gives it, the VLAN tag the kernel took out put back; returns its
+/// length, beyond `buf`'s when it does not fit.
 fn take_slot(slot: &[u8], s: &Slot, buf: &mut [u8]) -> usize {
     let room = buf.len().saturating_sub(VLAN_TAG_LEN);
     let data = &slot[s.data.clone()];
-    if data.len() < s.whole || data.len() > room {
+    if data.len() > room {
         return s.whole.max(buf.len() + 1);
     }
     buf[..data.len()].copy_from_slice(data);

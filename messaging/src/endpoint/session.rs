@@ -324,8 +324,7 @@ impl Session {
                 let got = read(&window);
                 let copied = match got {
                     Ok(n) if n > 0 && n <= taken.size as usize && express(&window, n) => {
-                        let mut frame = vec![0u8; n];
-                        window.copy_out(0, &mut frame).is_ok().then_some(frame)
+                        copy_frame(&window, n)
                     }
                     _ => None,
                 };
@@ -338,8 +337,7 @@ impl Session {
         };
         if let Some(frame) = copied {
             let n = frame.len();
-            self.initiator.untake(taken);
-            ctrl.post(Op::Send, &send_data_prefix(n), Payload::Bytes(frame));
+            self.send_express(ctrl, taken, frame);
             return Some(InPlace::Express(n));
         }
         Some(match got {
@@ -375,15 +373,26 @@ impl Session {
     /// Posts the `len` bytes read into `taken` as SendData, copied out of the element, which
     /// goes back. False when the element's bytes cannot be read (nothing posted).
     fn post_inline<C: Channel>(&mut self, data: &mut C, taken: Element, len: usize) -> bool {
-        let mut frame = vec![0u8; len];
-        let copied = data
+        let frame = data
             .peer_window(taken.addr, len)
-            .is_some_and(|w| w.copy_out(0, &mut frame).is_ok());
+            .and_then(|w| copy_frame(&w, len));
         self.initiator.untake(taken);
-        if copied {
+        let copied = frame.is_some();
+        if let Some(frame) = frame {
             data.post(Op::Send, &send_data_prefix(len), Payload::Bytes(frame));
         }
         copied
+    }
+
+    /// Sends `frame`, copied out of `taken`, in the express lane (SendData on `ctrl`); the
+    /// element goes back.
+    fn send_express<C: Channel>(&mut self, ctrl: &mut C, taken: Element, frame: Vec<u8>) {
+        self.initiator.untake(taken);
+        ctrl.post(
+            Op::Send,
+            &send_data_prefix(frame.len()),
+            Payload::Bytes(frame),
+        );
     }
 
     /// Reads up to `max` frames straight into free elements of the peer's of at least `size`
@@ -444,13 +453,9 @@ impl Session {
                 if let Some(frame) = data
                     .peer_window(t.addr, len)
                     .filter(|w| express(w, len))
-                    .and_then(|w| {
-                        let mut frame = vec![0u8; len];
-                        w.copy_out(0, &mut frame).is_ok().then_some(frame)
-                    })
+                    .and_then(|w| copy_frame(&w, len))
                 {
-                    self.initiator.untake(t);
-                    ctrl.post(Op::Send, &send_data_prefix(len), Payload::Bytes(frame));
+                    self.send_express(ctrl, t, frame);
                     batch.posted += 1;
                     batch.express += 1;
                     batch.bytes += len as u64;
@@ -526,4 +531,11 @@ impl Session {
         self.initiator.reset();
         while self.outbox.pop().is_some() {}
     }
+}
+
+/// The first `len` bytes of `w`, copied out of the peer's memory; `None` when they cannot be
+/// read.
+fn copy_frame(w: &SharedBytes<'_>, len: usize) -> Option<Vec<u8>> {
+    let mut frame = vec![0u8; len];
+    w.copy_out(0, &mut frame).is_ok().then_some(frame)
 }
